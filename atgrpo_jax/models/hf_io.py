@@ -1,0 +1,296 @@
+"""Hugging Face Qwen3 checkpoints in and out.
+
+`load_pretrained` reads `config.json` and `*.safetensors` (one file, several,
+or a sharded index) and builds the NNX model without ever holding the whole
+checkpoint on the host: every parameter is created with
+`jax.make_array_from_callback`, and each callback reads from disk only the
+slice its device holds (lazily, through safetensors' slicing).
+
+`save_pretrained` writes a directory that `transformers.Qwen3ForCausalLM`
+loads: HF tensor names and layouts, `config.json`, shards plus index.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from typing import Iterator
+
+import jax
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.qwen3 import LAYER_PARAMS, Qwen3
+from atgrpo_jax.sharding import logical_sharding
+
+# our layer param -> (HF name inside model.layers.{i}, number of leading "in" dims).
+# A linear weight is stored by HF as [out, in]; ours is W.T reshaped to
+# (in dims..., out dims...). n_in = None means the same layout (norms).
+HF_LAYER_NAMES = {
+    "attn_norm": ("input_layernorm.weight", None),
+    "wq": ("self_attn.q_proj.weight", 1),
+    "wk": ("self_attn.k_proj.weight", 1),
+    "wv": ("self_attn.v_proj.weight", 1),
+    "wo": ("self_attn.o_proj.weight", 2),
+    "q_norm": ("self_attn.q_norm.weight", None),
+    "k_norm": ("self_attn.k_norm.weight", None),
+    "mlp_norm": ("post_attention_layernorm.weight", None),
+    "w_gate": ("mlp.gate_proj.weight", 1),
+    "w_up": ("mlp.up_proj.weight", 1),
+    "w_down": ("mlp.down_proj.weight", 1),
+}
+assert set(HF_LAYER_NAMES) == set(LAYER_PARAMS)
+
+# HF config fields we read, those we accept only at a given value, and the rest
+# we know to be irrelevant to the forward pass. Anything else is an error.
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+             "num_attention_heads", "num_key_value_heads")
+_MUST_EQUAL = {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False,
+               "model_type": "qwen3", "rope_scaling": None}
+_IGNORED = {"architectures", "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
+            "dtype", "torch_dtype", "initializer_range", "layer_types", "max_window_layers",
+            "sliding_window", "transformers_version", "use_cache", "head_dim", "rope_theta",
+            "rope_parameters", "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match what the model expects."""
+
+
+def config_from_hf(hf: dict, **overrides) -> Qwen3Config:
+    """Qwen3Config from a parsed HF config.json; unsupported fields are errors."""
+    archs = hf.get("architectures") or ["Qwen3ForCausalLM"]
+    if archs != ["Qwen3ForCausalLM"]:
+        raise CheckpointError(f"config.json architectures={archs}: only Qwen3ForCausalLM is supported")
+    for key, value in _MUST_EQUAL.items():
+        if key in hf and hf[key] != value:
+            raise CheckpointError(f"config.json field {key}={hf[key]!r} is not supported (need {value!r})")
+    for key in _REQUIRED:
+        if key not in hf:
+            raise CheckpointError(f"config.json lacks required field {key!r}")
+    unknown = set(hf) - set(_REQUIRED) - set(_MUST_EQUAL) - _IGNORED
+    if unknown:
+        raise CheckpointError(f"config.json has fields this loader does not know: {sorted(unknown)}")
+    rope = hf.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise CheckpointError(f"config.json rope_parameters.rope_type={rope['rope_type']!r} is not supported")
+    theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
+    heads = hf["num_attention_heads"]
+    fields = dict(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=heads, num_kv_heads=hf["num_key_value_heads"],
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        rope_theta=float(theta), rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 40_960)),
+    )
+    fields.update(overrides)
+    return Qwen3Config(**fields)
+
+
+def config_to_hf(cfg: Qwen3Config) -> dict:
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim, "hidden_act": "silu", "attention_bias": False,
+        "attention_dropout": 0.0, "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta, "rope_scaling": None,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "use_sliding_window": False, "use_cache": True,
+        "torch_dtype": cfg.param_dtype,
+    }
+
+
+def hf_tensor_names(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor an HF Qwen3 checkpoint must hold, with its shape."""
+    names = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size),
+             "model.norm.weight": (cfg.hidden_size,)}
+    if not cfg.tie_word_embeddings:
+        names["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
+    for ours, (hf, n_in) in HF_LAYER_NAMES.items():
+        shape = LAYER_PARAMS[ours][0](cfg)
+        hf_shape = shape if n_in is None else (math.prod(shape[n_in:]), math.prod(shape[:n_in]))
+        for i in range(cfg.num_layers):
+            names[f"model.layers.{i}.{hf}"] = hf_shape
+    return names
+
+
+class _Reader:
+    """Lazy access to the tensors of a checkpoint directory, by HF name."""
+
+    def __init__(self, path: str):
+        index = os.path.join(path, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        else:
+            files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(path, "*.safetensors")))
+        if not files:
+            raise CheckpointError(f"no *.safetensors files in {path}")
+        self._handles = [safe_open(os.path.join(path, f), framework="numpy") for f in files]
+        self.where = {}
+        for h in self._handles:
+            for name in h.keys():
+                self.where[name] = h
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.where[name].get_slice(name).get_shape())
+
+    def read(self, name: str, rows: slice, cols: slice | None = None) -> np.ndarray:
+        s = self.where[name].get_slice(name)
+        return s[rows] if cols is None else s[rows, cols]
+
+
+def _check_tensors(reader: _Reader, cfg: Qwen3Config):
+    expected = hf_tensor_names(cfg)
+    missing = sorted(set(expected) - set(reader.where))
+    if missing:
+        raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s): {missing[:5]}")
+    extra = set(reader.where) - set(expected)
+    if cfg.tie_word_embeddings:
+        extra.discard("lm_head.weight")  # some exports keep the tied copy
+    if extra:
+        raise CheckpointError(f"checkpoint has unexpected tensor(s): {sorted(extra)[:5]}")
+    for name, shape in expected.items():
+        if reader.shape(name) != shape:
+            raise CheckpointError(f"tensor {name} has shape {reader.shape(name)}, expected {shape}")
+
+
+def _read_linear(reader, name, n_in, our_shape, index):
+    """Slice `index` of our layout W.T.reshape(our_shape) for HF tensor `name` [out, in]."""
+    in_dims, out_dims = our_shape[:n_in], our_shape[n_in:]
+    idx_in, idx_out = index[:n_in], index[n_in:]
+
+    def flat(idx, dims):  # read only along the leading dim of a group; slice the rest after
+        start, stop, _ = idx[0].indices(dims[0])
+        inner = math.prod(dims[1:])
+        return slice(start * inner, stop * inner), (stop - start, *dims[1:]), (slice(None), *idx[1:])
+
+    rows, out_shape, out_rest = flat(idx_out, out_dims)
+    cols, in_shape, in_rest = flat(idx_in, in_dims)
+    block = reader.read(name, rows, cols).T.reshape(*in_shape, *out_shape)
+    return block[(*in_rest, *out_rest)]
+
+
+def _reader_fn(reader: _Reader, path: tuple, cfg: Qwen3Config, dtype):
+    """callback(index) -> host block of the parameter at `path` of the NNX state."""
+    name = path[-1]
+    if path[0] == "layers":
+        hf, n_in = HF_LAYER_NAMES[name]
+        shape = LAYER_PARAMS[name][0](cfg)
+
+        def read_layer(i, idx):
+            full = f"model.layers.{i}.{hf}"
+            if n_in is None:
+                return reader.read(full, idx[0])
+            return _read_linear(reader, full, n_in, shape, idx)
+
+        def cb(index):
+            layers = range(*index[0].indices(cfg.num_layers))
+            return np.stack([read_layer(i, index[1:]) for i in layers]).astype(dtype)
+        return cb
+    if name == "embed":
+        return lambda index: reader.read("model.embed_tokens.weight", index[0], index[1]).astype(dtype)
+    if name == "final_norm":
+        return lambda index: reader.read("model.norm.weight", index[0]).astype(dtype)
+    if name == "lm_head":
+        shape = (cfg.hidden_size, cfg.vocab_size)
+        return lambda index: _read_linear(reader, "lm_head.weight", 1, shape, index).astype(dtype)
+    raise CheckpointError(f"no HF tensor maps to parameter {'/'.join(map(str, path))}")
+
+
+def _iter_params(state) -> Iterator[tuple[tuple, nnx.Variable]]:
+    for path, var in nnx.to_flat_state(state):
+        yield tuple(str(p) for p in path), var
+
+
+def load_pretrained(path: str, mesh=None, **config_overrides) -> Qwen3:
+    """The Qwen3 model stored at `path`, each parameter placed on `mesh` by its logical axes.
+
+    config_overrides set Qwen3Config fields such as param_dtype or compute_dtype.
+    """
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.exists(cfg_path):
+        raise CheckpointError(f"no config.json in {path}")
+    with open(cfg_path) as f:
+        cfg = config_from_hf(json.load(f), **config_overrides)
+    reader = _Reader(path)
+    _check_tensors(reader, cfg)
+    abstract = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    dtype = np.dtype(ml_dtypes.bfloat16) if cfg.param_dtype == "bfloat16" else np.dtype(cfg.param_dtype)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    for p, var in _iter_params(state):
+        shape = var.shape
+        sharding = device if mesh is None else logical_sharding(mesh, var.logical_axes, shape)
+        var.set_value(jax.make_array_from_callback(shape, sharding, _reader_fn(reader, p, cfg, dtype)))
+    return nnx.merge(graphdef, state)
+
+
+def _host(x) -> np.ndarray:
+    if not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(jax.device_get(x))
+
+
+def _hf_tensors(model: Qwen3) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, host array in HF layout), one tensor at a time."""
+    cfg = model.cfg
+    yield "model.embed_tokens.weight", _host(model.embed[...])
+    yield "model.norm.weight", _host(model.final_norm[...])
+    if not cfg.tie_word_embeddings:
+        yield "lm_head.weight", _host(model.lm_head[...]).T
+    for ours, (hf, n_in) in HF_LAYER_NAMES.items():
+        stacked = getattr(model.layers, ours)[...]
+        for i in range(cfg.num_layers):
+            w = _host(stacked[i])
+            if n_in is not None:
+                w = w.reshape(math.prod(w.shape[:n_in]), -1).T
+            yield f"model.layers.{i}.{hf}", w
+
+
+def save_pretrained(model: Qwen3, path: str, max_shard_bytes: int = 2 * 1024**3) -> None:
+    """Write `model` as an HF Qwen3 checkpoint (process 0 writes; every process must call).
+
+    Shards are written as they fill, so the host holds at most one shard.
+    """
+    writer = jax.process_index() == 0
+    if writer:
+        os.makedirs(path, exist_ok=True)
+    files: list[tuple[str, list[str]]] = []
+    shard: dict[str, np.ndarray] = {}
+
+    def flush():
+        if writer and shard:
+            tmp = f"shard-{len(files):05d}.tmp"
+            save_file(shard, os.path.join(path, tmp), metadata={"format": "pt"})
+            files.append((tmp, list(shard)))
+        shard.clear()
+
+    for name, w in _hf_tensors(model):
+        if shard and sum(x.nbytes for x in shard.values()) + w.nbytes > max_shard_bytes:
+            flush()
+        shard[name] = np.ascontiguousarray(w)  # safetensors writes the raw buffer, ignoring strides
+    flush()
+    if not writer:
+        return
+    weight_map = {}
+    for i, (tmp, names) in enumerate(files):
+        final = "model.safetensors" if len(files) == 1 else f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
+        os.replace(os.path.join(path, tmp), os.path.join(path, final))
+        weight_map.update({n: final for n in names})
+    if len(files) > 1:
+        with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config_to_hf(model.cfg), f, indent=2)

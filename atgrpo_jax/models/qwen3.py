@@ -1,0 +1,198 @@
+"""Qwen3 decoder in Flax NNX.
+
+The layers are one stack of weights with a leading `layers` axis, run with
+`lax.scan`, so compile time does not grow with depth. Every parameter carries
+its logical axes (`logical_axes` metadata) for `atgrpo_jax.sharding`.
+
+Numerics follow `transformers`' Qwen3: RMSNorm in float32, q/k RMSNorm over
+head_dim before RoPE (rotate-half form), grouped-query attention with softmax
+in float32, SwiGLU MLP, no embedding scaling. Positions are explicit, so left
+padding works: a padded slot is masked as a key and its own output is unused.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.sharding import constrain
+
+# name -> (shape as a function of cfg, logical axes). One place for the layout.
+LAYER_PARAMS = {
+    "attn_norm": (lambda c: (c.hidden_size,), ("norm",)),
+    "wq": (lambda c: (c.hidden_size, c.num_heads, c.head_dim), ("embed", "heads", "head_dim")),
+    "wk": (lambda c: (c.hidden_size, c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim")),
+    "wv": (lambda c: (c.hidden_size, c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim")),
+    "wo": (lambda c: (c.num_heads, c.head_dim, c.hidden_size), ("heads", "head_dim", "embed")),
+    "q_norm": (lambda c: (c.head_dim,), ("norm",)),
+    "k_norm": (lambda c: (c.head_dim,), ("norm",)),
+    "mlp_norm": (lambda c: (c.hidden_size,), ("norm",)),
+    "w_gate": (lambda c: (c.hidden_size, c.intermediate_size), ("embed", "mlp")),
+    "w_up": (lambda c: (c.hidden_size, c.intermediate_size), ("embed", "mlp")),
+    "w_down": (lambda c: (c.intermediate_size, c.hidden_size), ("mlp", "embed")),
+}
+NORMS = ("attn_norm", "q_norm", "k_norm", "mlp_norm")
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every layer; slot `index` is the next to be written.
+
+    All rows write the same slot (prompts are left-padded to one length), and
+    `valid` marks the slots that hold real tokens rather than padding.
+    """
+
+    k: jax.Array  # [layers, batch, cache_seq, kv_heads, head_dim]
+    v: jax.Array
+    valid: jax.Array  # [batch, cache_seq] bool
+    index: jax.Array  # int32 scalar
+
+    AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+
+    @classmethod
+    def init(cls, cfg: Qwen3Config, batch: int, length: int, dtype=None) -> "KVCache":
+        shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+        dtype = dtype or cfg.dtype
+        zeros = jnp.zeros(shape, dtype)
+        return cls(zeros, zeros, jnp.zeros((batch, length), bool), jnp.zeros((), jnp.int32))
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * x32.astype(x.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotate-half RoPE; x [B, T, heads, head_dim], positions [B, T]."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x.shape[-1])
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, half]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def attention(q, k, v, q_slots, key_valid):
+    """q [B,T,H,D]; k, v [B,S,KV,D]; q_slots [T] cache slot of each query; key_valid [B,S]."""
+    b, t, h, d = q.shape
+    kv = k.shape[2]
+    q = q.reshape(b, t, kv, h // kv, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (d ** -0.5)
+    causal = jnp.arange(k.shape[1])[None, :] <= q_slots[:, None]  # [T, S]
+    allowed = causal[None] & key_valid[:, None, :]  # [B, T, S]
+    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, d)
+
+
+def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, key_valid, q_slots, kv_fn):
+    """One pre-norm block. `kv_fn(k, v) -> (keys, values)` merges the new k/v with a cache."""
+    dt = cfg.dtype
+    x = rms_norm(h, w["attn_norm"], cfg.rms_norm_eps)
+    q = jnp.einsum("btd,dhk->bthk", x, w["wq"].astype(dt))
+    k = jnp.einsum("btd,dhk->bthk", x, w["wk"].astype(dt))
+    v = jnp.einsum("btd,dhk->bthk", x, w["wv"].astype(dt))
+    q = rope(rms_norm(q, w["q_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
+    k = rope(rms_norm(k, w["k_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
+    q = constrain(q, ("batch", "seq", "heads", "head_dim"))
+    keys, values = kv_fn(k, v)
+    a = attention(q, keys, values, q_slots, key_valid)
+    h = h + jnp.einsum("bthk,hkd->btd", a, w["wo"].astype(dt))
+    h = constrain(h, ("batch", "seq", "embed"))
+    x = rms_norm(h, w["mlp_norm"], cfg.rms_norm_eps)
+    gate = jnp.einsum("btd,df->btf", x, w["w_gate"].astype(dt))
+    up = jnp.einsum("btd,df->btf", x, w["w_up"].astype(dt))
+    mlp = constrain(jax.nn.silu(gate) * up, ("batch", "seq", "mlp"))
+    h = h + jnp.einsum("btf,fd->btd", mlp, w["w_down"].astype(dt))
+    return constrain(h, ("batch", "seq", "embed"))
+
+
+def _param(rngs: nnx.Rngs, shape, axes, dtype, ones=False) -> nnx.Param:
+    value = jnp.ones(shape, dtype) if ones else (0.02 * jax.random.normal(rngs.params(), shape)).astype(dtype)
+    return nnx.Param(value, logical_axes=axes)
+
+
+class Layers(nnx.Module):
+    """All decoder layers' weights, stacked on a leading `layers` axis."""
+
+    def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
+        for name, (shape_fn, axes) in LAYER_PARAMS.items():
+            shape = (cfg.num_layers, *shape_fn(cfg))
+            setattr(self, name, _param(rngs, shape, ("layers", *axes), cfg.weight_dtype, name in NORMS))
+
+    def weights(self) -> dict[str, jax.Array]:
+        return {name: getattr(self, name)[...] for name in LAYER_PARAMS}
+
+
+class Qwen3(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        wd = cfg.weight_dtype
+        self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), wd)
+        self.layers = Layers(cfg, rngs)
+        self.final_norm = _param(rngs, (cfg.hidden_size,), ("norm",), wd, ones=True)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), wd)
+
+    def __call__(self, tokens, positions, mask=None, cache: KVCache | None = None):
+        """Logits [B, T, V] float32 of every position, and the updated cache."""
+        h, cache = self.hidden_states(tokens, positions, mask, cache)
+        return self.logits(h), cache
+
+    def hidden_states(self, tokens, positions, mask=None, cache: KVCache | None = None):
+        """Final-normed hidden states [B, T, D] and the updated cache.
+
+        tokens, positions [B, T] int; mask [B, T] bool marks real tokens
+        (default all). With a cache, the T tokens go to slots index..index+T-1.
+        """
+        cfg = self.cfg
+        b, t = tokens.shape
+        mask = jnp.ones((b, t), bool) if mask is None else mask.astype(bool)
+        h = self.embed[...].astype(cfg.dtype)[tokens]
+        h = constrain(h, ("batch", "seq", "embed"))
+        weights = self.layers.weights()
+
+        if cache is None:
+            q_slots = jnp.arange(t)
+
+            def body(h, w):
+                return decoder_layer(cfg, w, h, positions, mask, q_slots, lambda k, v: (k, v)), None
+
+            body = jax.checkpoint(body) if cfg.remat else body
+            h, _ = jax.lax.scan(body, h, weights)
+        else:
+            start = cache.index
+            q_slots = start + jnp.arange(t)
+            valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, start))
+
+            def body(carry, xs):
+                h, ks, vs = carry
+                w, i = xs
+
+                def kv_fn(k, v):
+                    nonlocal ks, vs
+                    ks = jax.lax.dynamic_update_slice(ks, k[None].astype(ks.dtype), (i, 0, start, 0, 0))
+                    vs = jax.lax.dynamic_update_slice(vs, v[None].astype(vs.dtype), (i, 0, start, 0, 0))
+                    return ks[i].astype(cfg.dtype), vs[i].astype(cfg.dtype)
+
+                h = decoder_layer(cfg, w, h, positions, valid, q_slots, kv_fn)
+                return (h, ks, vs), None
+
+            (h, ks, vs), _ = jax.lax.scan(body, (h, cache.k, cache.v), (weights, jnp.arange(cfg.num_layers)))
+            cache = KVCache(ks, vs, valid, start + t)
+        return rms_norm(h, self.final_norm[...], cfg.rms_norm_eps), cache
+
+    def head_weight(self) -> jax.Array:
+        """The output projection as [D, V] (the embedding's transpose when tied)."""
+        return self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        w = self.head_weight().astype(self.cfg.dtype)
+        return jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)

@@ -1,0 +1,139 @@
+"""Meshes, logical-axis rules and device pools.
+
+One mesh with named axes (data, fsdp, tensor). Arrays name their dimensions
+with *logical* axes (batch, embed, heads, ...); `RULES` maps each logical axis
+to mesh axes. A mapping is dropped for a dimension it does not divide, so tiny
+test models run on any mesh (they are replicated where they cannot be split).
+
+Axis types are `Auto` on purpose: parameters, optimizer state, activations
+and the KV cache get shardings at jit boundaries and a few activation
+constraints, and XLA's propagation handles the rest, so model code carries no
+per-op sharding annotations.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axes it is split over (in order), or () for replicated.
+RULES: dict[str, tuple[str, ...]] = {
+    "batch": ("data", "fsdp"),
+    "seq": (),
+    "embed": ("fsdp",),
+    "heads": ("tensor",),
+    "kv_heads": ("tensor",),
+    "head_dim": (),
+    "mlp": ("tensor",),
+    "vocab": ("tensor",),
+    "layers": (),
+    "norm": (),
+    "cache_seq": (),
+    "lora_rank": (),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Sizes of the mesh axes; one of them may be -1 (all remaining devices)."""
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+    def resolve(self, num_devices: int) -> dict[str, int]:
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        for name, size in sizes.items():
+            if not isinstance(size, (int, np.integer)) or (size <= 0 and size != -1):
+                raise ValueError(f"mesh.{name} must be a positive integer or -1, got {size!r}")
+        fill = [n for n, s in sizes.items() if s == -1]
+        if len(fill) > 1:
+            raise ValueError(f"only one mesh axis may be -1, got {fill}")
+        fixed = math.prod(s for s in sizes.values() if s != -1)
+        if fill:
+            if num_devices % fixed:
+                raise ValueError(f"mesh axes {sizes} cannot fill {num_devices} devices: "
+                                 f"{num_devices} is not a multiple of {fixed}")
+            sizes[fill[0]] = num_devices // fixed
+        if math.prod(sizes.values()) != num_devices:
+            raise ValueError(f"mesh data*fsdp*tensor = {math.prod(sizes.values())} "
+                             f"({sizes}) but there are {num_devices} devices")
+        return sizes
+
+
+def make_mesh(config: MeshConfig | dict | None = None, devices: Sequence[Any] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all devices)."""
+    if config is None:
+        config = MeshConfig()
+    elif isinstance(config, dict):
+        unknown = set(config) - set(MESH_AXES)
+        if unknown:
+            raise ValueError(f"unknown mesh axes {sorted(unknown)}; known: {list(MESH_AXES)}")
+        config = MeshConfig(**config)
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = config.resolve(len(devices))
+    shape = tuple(sizes[a] for a in MESH_AXES)
+    grid = np.asarray(devices, dtype=object).reshape(shape)
+    return Mesh(grid, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+
+
+def sub_meshes(mesh: Mesh, num_pools: int) -> list[Mesh]:
+    """Split a mesh's devices into `num_pools` disjoint pools of equal size.
+
+    Each pool keeps the (data, fsdp, tensor) axis names; the split takes whole
+    slices along data, then fsdp, so a pool keeps the tensor axis intact.
+    """
+    devices = mesh.devices.reshape(-1)
+    if num_pools <= 0 or len(devices) % num_pools:
+        raise ValueError(f"cannot split {len(devices)} devices into {num_pools} equal pools")
+    per_pool = len(devices) // num_pools
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    tensor = math.gcd(sizes["tensor"], per_pool)
+    pools = []
+    for i in range(num_pools):
+        pool = devices[i * per_pool:(i + 1) * per_pool]
+        pools.append(make_mesh(MeshConfig(data=1, fsdp=per_pool // tensor, tensor=tensor), pool))
+    return pools
+
+
+def logical_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None,
+                 mesh: Mesh | None = None, rules: dict[str, tuple[str, ...]] = RULES) -> P:
+    """PartitionSpec for logical `axes`; drops mesh axes that don't divide `shape`."""
+    used: set[str] = set()
+    spec = []
+    for i, name in enumerate(axes):
+        if name is None:
+            spec.append(None)
+            continue
+        if name not in rules:
+            raise ValueError(f"unknown logical axis {name!r}; known: {sorted(rules)}")
+        mesh_axes = []
+        for m in rules[name]:
+            if m in used or (mesh is not None and m not in mesh.shape):
+                continue
+            if mesh is not None and shape is not None:
+                size = mesh.shape[m] * math.prod(mesh.shape[a] for a in mesh_axes)
+                if shape[i] % size:
+                    continue
+            mesh_axes.append(m)
+        used.update(mesh_axes)
+        spec.append(tuple(mesh_axes) if len(mesh_axes) > 1 else (mesh_axes[0] if mesh_axes else None))
+    return P(*spec)
+
+
+def logical_sharding(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int]) -> NamedSharding:
+    return NamedSharding(mesh, logical_spec(axes, shape, mesh))
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+    """Sharding constraint by logical axes under the current mesh (no-op without one)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_spec(axes, x.shape, mesh))
