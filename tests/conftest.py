@@ -9,3 +9,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import sys
+
+# Shared test helpers (hf_fixtures.py, ...) import by plain name under importlib mode.
+sys.path.insert(0, os.path.dirname(__file__))

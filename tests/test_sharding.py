@@ -1,0 +1,81 @@
+"""Meshes, logical rules, device pools; a sharded forward equals the unsharded one."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from atgrpo_jax.models import Qwen3, get_preset
+from atgrpo_jax.models.hf_io import load_pretrained, save_pretrained
+from atgrpo_jax.sharding import MeshConfig, logical_spec, make_mesh, sub_meshes
+from hf_fixtures import left_padded_batch
+
+
+def test_eight_devices_are_simulated():
+    assert jax.device_count() == 8
+
+
+def test_mesh_shapes_and_fill():
+    mesh = make_mesh(MeshConfig(data=2, fsdp=-1, tensor=2))
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+    assert dict(make_mesh({"tensor": 4, "fsdp": -1}).shape) == {"data": 1, "fsdp": 2, "tensor": 4}
+
+
+@pytest.mark.parametrize("config,pattern", [
+    (MeshConfig(data=3, fsdp=-1), "not a multiple of 3"),
+    (MeshConfig(data=2, fsdp=2, tensor=1), "but there are 8 devices"),
+    (MeshConfig(data=-1, fsdp=-1), "only one mesh axis may be -1"),
+    (MeshConfig(data=0), "mesh.data must be a positive integer"),
+    ({"model": 8}, "unknown mesh axes"),
+])
+def test_bad_mesh_config(config, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        make_mesh(config)
+
+
+def test_logical_rules_drop_axes_that_do_not_divide():
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    assert logical_spec(("batch", "seq", "embed"), (8, 5, 64), mesh) == P(("data", "fsdp"), None, None)
+    assert logical_spec(("embed", "heads", "head_dim"), (64, 4, 16), mesh) == P("fsdp", "tensor", None)
+    assert logical_spec(("embed", "kv_heads", "head_dim"), (64, 1, 16), mesh) == P("fsdp", None, None)
+    assert logical_spec(("batch",), (2,), mesh) == P("data")
+    with pytest.raises(ValueError, match="unknown logical axis 'wat'"):
+        logical_spec(("wat",), (2,), mesh)
+
+
+def test_sub_meshes_are_disjoint_pools():
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    pools = sub_meshes(mesh, 2)
+    ids = [{d.id for d in p.devices.flat} for p in pools]
+    assert len(ids[0]) == len(ids[1]) == 4 and not ids[0] & ids[1]
+    assert dict(pools[0].shape)["tensor"] == 2
+    with pytest.raises(ValueError, match="cannot split 8 devices into 3"):
+        sub_meshes(mesh, 3)
+
+
+def test_sharded_forward_equals_unsharded(tmp_path):
+    cfg = get_preset("test-tiny", num_heads=4, num_kv_heads=2, hidden_size=64, intermediate_size=128)
+    save_pretrained(Qwen3(cfg, rngs=nnx.Rngs(0)), str(tmp_path))
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    plain = load_pretrained(str(tmp_path))
+    sharded = load_pretrained(str(tmp_path), mesh=mesh)
+    wq = sharded.layers.wq[...]
+    assert wq.sharding.spec == P(None, "fsdp", "tensor", None)
+    assert len({s.device for s in wq.addressable_shards}) == 8
+    assert wq.addressable_shards[0].data.shape == (2, 32, 2, 24)  # each device holds a block
+    tokens, mask, positions = (jnp.asarray(a) for a in
+                               left_padded_batch(np.random.RandomState(0), cfg.vocab_size, [7, 5, 3, 7]))
+    expected, _ = plain(tokens, positions, mask)
+    graphdef, state = nnx.split(sharded)
+
+    @jax.jit
+    def forward(state, tokens, positions, mask):
+        return nnx.merge(graphdef, state)(tokens, positions, mask)[0]
+
+    with jax.set_mesh(mesh):
+        got = forward(state, tokens, positions, mask)
+    assert not got.sharding.is_fully_replicated
+    np.testing.assert_allclose(np.asarray(got)[np.asarray(mask)], np.asarray(expected)[np.asarray(mask)],
+                               atol=1e-5)
