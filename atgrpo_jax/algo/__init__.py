@@ -1,0 +1,1 @@
+"""AT-GRPO algorithm: groups, advantages, filters, the clipped loss."""

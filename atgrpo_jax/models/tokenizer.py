@@ -50,7 +50,7 @@ QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<|file_sep|>", False),  # 151664
     ("<tool_response>", False),  # 151665
     ("</tool_response>", False),  # 151666
-    ("<think>", True),  # 151667
+    ("<think>", False),  # 151667
     ("</think>", False),  # 151668
 )
 QWEN3_TOKENIZER_SIZE = QWEN3_FIRST_ADDED_ID + len(QWEN3_ADDED_TOKENS)  # 151669

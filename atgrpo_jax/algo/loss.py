@@ -1,0 +1,77 @@
+"""The clipped policy-gradient loss of AT-GRPO, with its diagnostics."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float = 0.0  # c > 1 enables dual clip for negative advantages; 0 = off
+    aggregation: str = "token-mean"  # or "seq-mean-token-mean"
+    kl_coef: float = 0.0  # k3 KL to a frozen reference; 0 builds no reference
+    entropy_coef: float = 0.0
+
+    def __post_init__(self):
+        if self.aggregation not in ("token-mean", "seq-mean-token-mean"):
+            raise ValueError(f"loss.aggregation must be 'token-mean' or 'seq-mean-token-mean', "
+                             f"got {self.aggregation!r}")
+        if self.dual_clip and self.dual_clip <= 1.0:
+            raise ValueError(f"loss.dual_clip must be 0 (off) or > 1, got {self.dual_clip}")
+        if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
+            raise ValueError(f"loss.eps_low must be in [0, 1) and eps_high >= 0, "
+                             f"got {self.eps_low}, {self.eps_high}")
+
+
+def aggregate(x: jax.Array, mask: jax.Array, how: str) -> jax.Array:
+    """Mean of x [B, T] over the masked tokens, by token or by sequence first."""
+    m = mask.astype(jnp.float32)
+    if how == "token-mean":
+        return (x * m).sum() / jnp.maximum(m.sum(), 1.0)
+    per_seq = (x * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
+    has = (m.sum(1) > 0).astype(jnp.float32)
+    return (per_seq * has).sum() / jnp.maximum(has.sum(), 1.0)
+
+
+def policy_loss(cfg: LossConfig, logp, old_logp, advantages, mask, ref_logp=None, entropy=None):
+    """Clipped surrogate (+ k3 KL, - entropy bonus); returns (loss, metrics).
+
+    logp, old_logp, ref_logp, entropy, mask: [B, T]; advantages: [B] (one per
+    sample, spread over its tokens) or [B, T].
+    """
+    adv = advantages[:, None] if advantages.ndim == 1 else advantages
+    adv = jnp.broadcast_to(adv, logp.shape)
+    log_ratio = logp - old_logp
+    ratio = jnp.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * jnp.clip(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    pg = jnp.maximum(unclipped, clipped)
+    is_clipped = clipped > unclipped
+    if cfg.dual_clip:
+        bound = -adv * cfg.dual_clip
+        dual = (adv < 0) & (pg > bound)
+        pg = jnp.where(adv < 0, jnp.minimum(pg, bound), pg)
+        is_clipped = is_clipped | dual
+    loss = aggregate(pg, mask, cfg.aggregation)
+    f = lambda x: aggregate(x, mask, cfg.aggregation)
+    metrics = {
+        "pg_loss": loss,
+        "clip_frac": f(is_clipped.astype(jnp.float32)),
+        "approx_kl": f(0.5 * log_ratio**2),
+        "ratio_mean": f(ratio),
+    }
+    if cfg.kl_coef:
+        d = ref_logp - logp
+        kl = jnp.exp(d) - d - 1.0  # k3: unbiased, non-negative
+        metrics["kl_ref"] = f(kl)
+        loss = loss + cfg.kl_coef * metrics["kl_ref"]
+    if entropy is not None:
+        metrics["entropy"] = f(entropy)
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * metrics["entropy"]
+    metrics["loss"] = loss
+    return loss, metrics

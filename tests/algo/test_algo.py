@@ -1,0 +1,166 @@
+"""The algorithm against plain NumPy references."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from atgrpo_jax.algo.advantages import group_advantages, group_filter, mix_rewards
+from atgrpo_jax.algo.logprobs import token_logprobs
+from atgrpo_jax.algo.loss import LossConfig, policy_loss
+
+
+def np_advantages(rewards, mask, use_std=True):
+    out = np.zeros_like(rewards)
+    for g in range(rewards.shape[0]):
+        idx = np.flatnonzero(mask[g])
+        if len(idx) < 2:
+            continue
+        r = rewards[g, idx]
+        a = r - r.mean()
+        if use_std:
+            a = a / (r.std(ddof=1) + 1e-6)
+        out[g, idx] = a
+    return out
+
+
+@pytest.mark.parametrize("use_std", [True, False])
+def test_group_advantages_equal_numpy_loop(use_std):
+    rng = np.random.RandomState(0)
+    rewards = rng.randn(200, 8).astype(np.float32)
+    rewards[:20] = 3.0  # zero-variance groups
+    mask = rng.rand(200, 8) > 0.3
+    mask[20:30] = False  # finished tasks
+    mask[30:40, 1:] = False  # singleton groups
+    got = np.asarray(group_advantages(jnp.asarray(rewards), jnp.asarray(mask), use_std))
+    np.testing.assert_allclose(got, np_advantages(rewards, mask, use_std), rtol=1e-5, atol=1e-5)
+    assert np.all(got[30:40] == 0) and np.all(got[20:30] == 0)
+
+
+def test_mix_rewards():
+    np.testing.assert_allclose(mix_rewards(jnp.array([1.0, -2.0]), jnp.array([0.5, 0.5]), 2.0), [2.0, -1.0])
+
+
+def test_group_filter_matches_numpy():
+    rng = np.random.RandomState(1)
+    rewards = rng.randn(50, 4).astype(np.float32)
+    rewards[:7] = 1.0
+    mask = np.ones((50, 4), bool)
+    mask[45:] = False
+    keep = np.asarray(group_filter(jnp.asarray(rewards), jnp.asarray(mask), 0.5, True))
+    live = np.arange(45)
+    means = rewards[live].mean(1)
+    dropped_low = live[np.argsort(means, kind="stable")[:22]]
+    expected = np.zeros(50, bool)
+    expected[live] = True
+    expected[dropped_low] = False
+    expected[:7] = False
+    np.testing.assert_array_equal(keep, expected)
+
+
+def np_loss(logp, old, adv, mask, eps_lo, eps_hi, dual, agg, kl_coef, ref, ent_coef, ent):
+    ratio = np.exp(logp - old)
+    a = adv[:, None]
+    pg = np.maximum(-a * ratio, -a * np.clip(ratio, 1 - eps_lo, 1 + eps_hi))
+    if dual:
+        pg = np.where(a < 0, np.minimum(pg, -a * dual), pg)
+
+    def mean(x):
+        if agg == "token-mean":
+            return (x * mask).sum() / mask.sum()
+        rows = [x[i][mask[i]].mean() for i in range(len(x)) if mask[i].any()]
+        return np.mean(rows)
+
+    loss = mean(pg)
+    if kl_coef:
+        d = ref - logp
+        loss += kl_coef * mean(np.exp(d) - d - 1)
+    return loss - ent_coef * mean(ent)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("dual,kl,ent", [(0.0, 0.0, 0.0), (3.0, 0.01, 0.001)])
+def test_loss_equals_numpy(agg, dual, kl, ent):
+    rng = np.random.RandomState(2)
+    b, t = 6, 9
+    logp = rng.randn(b, t) * 0.3 - 2
+    old = logp + rng.randn(b, t) * 0.4
+    ref = logp + rng.randn(b, t) * 0.2
+    entropy = rng.rand(b, t) * 3
+    adv = rng.randn(b)
+    mask = rng.rand(b, t) > 0.3
+    mask[2] = False
+    cfg = LossConfig(dual_clip=dual, aggregation=agg, kl_coef=kl, entropy_coef=ent)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    loss, metrics = policy_loss(cfg, f32(logp), f32(old), f32(adv), jnp.asarray(mask), f32(ref), f32(entropy))
+    expected = np_loss(logp, old, adv, mask, 0.2, 0.2, dual, agg, kl, ref, ent, entropy)
+    np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+    assert 0 < float(metrics["clip_frac"]) < 1
+
+
+def test_clip_fraction_and_gradient_at_the_clip_edges():
+    cfg = LossConfig()
+    old = jnp.zeros((1, 4))
+    mask = jnp.ones((1, 4), bool)
+    # ratios 0.7, 0.9, 1.1, 1.3 with positive advantage: only 1.3 is clipped
+    logp = jnp.log(jnp.array([[0.7, 0.9, 1.1, 1.3]]))
+    grad_fn = jax.grad(lambda lp, a: policy_loss(cfg, lp, old, a, mask)[0])
+    _, m = policy_loss(cfg, logp, old, jnp.array([1.0]), mask)
+    assert float(m["clip_frac"]) == pytest.approx(0.25)
+    g = np.asarray(grad_fn(logp, jnp.array([1.0])))
+    assert np.all(np.isfinite(g)) and g[0, 3] == 0 and np.all(g[0, :3] < 0)
+    # negative advantage: 0.7 is clipped (ratio below 1 - eps), the rest are not
+    _, m = policy_loss(cfg, logp, old, jnp.array([-1.0]), mask)
+    assert float(m["clip_frac"]) == pytest.approx(0.25)
+    g = np.asarray(grad_fn(logp, jnp.array([-1.0])))
+    assert g[0, 0] == 0 and np.all(g[0, 1:] > 0)
+
+
+def test_loss_config_errors():
+    with pytest.raises(ValueError, match="loss.aggregation"):
+        LossConfig(aggregation="sum")
+    with pytest.raises(ValueError, match="loss.dual_clip"):
+        LossConfig(dual_clip=0.5)
+
+
+def test_chunked_logprobs_equal_full_softmax_and_grads():
+    rng = np.random.RandomState(3)
+    h = jnp.asarray(rng.randn(3, 7, 16), jnp.float32)
+    w = jnp.asarray(rng.randn(16, 50), jnp.float32)
+    y = jnp.asarray(rng.randint(0, 50, (3, 7)))
+
+    def full(h, w):
+        logits = jnp.einsum("btd,dv->btv", h, w)
+        lp = jax.nn.log_softmax(logits)
+        ent = -(jnp.exp(lp) * lp).sum(-1)
+        return jnp.take_along_axis(lp, y[..., None], -1)[..., 0], ent
+
+    lp, ent = token_logprobs(h, w, y, chunk_size=4)  # 21 rows: uneven last chunk
+    lp_ref, ent_ref = full(h, w)
+    np.testing.assert_allclose(lp, lp_ref, atol=1e-5)
+    np.testing.assert_allclose(ent, ent_ref, atol=1e-5)
+    g = jax.grad(lambda h, w: token_logprobs(h, w, y, 4)[0].sum(), argnums=(0, 1))(h, w)
+    g_ref = jax.grad(lambda h, w: full(h, w)[0].sum(), argnums=(0, 1))(h, w)
+    for a, b in zip(g, g_ref):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_chunked_logprobs_never_build_full_logits():
+    """The compiled backward keeps one chunk of logits, not [B*T, V]."""
+    b, t, d, v, chunk = 4, 256, 64, 20_000, 64
+    h = jax.ShapeDtypeStruct((b, t, d), jnp.float32)
+    w = jax.ShapeDtypeStruct((d, v), jnp.float32)
+    y = jax.ShapeDtypeStruct((b, t), jnp.int32)
+
+    def peak(fn):
+        compiled = jax.jit(jax.grad(fn, argnums=(0, 1))).lower(h, w, y).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    chunked = peak(lambda h, w, y: token_logprobs(h, w, y, chunk)[0].sum())
+
+    def full(h, w, y):
+        lp = jax.nn.log_softmax(jnp.einsum("btd,dv->btv", h, w))
+        return jnp.take_along_axis(lp, y[..., None], -1).sum()
+
+    full_bytes = b * t * v * 4
+    assert peak(full) >= full_bytes
+    assert chunked < full_bytes / 4, (chunked, full_bytes)
