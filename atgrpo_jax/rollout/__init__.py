@@ -1,0 +1,1 @@
+"""The tree rollout and the agent -> policy router."""

@@ -1,0 +1,1 @@
+"""Training: state, update, checkpoints, metrics, the train and eval CLIs."""

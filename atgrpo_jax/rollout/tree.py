@@ -1,0 +1,170 @@
+"""The multi-agent, multi-turn tree rollout of AT-GRPO.
+
+For each turn and each agent in turn order: K responses from the shared state
+(one prefill, K branches), K copies of the state stepped, each scored with the
+agent's reward (own + alpha * team); the K samples form the group
+(task, agent, turn). Then the best branch becomes the state of all K slots, so
+the next agent observes and steps exactly the selected branch.
+
+Plain GRPO ("no tree") runs K independent episodes per task with one branch
+each and groups, per task and agent, the samples of the last turn each
+episode reached.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from atgrpo_jax.envs.workflow import Workflow, take_branch
+
+
+@dataclasses.dataclass
+class SampleOut:
+    """K responses for each of B prompts (row b*K + k)."""
+
+    response_ids: list[np.ndarray]  # B*K int arrays, stop token included
+    logprobs: list[np.ndarray]  # B*K float arrays, sampler log-prob per response token
+    texts: list[str]  # B*K decoded responses
+
+
+# sample_fn(agent, prompt_ids, k, key) -> SampleOut; the router lives inside it.
+SampleFn = Callable[[int, Sequence[Sequence[int]], int, jax.Array], SampleOut]
+
+
+@dataclasses.dataclass
+class Samples:
+    """A dense [G, K] table of samples; group g = (task[g], agent[g], turn[g])."""
+
+    prompt: list[list[np.ndarray]]  # [G][K] token ids
+    response: list[list[np.ndarray]]  # [G][K]
+    sampler_logp: list[list[np.ndarray]]  # [G][K]
+    reward: np.ndarray  # [G, K] float32: local + alpha * team
+    mask: np.ndarray  # [G, K] bool: the sample exists (its task was live)
+    task: np.ndarray  # [G]
+    agent: np.ndarray  # [G]
+    turn: np.ndarray  # [G]
+
+
+@dataclasses.dataclass
+class Episodes:
+    success: np.ndarray  # [B] bool
+    turns: np.ndarray  # [B] turns taken
+    agent_reward: np.ndarray  # [A] mean reward per agent over live samples
+
+
+def _where_live(live: np.ndarray, new: Any, old: Any) -> Any:
+    """Per task: the new state where live, else the old one (finished tasks freeze)."""
+    def pick(n, o):
+        cond = live.reshape(live.shape + (1,) * (np.ndim(n) - 1))
+        return jnp.where(cond, n, o) if isinstance(n, jax.Array) else np.where(cond, n, o)
+    return jax.tree.map(pick, new, old)
+
+
+def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, split: str,
+         k: int, max_turns: int, alpha: float, key: jax.Array):
+    """The loop both modes share. Returns per-step records and the final state."""
+    state = workflow.reset(task_ids, split)
+    b = len(task_ids)
+    turns = np.zeros(b, np.int32)
+    records = []
+    for turn in range(max_turns):
+        live = ~np.asarray(workflow.done(state))
+        if not live.any():
+            break
+        turns += live
+        for agent in range(len(workflow.agents)):
+            live = ~np.asarray(workflow.done(state))
+            if not live.any():
+                break
+            prompts = [np.asarray(encode(m), np.int32) for m in workflow.prompts(state, agent, turn)]
+            key, sub = jax.random.split(key)
+            rows = np.flatnonzero(live)  # sample only live tasks
+            out = sample_fn(agent, [prompts[i] for i in rows], k, sub)
+            texts = [[""] * k for _ in range(b)]
+            resp = [[np.zeros(0, np.int32)] * k for _ in range(b)]
+            logp = [[np.zeros(0, np.float32)] * k for _ in range(b)]
+            for j, i in enumerate(rows):
+                texts[i] = out.texts[j * k:(j + 1) * k]
+                resp[i] = out.response_ids[j * k:(j + 1) * k]
+                logp[i] = out.logprobs[j * k:(j + 1) * k]
+            step = workflow.step(state, agent, turn, texts)
+            reward = np.asarray(step.local_reward + alpha * step.team_reward, np.float32)
+            mask = np.repeat(live[:, None], k, axis=1)
+            best = np.argmax(np.where(mask, reward, -np.inf), axis=1)
+            state = _where_live(live, take_branch(step.state, best), state)
+            records.append(dict(turn=turn, agent=agent, prompts=prompts, resp=resp, logp=logp,
+                                reward=reward, mask=mask, best=best))
+    return records, state, turns
+
+
+def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
+                 split: str, *, k: int, max_turns: int, alpha: float, key: jax.Array):
+    """AT-GRPO tree sampling: groups (task, agent, turn) of exactly K samples."""
+    records, state, turns = _run(workflow, sample_fn, encode, task_ids, split, k, max_turns, alpha, key)
+    b = len(task_ids)
+    g = dict(prompt=[], response=[], sampler_logp=[], reward=[], mask=[], task=[], agent=[], turn=[])
+    for r in records:
+        for i in range(b):
+            g["prompt"].append([r["prompts"][i]] * k)
+            g["response"].append(r["resp"][i])
+            g["sampler_logp"].append(r["logp"][i])
+            g["task"].append(i)
+            g["agent"].append(r["agent"])
+            g["turn"].append(r["turn"])
+        g["reward"].append(r["reward"])
+        g["mask"].append(r["mask"])
+    samples = _pack(g, k)
+    return samples, _episodes(workflow, state, turns, samples)
+
+
+def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
+                  split: str, *, k: int, max_turns: int, alpha: float, key: jax.Array):
+    """Plain GRPO: K independent episodes per task, no selection; each group is
+    (task, agent) with the last-turn sample of each of the K episodes."""
+    b = len(task_ids)
+    episode_tasks = np.repeat(np.asarray(task_ids), k)  # episode e = task e // k, branch e % k
+    records, state, turns = _run(workflow, sample_fn, encode, episode_tasks, split, 1, max_turns, alpha, key)
+    num_agents = len(workflow.agents)
+    g = dict(prompt=[], response=[], sampler_logp=[], reward=[], mask=[], task=[], agent=[], turn=[])
+    for agent in range(num_agents):
+        last = {}  # episode -> its last record for this agent
+        for r in records:
+            if r["agent"] == agent:
+                for e in np.flatnonzero(r["mask"][:, 0]):
+                    last[e] = r
+        for i in range(b):
+            eps = range(i * k, (i + 1) * k)
+            g["prompt"].append([last[e]["prompts"][e] if e in last else np.zeros(0, np.int32) for e in eps])
+            g["response"].append([last[e]["resp"][e][0] if e in last else np.zeros(0, np.int32) for e in eps])
+            g["sampler_logp"].append([last[e]["logp"][e][0] if e in last else np.zeros(0, np.float32) for e in eps])
+            g["reward"].append(np.array([last[e]["reward"][e, 0] if e in last else 0.0 for e in eps], np.float32))
+            g["mask"].append(np.array([e in last for e in eps]))
+            g["task"].append(i)
+            g["agent"].append(agent)
+            g["turn"].append(-1)
+    samples = _pack(g, k, stacked=False)
+    success = np.asarray(workflow.success(state)).reshape(b, k).mean(1)
+    return samples, Episodes(success, turns.reshape(b, k).mean(1), _agent_reward(samples, num_agents))
+
+
+def _pack(g: dict, k: int, stacked: bool = True) -> Samples:
+    reward = np.concatenate(g["reward"]) if stacked and g["reward"] else np.asarray(g["reward"], np.float32)
+    mask = np.concatenate(g["mask"]) if stacked and g["mask"] else np.asarray(g["mask"], bool)
+    return Samples(g["prompt"], g["response"], g["sampler_logp"], reward.reshape(-1, k).astype(np.float32),
+                   mask.reshape(-1, k), np.asarray(g["task"]), np.asarray(g["agent"]), np.asarray(g["turn"]))
+
+
+def _agent_reward(samples: Samples, num_agents: int) -> np.ndarray:
+    out = np.zeros(num_agents, np.float32)
+    for a in range(num_agents):
+        m = samples.mask[samples.agent == a]
+        out[a] = samples.reward[samples.agent == a][m].mean() if m.any() else np.nan
+    return out
+
+
+def _episodes(workflow: Workflow, state, turns, samples: Samples) -> Episodes:
+    return Episodes(np.asarray(workflow.success(state)), turns, _agent_reward(samples, len(workflow.agents)))

@@ -1,0 +1,124 @@
+"""The training loop: rollout -> advantages -> filters -> per-policy update -> log, eval, checkpoint.
+
+Every random choice of step s derives from (train.seed, s), so a run resumed
+from the checkpoint of step s continues exactly as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from atgrpo_jax.algo.advantages import group_advantages, group_filter
+from atgrpo_jax.rollout.router import make_sample_fn
+from atgrpo_jax.rollout.tree import plain_rollout, tree_rollout
+from atgrpo_jax.train.batch import policy_batches
+from atgrpo_jax.train.setup import Run
+from atgrpo_jax.train.update import Batch, TrainState
+
+TRAIN_TASK_STRIDE = 1_000_003  # task ids of step s: s * stride + [0, B); test ids are another split
+
+
+def sample_fn_for(run: Run, temperature: float):
+    r = run.config.rollout
+    return make_sample_fn(run.policies, run.policy_of_agent, run.tokenizer,
+                          max_new_tokens=r.max_new_tokens, temperature=temperature, top_k=r.top_k,
+                          top_p=r.top_p, stop_ids=run.stop_ids, prompt_buckets=r.prompt_buckets,
+                          max_tasks=r.num_tasks * (1 if run.config.regime != "plain_grpo" else r.k))
+
+
+def rollout_step(run: Run, step: int, key):
+    r, c = run.config.rollout, run.config
+    task_ids = step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks)
+    fn = plain_rollout if c.regime == "plain_grpo" else tree_rollout
+    return fn(run.workflow, sample_fn_for(run, r.temperature), run.encode, task_ids, "train",
+              k=r.k, max_turns=r.max_turns, alpha=c.algo.alpha, key=key)
+
+
+def _minibatches(batch: dict, size: int):
+    for i in range(0, len(batch["adv"]), size):
+        yield {k: v[i:i + size] for k, v in batch.items() if k != "num_samples"}
+
+
+def update_policy(run: Run, policy, batch: dict) -> dict:
+    """Old log-probs, then epochs x mini-batches of clipped updates. Returns mean metrics."""
+    o = run.config.optim
+    params = policy.state.params
+    old = np.concatenate([np.asarray(policy.logprobs_fn(params, jnp.asarray(mb["tokens"]), jnp.asarray(mb["valid"])))
+                          for mb in _minibatches(batch, o.mini_batch_size)])
+    resp = batch["is_resp"]
+    gap = float(np.abs(old - batch["sampler_logp"])[resp].mean()) if resp.any() else 0.0
+    batch = dict(batch, old_logp=old)
+    ref = run.ref_params.get(policy.name)
+    logs = []
+    for _ in range(o.epochs):
+        for mb in _minibatches(batch, o.mini_batch_size):
+            ref_logp = None if ref is None else policy.logprobs_fn(ref, jnp.asarray(mb["tokens"]), jnp.asarray(mb["valid"]))
+            b = Batch(jnp.asarray(mb["tokens"]), jnp.asarray(mb["valid"]), jnp.asarray(mb["is_resp"]),
+                      jnp.asarray(mb["old_logp"]), jnp.asarray(mb["adv"]), ref_logp)
+            policy.state, m = policy.update_fn(policy.state, b)
+            logs.append(jax.device_get(m))
+    out = {k: float(np.mean([l[k] for l in logs])) for k in logs[0]}
+    out["skipped"] = float(np.sum([l["skipped"] for l in logs]))
+    out["logprob_gap"] = gap
+    out["samples"] = float(batch["num_samples"])
+    return out
+
+
+def train_step(run: Run, step: int) -> dict:
+    """One AT-GRPO step on every policy; returns scalar metrics."""
+    c = run.config
+    key = jax.random.fold_in(jax.random.key(c.train.seed), step)
+    t0 = time.perf_counter()
+    samples, episodes = rollout_step(run, step, key)
+    t1 = time.perf_counter()
+    rewards, mask = jnp.asarray(samples.reward), jnp.asarray(samples.mask)
+    adv = np.asarray(group_advantages(rewards, mask, c.algo.use_std))
+    keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance))
+    rng = np.random.default_rng([c.train.seed, step])
+    batches = policy_batches(samples, adv, keep, run.policy_of_agent, len(run.policies),
+                             c.optim.mini_batch_size, rng)
+    metrics = {"success": float(np.mean(episodes.success)), "turns": float(np.mean(episodes.turns)),
+               "groups_kept": float(keep.sum()), "groups": float(len(keep)),
+               "adv_abs_mean": float(np.abs(adv[samples.mask]).mean()) if samples.mask.any() else 0.0,
+               "reward_mean": float(samples.reward[samples.mask].mean()) if samples.mask.any() else 0.0}
+    for a, agent in enumerate(run.workflow.agents):
+        metrics[f"reward/{agent.name}"] = float(episodes.agent_reward[a])
+    tokens = 0
+    for policy, batch in zip(run.policies, batches):
+        if batch is None:
+            continue
+        tokens += int(batch["is_resp"].sum())
+        for k, v in update_policy(run, policy, batch).items():
+            metrics[f"{policy.name}/{k}" if len(run.policies) > 1 else k] = v
+    t2 = time.perf_counter()
+    metrics.update(rollout_s=t1 - t0, update_s=t2 - t1, lr=float(run.lr_schedule(int(run.policies[0].state.step))),
+                   tokens_per_s=tokens / max(t2 - t1, 1e-9),
+                   rollout_tokens_per_s=sum(len(r) for g in samples.response for r in g) / max(t1 - t0, 1e-9))
+    return metrics
+
+
+def evaluate(run: Run, num_tasks: int, k: int = 1, temperature: float | None = None, split: str = "test") -> dict:
+    """avg@k success on held-out tasks with independent (no-tree) episodes."""
+    r = run.config.rollout
+    temp = r.eval_temperature if temperature is None else temperature
+    task_ids = np.arange(num_tasks)
+    sample_fn = make_sample_fn(run.policies, run.policy_of_agent, run.tokenizer, max_new_tokens=r.max_new_tokens,
+                               temperature=temp, top_k=r.top_k, top_p=r.top_p, stop_ids=run.stop_ids,
+                               prompt_buckets=r.prompt_buckets, max_tasks=num_tasks * k)
+    _, episodes = plain_rollout(run.workflow, sample_fn, run.encode, task_ids, split, k=k,
+                                max_turns=r.max_turns, alpha=run.config.algo.alpha,
+                                key=jax.random.key(run.config.train.seed + 1))
+    return {"eval_success": float(np.mean(episodes.success)), "eval_turns": float(np.mean(episodes.turns))}
+
+
+def policy_states(run: Run) -> dict:
+    return {p.name: p.state for p in run.policies}
+
+
+def set_policy_states(run: Run, states: dict) -> None:
+    for p in run.policies:
+        p.state = TrainState(*states[p.name]) if not isinstance(states[p.name], TrainState) else states[p.name]

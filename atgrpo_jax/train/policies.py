@@ -1,0 +1,70 @@
+"""Policies and the agent -> policy router, one per regime.
+
+  shared, single_agent, plain_grpo: one model for every agent
+  per_role: one model per agent, each updated only on its own agents' samples
+  lora: one adapter per agent on a frozen shared base (no base copy)
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+from flax import nnx
+
+from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.models.lora import attach_lora, merge_lora, split_lora
+from atgrpo_jax.models.qwen3 import Qwen3
+from atgrpo_jax.train.update import TrainState, init_state, make_update_fns
+
+
+@dataclasses.dataclass
+class Policy:
+    name: str
+    graphdef: Any
+    frozen: Any  # non-trainable state (the LoRA base), or an empty State
+    state: TrainState
+    logprobs_fn: Callable
+    update_fn: Callable
+    is_lora: bool = False
+
+    def model(self) -> Qwen3:
+        return nnx.merge(self.graphdef, self.state.params, self.frozen)
+
+    def sampler_model(self) -> Qwen3:
+        """The model the sampler runs: adapters merged into the weights once."""
+        return merge_lora(self.model()) if self.is_lora else self.model()
+
+
+def route(regime: str, num_agents: int) -> np.ndarray:
+    """policy_of_agent [A]: which policy acts for (and learns from) each agent."""
+    if regime in ("per_role", "lora"):
+        return np.arange(num_agents)
+    return np.zeros(num_agents, np.int64)
+
+
+def build_policies(regime: str, base: Qwen3, agent_names, tx, loss_cfg: LossConfig, chunk: int,
+                   lora_rank: int = 16, lora_alpha: float = 32.0, seed: int = 0,
+                   model_copy: Callable[[], Qwen3] | None = None) -> list[Policy]:
+    """The policies of a regime, all starting from `base`'s weights.
+
+    per_role calls `model_copy()` for every agent after the first (a fresh load
+    of the same weights, possibly on another device pool).
+    """
+    def plain(model, name):
+        graphdef, params = nnx.split(model)
+        frozen = nnx.State({})
+        lp, up = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk)
+        return Policy(name, graphdef, frozen, init_state(params, tx), lp, up)
+
+    if regime == "per_role":
+        models = [base] + [model_copy() for _ in agent_names[1:]]
+        return [plain(m, f"policy_{name}") for m, name in zip(models, agent_names)]
+    if regime == "lora":
+        out = []
+        for i, name in enumerate(agent_names):
+            graphdef, adapters, frozen = split_lora(attach_lora(base, lora_rank, lora_alpha, seed + i))
+            lp, up = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk)
+            out.append(Policy(f"lora_{name}", graphdef, frozen, init_state(adapters, tx), lp, up, True))
+        return out
+    return [plain(base, "policy")]

@@ -1,0 +1,94 @@
+"""Everything a run is built from, made from a validated config."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.models import Qwen3, get_preset
+from atgrpo_jax.models.hf_io import load_pretrained
+from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
+from atgrpo_jax.sampling import shard_model
+from atgrpo_jax.sharding import make_mesh
+from atgrpo_jax.train.config import ConfigError, validate
+from atgrpo_jax.train.policies import Policy, build_policies, route
+from atgrpo_jax.train.update import make_optimizer
+
+
+@dataclasses.dataclass
+class Run:
+    config: Any
+    mesh: Any
+    tokenizer: Any
+    workflow: Any
+    policies: list[Policy]
+    policy_of_agent: np.ndarray
+    stop_ids: tuple[int, ...]
+    lr_schedule: Any
+    ref_params: dict = dataclasses.field(default_factory=dict)  # policy name -> frozen params (KL)
+
+    def encode(self, messages) -> list[int]:
+        """Chat prompt ids, cut from the left to rollout.max_prompt_len."""
+        return encode_chat(self.tokenizer, messages)[-self.config.rollout.max_prompt_len:]
+
+
+def init_distributed(dist) -> None:
+    """jax.distributed from the config, or automatically where JAX can tell (TPU pods)."""
+    if dist.coordinator_address:
+        jax.distributed.initialize(dist.coordinator_address, dist.num_processes, dist.process_id)
+    elif dist.num_processes > 1:
+        jax.distributed.initialize()
+
+
+def make_tokenizer(name: str, hf_path: str = ""):
+    if name == "char":
+        return char_tokenizer()
+    if name == "qwen3":
+        return qwen3_tokenizer(hf_path or None)
+    if os.path.isdir(name):
+        return qwen3_tokenizer(name)
+    raise ConfigError(f"config.tokenizer: {name!r} is not 'char', 'qwen3' or a checkpoint directory")
+
+
+def build_model(config, mesh) -> Qwen3:
+    m = config.model
+    kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat)
+    if m.hf_path:
+        return load_pretrained(m.hf_path, mesh=mesh, **kw)
+    return shard_model(Qwen3(get_preset(m.preset, **kw), rngs=nnx.Rngs(m.init_seed)), mesh)
+
+
+def updates_per_step(config) -> int:
+    """Optimizer steps per training step, for the lr schedule (an upper estimate)."""
+    r, o = config.rollout, config.optim
+    samples = r.num_tasks * r.k * r.max_turns * 2
+    return max(1, -(-samples // o.mini_batch_size)) * o.epochs
+
+
+def build_run(config) -> Run:
+    validate(config)
+    init_distributed(config.distributed)
+    mesh = make_mesh(dict(config.mesh))
+    tokenizer = make_tokenizer(config.tokenizer, config.model.hf_path)
+    workflow = make_workflow(config.env.workflow, single_agent=config.regime == "single_agent",
+                             **dict(config.env.kwargs))
+    base = build_model(config, mesh)
+    if base.cfg.vocab_size < len(tokenizer):
+        raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
+    tx, lr = make_optimizer(config.optim, config.train.steps * updates_per_step(config))
+    loss_cfg = LossConfig(**{k: v for k, v in config.loss.items() if k != "logprob_chunk"})
+    names = [a.name for a in workflow.agents]
+    policies = build_policies(config.regime, base, names, tx, loss_cfg, config.loss.logprob_chunk,
+                              config.lora.rank, config.lora.alpha, config.model.init_seed,
+                              model_copy=lambda: build_model(config, mesh))
+    stops = tuple(sorted({tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}))
+    # The KL reference is the starting policy; nothing is kept when the KL is off.
+    ref = {p.name: jax.tree.map(jnp.copy, p.state.params) for p in policies} if config.loss.kl_coef else {}
+    return Run(config, mesh, tokenizer, workflow, policies, route(config.regime, len(names)), stops, lr, ref)

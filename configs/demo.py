@@ -1,0 +1,25 @@
+"""The CPU demo: a tiny Qwen3-architecture model trained from scratch with AT-GRPO.
+
+A 6x6 Plan-Path with walls (start-goal distance 2..8, 4 turns, at most 2 moves
+per turn), played by a planner and an executor that answer in a few
+characters; a character tokenizer; K branches per agent and turn.
+`--config.regime=plain_grpo` and `--config.regime=single_agent` run the
+baselines on the same budget.
+"""
+from atgrpo_jax.train.config import base_config
+
+
+def get_config():
+    c = base_config()
+    c.model.preset = "demo-tiny"
+    c.tokenizer = "char"
+    c.mesh = dict(data=1, fsdp=1, tensor=1)
+    c.env.workflow = "plan_path_demo"
+    c.regime = "shared"
+    c.rollout.update(num_tasks=16, k=8, max_turns=4, temperature=1.0, max_prompt_len=128,
+                     prompt_buckets=(64, 128), max_new_tokens=6, eval_temperature=0.0)
+    c.algo.update(alpha=1.0, drop_low_mean_frac=0.0)
+    c.optim.update(lr=1e-3, schedule="constant", warmup_steps=5, mini_batch_size=64, weight_decay=0.01)
+    c.train.update(steps=300, eval_every=10, eval_tasks=100, checkpoint_every=20, keep_last=2,
+                   time_budget_s=540.0)
+    return c
