@@ -41,7 +41,11 @@ RULES: dict[str, tuple[str, ...]] = {
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Sizes of the mesh axes; one of them may be -1 (all remaining devices)."""
+    """Sizes of the mesh axes; one of them may be -1 (all remaining devices).
+
+    Without a -1 the mesh may use fewer devices than there are (the first ones):
+    a tiny model on one device of eight, or a policy's pool.
+    """
 
     data: int = 1
     fsdp: int = -1
@@ -61,9 +65,9 @@ class MeshConfig:
                 raise ValueError(f"mesh axes {sizes} cannot fill {num_devices} devices: "
                                  f"{num_devices} is not a multiple of {fixed}")
             sizes[fill[0]] = num_devices // fixed
-        if math.prod(sizes.values()) != num_devices:
+        if math.prod(sizes.values()) > num_devices:
             raise ValueError(f"mesh data*fsdp*tensor = {math.prod(sizes.values())} "
-                             f"({sizes}) but there are {num_devices} devices")
+                             f"({sizes}) but there are only {num_devices} devices")
         return sizes
 
 
@@ -79,7 +83,7 @@ def make_mesh(config: MeshConfig | dict | None = None, devices: Sequence[Any] | 
     devices = list(jax.devices() if devices is None else devices)
     sizes = config.resolve(len(devices))
     shape = tuple(sizes[a] for a in MESH_AXES)
-    grid = np.asarray(devices, dtype=object).reshape(shape)
+    grid = np.asarray(devices[:math.prod(shape)], dtype=object).reshape(shape)
     return Mesh(grid, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 

@@ -21,11 +21,13 @@ def test_mesh_shapes_and_fill():
     assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
     assert dict(make_mesh({"tensor": 4, "fsdp": -1}).shape) == {"data": 1, "fsdp": 2, "tensor": 4}
+    small = make_mesh(MeshConfig(data=1, fsdp=2, tensor=1))  # fewer devices than there are
+    assert [d.id for d in small.devices.flat] == [0, 1]
 
 
 @pytest.mark.parametrize("config,pattern", [
     (MeshConfig(data=3, fsdp=-1), "not a multiple of 3"),
-    (MeshConfig(data=2, fsdp=2, tensor=1), "but there are 8 devices"),
+    (MeshConfig(data=2, fsdp=2, tensor=4), "but there are only 8 devices"),
     (MeshConfig(data=-1, fsdp=-1), "only one mesh axis may be -1"),
     (MeshConfig(data=0), "mesh.data must be a positive integer"),
     ({"model": 8}, "unknown mesh axes"),

@@ -22,19 +22,20 @@ from atgrpo_jax.train.update import Batch, TrainState
 TRAIN_TASK_STRIDE = 1_000_003  # task ids of step s: s * stride + [0, B); test ids are another split
 
 
-def sample_fn_for(run: Run, temperature: float):
+def sample_fn_for(run: Run, temperature: float, max_prompts: int):
     r = run.config.rollout
     return make_sample_fn(run.policies, run.policy_of_agent, run.tokenizer,
                           max_new_tokens=r.max_new_tokens, temperature=temperature, top_k=r.top_k,
                           top_p=r.top_p, stop_ids=run.stop_ids, prompt_buckets=r.prompt_buckets,
-                          max_tasks=r.num_tasks * (1 if run.config.regime != "plain_grpo" else r.k))
+                          max_tasks=max_prompts)
 
 
 def rollout_step(run: Run, step: int, key):
     r, c = run.config.rollout, run.config
     task_ids = step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks)
-    fn = plain_rollout if c.regime == "plain_grpo" else tree_rollout
-    return fn(run.workflow, sample_fn_for(run, r.temperature), run.encode, task_ids, "train",
+    plain = c.regime == "plain_grpo"
+    fn, prompts = (plain_rollout, r.num_tasks * r.k) if plain else (tree_rollout, r.num_tasks)
+    return fn(run.workflow, sample_fn_for(run, r.temperature, prompts), run.encode, task_ids, "train",
               k=r.k, max_turns=r.max_turns, alpha=c.algo.alpha, key=key)
 
 
@@ -106,10 +107,7 @@ def evaluate(run: Run, num_tasks: int, k: int = 1, temperature: float | None = N
     r = run.config.rollout
     temp = r.eval_temperature if temperature is None else temperature
     task_ids = np.arange(num_tasks)
-    sample_fn = make_sample_fn(run.policies, run.policy_of_agent, run.tokenizer, max_new_tokens=r.max_new_tokens,
-                               temperature=temp, top_k=r.top_k, top_p=r.top_p, stop_ids=run.stop_ids,
-                               prompt_buckets=r.prompt_buckets, max_tasks=num_tasks * k)
-    _, episodes = plain_rollout(run.workflow, sample_fn, run.encode, task_ids, split, k=k,
+    _, episodes = plain_rollout(run.workflow, sample_fn_for(run, temp, num_tasks * k), run.encode, task_ids, split, k=k,
                                 max_turns=r.max_turns, alpha=run.config.algo.alpha,
                                 key=jax.random.key(run.config.train.seed + 1))
     return {"eval_success": float(np.mean(episodes.success)), "eval_turns": float(np.mean(episodes.turns))}

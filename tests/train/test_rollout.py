@@ -1,0 +1,150 @@
+"""The tree rollout, the router and the per-policy update on a tiny model."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow import take_branch
+from atgrpo_jax.models.lora import LoRAParam
+from atgrpo_jax.rollout.tree import plain_rollout, tree_rollout
+from atgrpo_jax.train.config import base_config
+from atgrpo_jax.train.loop import train_step
+from atgrpo_jax.train.setup import build_run
+
+K = 4
+
+
+def tiny_config(regime="shared"):
+    c = base_config()
+    c.model.update(preset="demo-tiny", init_seed=0)
+    c.tokenizer = "char"
+    c.mesh = dict(data=1, fsdp=1, tensor=1)
+    c.env.workflow = "plan_path_demo"
+    c.regime = regime
+    c.rollout.update(num_tasks=3, k=K, max_turns=2, max_prompt_len=128, prompt_buckets=(128,),
+                     max_new_tokens=4)
+    c.algo.drop_low_mean_frac = 0.0
+    c.optim.update(lr=1e-2, mini_batch_size=32)
+    c.lora.update(rank=2, alpha=4.0)
+    return c
+
+
+class Spy:
+    """Wraps a workflow and records what each agent was shown and what the steps returned."""
+
+    def __init__(self, wf):
+        self.wf, self.calls = wf, []
+        self.agents, self.max_turns, self.name = wf.agents, wf.max_turns, wf.name
+
+    def reset(self, ids, split):
+        return self.wf.reset(ids, split)
+
+    def done(self, s):
+        return self.wf.done(s)
+
+    def success(self, s):
+        return self.wf.success(s)
+
+    def prompts(self, state, agent, turn):
+        out = self.wf.prompts(state, agent, turn)
+        self.calls.append(("prompts", agent, turn, out))
+        return out
+
+    def step(self, state, agent, turn, responses):
+        out = self.wf.step(state, agent, turn, responses)
+        self.calls.append(("step", agent, turn, out))
+        return out
+
+
+@pytest.fixture(scope="module")
+def run():
+    return build_run(tiny_config())
+
+
+def rollout(run, fn=tree_rollout, seed=0):
+    from atgrpo_jax.train.loop import sample_fn_for
+    spy = Spy(run.workflow)
+    samples, episodes = fn(spy, sample_fn_for(run, 1.0, 3 * K), run.encode, [11, 12, 13], "train", k=K,
+                           max_turns=2, alpha=1.0, key=jax.random.key(seed))
+    return spy, samples, episodes
+
+
+def test_groups_are_k_samples_of_one_task_agent_turn(run):
+    _, s, episodes = rollout(run)
+    groups = list(zip(s.task, s.agent, s.turn))
+    assert len(groups) == len(set(groups))  # one group per (task, agent, turn)
+    assert s.reward.shape == s.mask.shape == (len(groups), K)
+    for g in range(len(groups)):
+        assert len(s.response[g]) == len(s.prompt[g]) == K
+        if s.mask[g].all():  # a live group: K distinct samples from one shared prompt
+            assert all(np.array_equal(p, s.prompt[g][0]) for p in s.prompt[g])
+            assert all(len(r) > 0 for r in s.response[g])
+    assert episodes.success.shape == (3,)
+
+
+def test_next_agent_observes_the_selected_branch(run):
+    spy, s, _ = rollout(run, seed=1)
+    calls = spy.calls
+    checked = 0
+    for i, call in enumerate(calls[:-1]):
+        if call[0] != "step" or calls[i + 1][0] != "prompts":
+            continue
+        out, (_, agent, turn, shown) = call[3], calls[i + 1]
+        reward = out.local_reward + out.team_reward
+        best = np.argmax(reward, axis=1)
+        expected = spy.wf.prompts(take_branch(out.state, best), agent, turn)
+        live = ~np.asarray(spy.wf.done(take_branch(out.state, best)))
+        assert [m for m, l in zip(shown, live) if l] == [m for m, l in zip(expected, live) if l]
+        checked += 1
+    assert checked >= 2
+
+
+def test_plain_grpo_groups_episodes_by_task_and_agent(run):
+    _, s, episodes = rollout(run, plain_rollout, seed=2)
+    assert s.reward.shape == (3 * 2, K)  # (task, agent) groups, K independent episodes
+    assert sorted(zip(s.task, s.agent)) == [(t, a) for t in range(3) for a in range(2)]
+
+
+def param_leaves(policy):
+    return [np.asarray(x) for x in jax.tree.leaves(policy.state.params)]
+
+
+def test_per_role_router_updates_each_policy_from_its_own_agent_only():
+    run = build_run(tiny_config("per_role"))
+    assert [p.name for p in run.policies] == ["policy_planner", "policy_executor"]
+    assert list(run.policy_of_agent) == [0, 1]
+    before = [param_leaves(p) for p in run.policies]
+    # Only the executor's samples reach the update: the planner policy must not move.
+    orig = run.policy_of_agent.copy()
+    run.policy_of_agent[:] = [0, 1]
+    from atgrpo_jax.train import batch as batch_mod
+    real = batch_mod.policy_batches
+
+    def only_executor(samples, adv, keep, policy_of_agent, *a, **kw):
+        keep = keep & (samples.agent == 1)
+        return real(samples, adv, keep, policy_of_agent, *a, **kw)
+
+    import atgrpo_jax.train.loop as loop
+    loop.policy_batches = only_executor
+    try:
+        train_step(run, 1)
+    finally:
+        loop.policy_batches = real
+        run.policy_of_agent[:] = orig
+    after = [param_leaves(p) for p in run.policies]
+    assert all(np.array_equal(a, b) for a, b in zip(before[0], after[0]))
+    assert any(not np.array_equal(a, b) for a, b in zip(before[1], after[1]))
+
+
+def test_lora_updates_change_only_adapters():
+    run = build_run(tiny_config("lora"))
+    base = [np.asarray(x) for x in jax.tree.leaves(run.policies[0].frozen)]
+    adapters = param_leaves(run.policies[0])
+    assert all(isinstance(v, LoRAParam) for _, v in nnx.to_flat_state(run.policies[0].state.params))
+    train_step(run, 1)
+    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(base, jax.tree.leaves(run.policies[0].frozen)))
+    assert any(not np.array_equal(a, b) for a, b in zip(adapters, param_leaves(run.policies[0])))
+    # both adapters share one base: no copy of the base weights per agent
+    assert all(a is b for a, b in zip(jax.tree.leaves(run.policies[0].frozen), jax.tree.leaves(run.policies[1].frozen)))
