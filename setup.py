@@ -48,7 +48,8 @@ setup(
     python_requires=">=3.10",
     packages=PACKAGES,
     package_dir={"atgrpo_jax.envs": "envs"},
-    package_data={"atgrpo_jax.envs": ["data/*.jsonl", "data/*.txt", "data/*.md"]},
+    package_data={"atgrpo_jax.envs": ["data/*.txt", "data/*.md", "data/*/*.jsonl", "data/*/*.md",
+                                      "data/*/*.txt"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
 )

@@ -1,0 +1,228 @@
+"""Math workflow: a reasoner (answer in \\boxed{}) and a tool agent (Python that prints the answer).
+
+Turn order per turn: reasoner, then tool agent. At turn 0 both solve the
+problem independently; at later turns each sees both agents' latest solutions
+and answers and is asked to select or refine. The episode ends as soon as both
+agents have an answer and the two agree (compared with the grader); success =
+the reasoner's answer is correct.
+
+Rewards (REFERENCE.md "Math workflow"), with the rollout's r = local + alpha*team:
+- team reward = 1 if the reasoner's current answer is correct, else 0;
+- reasoner local = 1 if correct (so 2 x correct in total with alpha = 1);
+  no `\\boxed{}` answer counts as wrong (`reasoner_unparsable`, default 0);
+- tool local = +1 correct, 0 wrong, -1 when there is no python block, the
+  program fails (error, timeout, memory, output flood) or prints nothing.
+
+Data (envs/data/math): "gsm8k" (GSM8K's test split, 1319 problems) is the
+training pool; "aime24", "aime25" and "olympiadbench" are test sets. The
+workflow's `train_set` / `test_set` choose them by name.
+The single-agent variant (`single_agent=True`) keeps only the reasoner; its
+episode ends at its first parsable answer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Sequence
+
+import numpy as np
+
+from atgrpo_jax.envs.math_grading import grade
+from atgrpo_jax.envs.parsers import extract_boxed, extract_code_block
+from atgrpo_jax.envs.sandbox import Limits, run_many
+from atgrpo_jax.envs.text_state import clip_head, clip_tail, load_jsonl, obj_array, response_grid
+from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, branch
+
+MATH_DATASETS = {
+    "gsm8k": "math/gsm8k_test.jsonl",
+    "aime24": "math/aime24.jsonl",
+    "aime25": "math/aime25.jsonl",
+    "olympiadbench": "math/olympiadbench.jsonl",
+}
+TEXT_FIELDS = ("problem", "reference", "reasoner_response", "reasoner_answer", "tool_code", "tool_output",
+               "tool_answer", "history")
+
+REASONER_SYSTEM = (
+    "You are a careful mathematician working with a partner who solves the same problem by writing Python code. "
+    "Reason step by step, check your work, and end with the final answer in \\boxed{}.")
+TOOL_SYSTEM = (
+    "You are a programmer working with a partner who solves the same problem by reasoning. Write one Python "
+    "program, in a single ```python block, that computes the answer and prints only the final answer. "
+    "The program runs without network or files; the standard library, sympy and numpy are available.")
+
+
+@dataclasses.dataclass(frozen=True)
+class MathRewards:
+    reasoner_correct: float = 1.0
+    reasoner_unparsable: float = 0.0
+    tool_correct: float = 1.0
+    tool_wrong: float = 0.0
+    tool_error: float = -1.0
+    team_correct: float = 1.0
+
+
+def load_problems(name: str) -> tuple[dict, ...]:
+    if name not in MATH_DATASETS:
+        raise ValueError(f"unknown math data set {name!r}; choose one of {sorted(MATH_DATASETS)}")
+    return load_jsonl(MATH_DATASETS[name])
+
+
+def tool_answer_from_output(stdout: str) -> str:
+    """The answer a program printed: a \\boxed{} if any, else its last non-empty line ("" if none)."""
+    boxed = extract_boxed(stdout)
+    if boxed is not None:
+        return clip_head(boxed, 200)
+    lines = [line.strip() for line in str(stdout).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return clip_head(re.sub(r"^(final\s+)?answer\s*[:=]\s*", "", lines[-1], flags=re.IGNORECASE), 200)
+
+
+@dataclasses.dataclass(frozen=True)
+class MathWorkflow:
+    train_set: str = "gsm8k"
+    test_set: str = "aime24"
+    max_turns: int = 4
+    single_agent: bool = False
+    limits: Limits = Limits(wall_s=20.0, cpu_s=20.0, memory_mb=2048)
+    max_workers: int | None = None
+    rewards: MathRewards = MathRewards()
+    max_shown_chars: int = 4000  # of an earlier response shown in a prompt
+
+    def __post_init__(self):
+        load_problems(self.train_set), load_problems(self.test_set)  # fail early on a bad name
+
+    @property
+    def name(self) -> str:
+        return "math_single" if self.single_agent else "math"
+
+    @property
+    def agents(self) -> tuple[Agent, ...]:
+        reasoner = Agent("reasoner", extract_boxed)
+        return (reasoner,) if self.single_agent else (reasoner, Agent("tool", extract_code_block))
+
+    # ------------------------------------------------------------ state
+    def reset(self, task_ids: Sequence[int], split: str) -> dict[str, np.ndarray]:
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        problems = load_problems(self.train_set if split == "train" else self.test_set)
+        rows = [problems[int(i) % len(problems)] for i in task_ids]
+        n = len(rows)
+        state = {field: obj_array([""] * n) for field in TEXT_FIELDS}
+        state["problem"] = obj_array([r["problem"] for r in rows])
+        state["reference"] = obj_array([r["answer"] for r in rows])
+        state["reasoner_correct"] = np.zeros(n, bool)
+        state["done"] = np.zeros(n, bool)
+        return state
+
+    def done(self, state) -> np.ndarray:
+        return np.asarray(state["done"], bool)
+
+    def success(self, state) -> np.ndarray:
+        return np.asarray(state["reasoner_correct"], bool)
+
+    # ------------------------------------------------------------ prompts
+    def prompts(self, state, agent: int, turn: int) -> list[Messages]:
+        role = self.agents[agent].name
+        return [self._prompt(role, turn, {k: v[b] for k, v in state.items()}) for b in range(len(state["done"]))]
+
+    def _prompt(self, role: str, turn: int, s: dict[str, Any]) -> Messages:
+        parts = [f"Problem:\n{s['problem']}"]
+        if turn > 0 and role == "reasoner" and s["reasoner_response"]:
+            parts.append(f"Your previous solution:\n{clip_tail(s['reasoner_response'], self.max_shown_chars)}")
+        if turn > 0 and s["tool_code"]:
+            label = "Your previous program" if role == "tool" else "Your partner's program"
+            parts.append(f"{label}:\n```python\n{clip_head(s['tool_code'], self.max_shown_chars)}\n```\n"
+                         f"Its output:\n{clip_head(s['tool_output'], 1000) or '(nothing)'}")
+        if turn > 0 and role == "tool" and s["reasoner_response"]:
+            parts.append(f"Your partner's solution:\n{clip_tail(s['reasoner_response'], self.max_shown_chars)}")
+        if turn > 0 and s["history"]:
+            parts.append(f"Answers so far:\n{s['history']}")
+        if role == "reasoner":
+            if turn == 0:
+                ask = "Solve the problem step by step."
+            elif self.single_agent:
+                ask = "Your previous solution has no \\boxed{} answer. Solve the problem step by step."
+            else:
+                ask = "Compare the answers above, select the correct one or refine your solution, step by step."
+            parts.append(ask + " Put the final answer in \\boxed{}.")
+            system = REASONER_SYSTEM
+        else:
+            ask = ("Write the program." if turn == 0 else
+                   "Compare the answers above; fix your program or confirm the answer you believe is correct.")
+            parts.append(ask + " Reply with one ```python block that prints only the final answer.")
+            system = TOOL_SYSTEM
+        if self.single_agent:
+            system = "You are a careful mathematician. Reason step by step and end with the final answer in \\boxed{}."
+        return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
+
+    # ------------------------------------------------------------ step
+    def step(self, state, agent: int, turn: int, responses: Sequence[Sequence[str]]) -> StepOut:
+        grid = response_grid(responses, len(state["done"]))
+        k = len(grid[0])
+        out = branch(state, k)
+        shape = (len(grid), k)
+        local, team = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        info = {"parsed": np.zeros(shape, bool), "correct": np.zeros(shape, bool), "agree": np.zeros(shape, bool)}
+        active = [(b, j) for b in range(shape[0]) if not state["done"][b] for j in range(k)]
+        if self.agents[agent].name == "reasoner":
+            self._step_reasoner(out, grid, active, turn, local, info)
+        else:
+            self._step_tool(out, grid, active, turn, local, info)
+        for b, j in active:
+            team[b, j] = self.rewards.team_correct * out["reasoner_correct"][b, j]
+        return StepOut(state=out, local_reward=local, team_reward=team, done=out["done"].copy(),
+                       success=out["reasoner_correct"].copy(), info=info)
+
+    def _agree(self, out, b: int, j: int) -> bool:
+        if self.single_agent:
+            return bool(out["reasoner_answer"][b, j])
+        first, second = out["reasoner_answer"][b, j], out["tool_answer"][b, j]
+        return bool(first and second and (grade(first, second) or grade(second, first)))
+
+    def _step_reasoner(self, out, grid, active, turn, local, info):
+        r = self.rewards
+        for b, j in active:
+            answer = extract_boxed(grid[b][j]) or ""
+            correct = bool(answer) and grade(answer, out["reference"][b, j])
+            out["reasoner_response"][b, j] = grid[b][j]
+            out["reasoner_answer"][b, j] = answer
+            out["reasoner_correct"][b, j] = correct
+            out["history"][b, j] += f"turn {turn + 1}, reasoner: {answer or '(no boxed answer)'}\n"
+            local[b, j] = r.reasoner_correct * correct if answer else r.reasoner_unparsable
+            info["parsed"][b, j], info["correct"][b, j] = bool(answer), correct
+            info["agree"][b, j] = out["done"][b, j] = self._agree(out, b, j)
+
+    def _step_tool(self, out, grid, active, turn, local, info):
+        r = self.rewards
+        codes = {(b, j): extract_code_block(grid[b][j]) for b, j in active}
+        runnable = [key for key, code in codes.items() if code]
+        results = dict(zip(runnable, run_many([codes[key] for key in runnable], limits=self.limits,
+                                              max_workers=self.max_workers)))
+        for b, j in active:
+            result = results.get((b, j))
+            if result is None:
+                output, answer = "(no python block found)", ""
+            elif not result.ok:
+                reason = ("timed out" if result.timed_out else "ran out of memory" if result.memory_exceeded
+                          else "printed too much" if result.output_truncated else "failed")
+                output, answer = f"(the program {reason})\n{clip_tail(result.stderr_tail, 800)}", ""
+            else:
+                output, answer = result.stdout, tool_answer_from_output(result.stdout)
+            correct = bool(answer) and grade(answer, out["reference"][b, j])
+            out["tool_code"][b, j] = codes[(b, j)] or ""
+            out["tool_output"][b, j] = clip_head(output, 4000)
+            out["tool_answer"][b, j] = answer
+            out["history"][b, j] += f"turn {turn + 1}, tool agent: {answer or '(no answer)'}\n"
+            local[b, j] = r.tool_correct if correct else r.tool_wrong if answer else r.tool_error
+            info["parsed"][b, j], info["correct"][b, j] = bool(answer), correct
+            info["agree"][b, j] = out["done"][b, j] = self._agree(out, b, j)
+
+
+def make_math_workflow(single_agent: bool = False, **kwargs) -> MathWorkflow:
+    """Factory for configs (envs.registry); `limits` may be a dict of sandbox.Limits fields."""
+    if isinstance(kwargs.get("limits"), dict):
+        kwargs["limits"] = Limits(**kwargs["limits"])
+    if isinstance(kwargs.get("rewards"), dict):
+        kwargs["rewards"] = MathRewards(**kwargs["rewards"])
+    return MathWorkflow(single_agent=single_agent, **kwargs)

@@ -1,0 +1,47 @@
+"""Small helpers shared by the text workflows (math, code): object-array state, data files."""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+DATA_DIR = Path(__file__).parent / "data"
+
+
+def obj_array(values: Sequence[Any]) -> np.ndarray:
+    """A 1-D object array (numpy would otherwise turn strings into fixed-width unicode)."""
+    out = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        out[i] = value
+    return out
+
+
+def clip_tail(text: Any, max_chars: int) -> str:
+    """The last max_chars characters of text (marked when cut), for prompts."""
+    text = "" if text is None else str(text)
+    return text if len(text) <= max_chars else "[...]\n" + text[-max_chars:]
+
+
+def clip_head(text: Any, max_chars: int) -> str:
+    text = "" if text is None else str(text)
+    return text if len(text) <= max_chars else text[:max_chars] + "\n[...]"
+
+
+def response_grid(responses: Sequence[Sequence[Any]], batch: int) -> list[list[str]]:
+    """responses[b][k] as strings (non-strings become ""), checked to be [batch][K] with K >= 1."""
+    if len(responses) != batch:
+        raise ValueError(f"expected responses for {batch} tasks, got {len(responses)}")
+    widths = {len(row) for row in responses}
+    if len(widths) != 1 or 0 in widths:
+        raise ValueError(f"every task needs the same number K >= 1 of responses, got widths {sorted(widths)}")
+    return [[r if isinstance(r, str) else "" for r in row] for row in responses]
+
+
+@functools.lru_cache(maxsize=None)
+def load_jsonl(relative_path: str) -> tuple[dict, ...]:
+    """Records of a JSONL file under envs/data (cached, read-only tuple)."""
+    with open(DATA_DIR / relative_path, encoding="utf-8") as f:
+        return tuple(json.loads(line) for line in f if line.strip())
