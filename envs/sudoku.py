@@ -1,0 +1,214 @@
+"""Sudoku 4x4: fill the grid so rows, columns and 2x2 boxes hold 1..4 (pure JAX).
+
+Notation: 4 lines of 4 characters, a digit 1-4 or `.` for an empty cell.
+`from_ascii` treats every digit as a given and requires a unique solution.
+
+Actions are placements (row, col, digit) with row, col in 0..3 and digit in
+1..4, encoded as the int `(row * 4 + col) * 4 + (digit - 1)` (0..63; see
+`encode`). -1 is a no-op pad; any other int is an invalid placement.
+
+A placement is valid when the digit clashes with no other cell of its row,
+column and box and the cell is not a given holding another digit (re-stating
+a given is a valid placement that changes nothing; a player-filled cell may be
+overwritten). Rewards (all in `Params`): -0.01 per valid placement, -0.1 per
+invalid one (grid unchanged); +0.1 when a cell becomes equal to the (unique)
+solution and -0.1 when a correct cell is overwritten with another digit (i.e.
+shaping with potential 0.1 x correct cells); +1 and done when the grid equals
+the solution (success); -1 and done after `max_steps` placements unsolved.
+A done episode ignores further placements (reward 0).
+
+Levels: a uniformly random valid grid (one of the 288), then cells are removed
+in random order while the puzzle keeps exactly one solution and more than
+`min_givens` givens remain. The solution count is exact: the number of the 288
+grids that agree with the givens.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from atgrpo_jax.envs import grid
+
+SIZE = 4
+NUM_ACTIONS = SIZE * SIZE * SIZE
+
+
+def _all_grids() -> np.ndarray:
+    """Every valid 4x4 Sudoku grid (288), built row by row from permutations."""
+    perms = list(itertools.permutations(range(1, SIZE + 1)))
+    out = []
+
+    def box_ok(rows):
+        r = len(rows) - 1
+        if r % 2 == 0:
+            return True
+        return all(len({rows[r - 1][c], rows[r - 1][c + 1], rows[r][c], rows[r][c + 1]}) == 4 for c in (0, 2))
+
+    def extend(rows):
+        if len(rows) == SIZE:
+            out.append([list(r) for r in rows])
+            return
+        for p in perms:
+            if all(p[c] != row[c] for row in rows for c in range(SIZE)) and box_ok(rows + [p]):
+                extend(rows + [p])
+
+    extend([])
+    return np.array(out, dtype=np.int32)
+
+
+ALL_GRIDS = _all_grids()  # [288, 4, 4]
+
+
+class Params(NamedTuple):
+    min_givens: int = 6  # stop removing cells at this many givens
+    r_step: float = -0.01
+    r_invalid: float = -0.1
+    r_correct: float = 0.1
+    r_solved: float = 1.0
+    r_fail: float = -1.0
+    max_steps: int = 40
+    max_tries: int = 1000
+
+
+class State(NamedTuple):
+    puzzle: jax.Array  # int32 [4, 4], givens (0 = empty)
+    grid: jax.Array  # int32 [4, 4], current digits
+    solution: jax.Array  # int32 [4, 4]
+    steps: jax.Array  # int32, placements made (invalid ones included)
+    invalid: jax.Array  # int32
+    done: jax.Array  # bool
+    success: jax.Array  # bool
+
+
+def encode(row: int, col: int, digit: int) -> int:
+    """Placement -> action int (see the module docstring)."""
+    return (row * SIZE + col) * SIZE + (digit - 1)
+
+
+def decode(action: int) -> tuple[int, int, int]:
+    cell, digit = divmod(int(action), SIZE)
+    return cell // SIZE, cell % SIZE, digit + 1
+
+
+def level_arrays(state: State) -> list:
+    return [state.puzzle]
+
+
+def count_solutions(puzzle: jax.Array) -> jax.Array:
+    """Exact number of solutions of a 4x4 puzzle (0 = empty cell)."""
+    match = (jnp.asarray(ALL_GRIDS) == puzzle[None]) | (puzzle[None] == 0)
+    return jnp.sum(jnp.all(match, axis=(1, 2)))
+
+
+def _make_state(puzzle, solution) -> State:
+    zero = jnp.int32(0)
+    solved = jnp.all(puzzle == solution)
+    return State(puzzle, puzzle, solution, zero, zero, solved, solved)
+
+
+def _sample(key, params: Params):
+    u_grid, u_order = grid.uniform_parts(key, (1, SIZE * SIZE))
+    solution = jnp.asarray(ALL_GRIDS)[grid.randint_from(u_grid[0], len(ALL_GRIDS))]
+
+    def remove(puzzle, cell):
+        r, c = cell // SIZE, cell % SIZE
+        trial = puzzle.at[r, c].set(0)
+        keep_out = (jnp.sum(puzzle > 0) > params.min_givens) & (count_solutions(trial) == 1)
+        return jnp.where(keep_out, trial, puzzle), None
+
+    puzzle, _ = jax.lax.scan(remove, solution, jnp.argsort(u_order))
+    return _make_state(puzzle, solution)
+
+
+def reset(key: jax.Array, params: Params = Params(), holdout: bool | None = None) -> State:
+    """A puzzle with a unique solution; holdout True/False picks the test/train split."""
+
+    def attempt(i):
+        state = _sample(jax.random.fold_in(key, i), params)
+        return state, grid.split_ok(grid.level_bucket(level_arrays(state)), holdout)
+
+    def body(carry):
+        i, _, _ = carry
+        state, ok = attempt(i + 1)
+        return i + 1, state, ok
+
+    state, ok = attempt(0)
+    cond = lambda c: ~c[2] & (c[0] < params.max_tries)  # noqa: E731
+    _, state, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), state, ok))
+    return state
+
+
+def _step_one(params: Params):
+    rr, cc = np.indices((SIZE, SIZE))
+
+    def step_one(state: State, action):
+        in_range = (action >= 0) & (action < NUM_ACTIONS)
+        a = jnp.clip(action, 0, NUM_ACTIONS - 1)
+        r, c, digit = a // (SIZE * SIZE), (a // SIZE) % SIZE, a % SIZE + 1
+        peers = (rr == r) | (cc == c) | ((rr // 2 == r // 2) & (cc // 2 == c // 2))
+        peers &= ~((rr == r) & (cc == c))
+        clash = jnp.any(peers & (state.grid == digit))
+        given = state.puzzle[r, c]
+        valid = in_range & ~clash & ((given == 0) | (given == digit))
+        old = state.grid[r, c]
+        active = ~state.done & (action != grid.NOOP)
+        new_grid = jnp.where((rr == r) & (cc == c) & valid & active, digit, state.grid)  # no scatter
+        sol = state.solution[r, c]
+        became = valid & (digit == sol) & (old != sol)
+        lost = valid & (digit != sol) & (old == sol)
+        steps = state.steps + 1
+        solved = jnp.all(new_grid == state.solution)
+        timeout = ~solved & (steps >= params.max_steps)
+        reward = (
+            jnp.where(valid, params.r_step, params.r_invalid)
+            + jnp.where(became, params.r_correct, 0.0)
+            - jnp.where(lost, params.r_correct, 0.0)
+            + jnp.where(solved, params.r_solved, 0.0)
+            + jnp.where(timeout, params.r_fail, 0.0)
+        )
+        new = state._replace(  # puzzle and solution never change
+            grid=new_grid,
+            steps=jnp.where(active, steps, state.steps),
+            invalid=state.invalid + (active & ~valid).astype(jnp.int32),
+            done=state.done | (active & (solved | timeout)),
+            success=state.success | (active & solved),
+        )
+        return new, jnp.where(active, reward, 0.0).astype(jnp.float32)
+
+    return step_one
+
+
+def step(state: State, action, params: Params = Params()):
+    """Apply one placement or a padded [L] placement array -> (state, reward, done, info)."""
+    new, rewards = grid.run_moves(_step_one(params), state, action)
+    info = {"success": new.success, "rewards": rewards, "invalid": new.invalid - state.invalid}
+    return new, rewards.sum(), new.done, info
+
+
+# ---------------------------------------------------------------- text
+
+
+def from_ascii(text: str, params: Params = Params()) -> State:
+    """Parse the notation above (all digits are givens; the solution must be unique)."""
+    rows = text.split("\n")
+    if len(rows) != SIZE or any(len(r) != SIZE for r in rows):
+        raise ValueError(f"sudoku puzzle must be 4 lines of 4 characters: {text!r}")
+    if any(ch not in ".1234" for row in rows for ch in row):
+        raise ValueError(f"sudoku cells are 1-4 or '.': {text!r}")
+    puzzle = np.array([[0 if ch == "." else int(ch) for ch in row] for row in rows], np.int32)
+    matches = np.all((ALL_GRIDS == puzzle) | (puzzle == 0), axis=(1, 2))
+    if matches.sum() != 1:
+        raise ValueError(f"sudoku puzzle has {int(matches.sum())} solutions, needs exactly one")
+    solution, zero = ALL_GRIDS[np.argmax(matches)], np.int32(0)
+    solved = np.bool_((puzzle == solution).all())
+    return jax.device_put(State(puzzle, puzzle.copy(), solution, zero, zero, solved, solved))
+
+
+def render(state: State, which: str = "grid", row_sep: str = "\n") -> str:
+    """Current grid (or `which="puzzle"`: the givens) of one unbatched state."""
+    cells = np.asarray(state.grid if which == "grid" else state.puzzle)
+    return row_sep.join("".join(str(v) if v else "." for v in row) for row in cells)

@@ -1,0 +1,265 @@
+"""Grid workflows: parsing of hostile output, rewards, branch flow, the demo's difficulty."""
+import string
+
+import jax
+import numpy as np
+import pytest
+
+from atgrpo_jax.envs import grid, grid_workflows as gw, plan_path, reference_steppers, solvers
+from atgrpo_jax.envs.grid_tasks import make_game
+from atgrpo_jax.envs.workflow import take_branch
+
+PLAN_PENALTY, FORMAT_PENALTY = -2.0, -1.0
+DEMO_BK, SOLVER_BK = (3, 4), (2, 13)  # one compiled step per workflow across tests
+
+
+N_DEMO = 2000
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return gw.plan_path_demo("direct")
+
+
+@pytest.fixture(scope="module")
+def demo_levels(demo):
+    """One batched reset (one compilation); tests slice the tasks they need."""
+    return demo.reset(range(N_DEMO), "train")
+
+
+def _first(state, n):
+    return jax.tree.map(lambda x: x[:n], state)
+
+
+@pytest.fixture(scope="module")
+def solver_wf():
+    return gw.make_grid_workflow("tool_plan_single", "plan_path")
+
+
+def _reference_reward(env, b, actions, params):
+    ref = reference_steppers.PlanPathRef(grid.unstack_state(env, b), params)
+    return sum(ref.step_many(actions)), ref
+
+
+HOSTILE = {
+    "empty": "",
+    "huge": "x" * 1_000_000,
+    "huge_then_answer": "y" * 1_000_000 + '\n#### ["R"]',
+    "unicode": "ünïcødé ☃ 🚀 \u202e\n#### [\"Ｕ\"]",
+    "unbalanced": '#### ["U", "R"',
+    "unbalanced_code": "```python\nprint(1)\n#### [\"U\"]",
+    "several": '#### ["U"]\nthinking again...\n#### ["R", "R"]',
+    "injected_in_code": '#### ["D"]\n```python\n#### ["L", "L"]\n```',
+    "only_in_code": '```python\n#### ["L"]\n```',
+    "empty_list": "#### []",
+    "nested": "#### " + "[" * 3000 + "]" * 3000,
+    "not_moves": '#### ["jump", 3, null]',
+    "nul_bytes": '\x00\x00#### ["U"]\x00',
+}
+EXPECTED = {
+    "empty": None, "huge": None, "huge_then_answer": [3], "unicode": [grid.INVALID],
+    "unbalanced": None, "unbalanced_code": None, "several": [3, 3], "injected_in_code": [1],
+    "only_in_code": None, "empty_list": None, "nested": None,
+    "not_moves": [grid.INVALID] * 3, "nul_bytes": None,
+}
+
+
+def test_hostile_plan_answers_parse_as_documented(solver_wf):
+    game = solver_wf.game
+    for name, text in HOSTILE.items():
+        assert gw.actions_from_answer(text, game) == EXPECTED[name], name
+
+
+def test_hostile_answers_step_with_documented_penalty(solver_wf):
+    names = list(HOSTILE)
+    state = solver_wf.reset([11, 12], "train")
+    out = solver_wf.step(state, 0, 0, [[HOSTILE[n] for n in names]] * 2)
+    params = solver_wf.game.params
+    for j, name in enumerate(names):
+        for b in range(2):
+            if EXPECTED[name] is None:
+                assert out.local_reward[b, j] == PLAN_PENALTY and out.team_reward[b, j] == 0.0, name
+            else:
+                expected, _ = _reference_reward(state.env, b, EXPECTED[name], params)
+                assert out.team_reward[b, j] == pytest.approx(expected, abs=1e-5), name
+                assert out.local_reward[b, j] == pytest.approx(2 * expected, abs=1e-5), name
+
+
+def _fuzz_strings(n, seed):
+    rng = np.random.default_rng(seed)
+    pieces = ["####", "[", "]", '"U"', "'R'", ",", "```", "```python\n", "\n", "**Actions List**:", "UDLR",
+              "D", "[[0, 1, 2]]", "\\", "{", "}", "null", "1e309", "☃", "\x00", " ", "0123", "(", ")"]
+    alphabet = list(string.printable) + ["é", "中", "🚀", "\u202e"]
+    out = []
+    for _ in range(n):
+        if rng.random() < 0.5:
+            out.append("".join(rng.choice(pieces, size=rng.integers(0, 30))))
+        else:
+            out.append("".join(rng.choice(alphabet, size=rng.integers(0, 200))))
+    return out
+
+
+def test_fuzz_parsers_never_raise():
+    from atgrpo_jax.envs.parsers import extract_code_block
+
+    games = [make_game(name) for name in ("plan_path", "sokoban", "sudoku")]
+    texts = _fuzz_strings(3000, seed=0)
+    for text in texts:
+        extract_code_block(text)
+        for game in games:
+            for parsed in (gw.actions_from_answer(text, game), gw.actions_from_output(text, game),
+                           game.parse_direct(text, 4), game.parse_list(text)):
+                assert parsed is None or (isinstance(parsed, list) and all(isinstance(a, int) for a in parsed))
+
+
+def test_fuzz_through_workflow_steps(demo, demo_levels, solver_wf):
+    """Fuzz answers through real steps, in the [B, K] shapes the other tests compile."""
+    texts = _fuzz_strings(600, seed=1)
+    for wf, agent, (b, k) in ((demo, 0, DEMO_BK), (demo, 1, DEMO_BK), (solver_wf, 0, SOLVER_BK)):
+        state = _first(demo_levels, b) if wf is demo else wf.reset(range(b), "train")
+        penalty = FORMAT_PENALTY if wf is demo else PLAN_PENALTY
+        for start in range(0, len(texts) - b * k, b * k):
+            batch = np.array(texts[start:start + b * k], dtype=object).reshape(b, k).tolist()
+            out = wf.step(state, agent, 0, batch)
+            assert out.local_reward.shape == (b, k) and np.isfinite(out.local_reward).all()
+            assert np.all((out.local_reward == penalty) == ~out.info["parsed"])
+
+
+def test_direct_flow_shapes_selection_and_prompts(demo, demo_levels):
+    state = _first(demo_levels, 3)
+    assert state.env.walls.shape == (3, 6, 6) and state.history.shape == (3,)
+    compiled = demo.compiled_step_count()
+    for content in [m[0]["content"] for agent in (0, 1) for m in demo.prompts(state, agent, 0)]:
+        assert len(content) < 150 and all(ch in string.printable and ch not in "\t\n\r\x0b\x0c" for ch in content)
+    out = demo.step(state, 0, 0, [["UR", "DDLL", "R", "?"]] * 3)  # planner: simulated only
+    assert out.local_reward.shape == (3, 4) and np.all(out.team_reward == 0)
+    assert out.local_reward[0, 3] == FORMAT_PENALTY
+    assert np.array_equal(out.state.env.pos, np.repeat(np.asarray(state.env.pos)[:, None], 4, 1))
+    state = take_branch(out.state, np.array([1, 1, 0]))
+    assert "Plan:DDLL" in demo.prompts(state, 1, 0)[0][0]["content"]
+    # executor: K different moves; the selected branch is what the next prompt shows
+    out = demo.step(state, 1, 0, [["U", "D", "L", "R"]] * 3)
+    assert out.state.env.pos.shape == (3, 4, 2) and out.state.history.shape == (3, 4)
+    for b in range(3):
+        for k, move in enumerate("UDLR"):
+            expected, ref = _reference_reward(state.env, b, [grid.LETTERS.index(move)], demo.game.params)
+            assert out.team_reward[b, k] == pytest.approx(expected, abs=1e-6)
+            assert tuple(np.asarray(out.state.env.pos)[b, k]) == ref.pos
+    best = (out.local_reward + out.team_reward).argmax(1)
+    chosen = take_branch(out.state, best)
+    for b in range(3):
+        shown = demo.prompts(chosen, 0, 1)[b][0]["content"]
+        rows = plan_path.render(jax.tree.map(lambda x: np.asarray(x)[b, best[b]], out.state.env), row_sep="/")
+        assert rows in shown
+    demo.step(chosen, 0, 1, [["L"] * 4] * 3)
+    assert demo.compiled_step_count() - compiled <= 1  # four steps, same B and K: one compilation
+
+
+def test_reset_is_deterministic_and_splits_are_disjoint(demo, demo_levels):
+    again = demo.reset(range(N_DEMO), "train")
+    assert np.array_equal(again.env.walls, demo_levels.env.walls) and np.array_equal(again.env.goal, demo_levels.env.goal)
+    test = demo.reset(range(N_DEMO), "test")
+    renders = lambda s: {plan_path.render(grid.unstack_state(s.env, i)) for i in range(N_DEMO)}  # noqa: E731
+    assert not renders(demo_levels) & renders(test)
+    opt = np.asarray(demo_levels.env.optimal)
+    assert opt.min() >= 2 and opt.max() <= 8  # the demo's distance bounds
+    with pytest.raises(ValueError):
+        demo.reset([0], "validation")
+
+
+def test_demo_random_policy_is_weak_and_oracle_solves(demo, demo_levels):
+    """Random 1..exec_len moves per turn (reference stepper) vs BFS moves in chunks."""
+    n, cfg, params, state = N_DEMO, demo.config, demo.game.params, demo_levels
+    rng = np.random.default_rng(0)
+    random_wins = oracle_wins = 0
+    for i in range(n):
+        level = grid.unstack_state(state.env, i)
+        ref = reference_steppers.PlanPathRef(level, params)
+        for _ in range(cfg.max_turns):
+            ref.step_many(rng.integers(0, 4, size=rng.integers(1, cfg.exec_len + 1)))
+        random_wins += ref.success
+        path = solvers.plan_path_shortest(level.walls, level.pos, level.goal)
+        oracle = reference_steppers.PlanPathRef(level, params)
+        for t in range(cfg.max_turns):
+            oracle.step_many(path[t * cfg.exec_len:(t + 1) * cfg.exec_len])
+        oracle_wins += oracle.success
+    rate = random_wins / n
+    print(f"demo random-policy success: {rate:.3f}")
+    assert 0.01 < rate < 0.20
+    assert oracle_wins == n
+
+
+def test_sudoku_answers():
+    direct = gw.make_grid_workflow("direct_single", "sudoku")
+    solver = gw.make_grid_workflow("tool_plan_single", "sudoku")
+    state = solver.reset([5], "train")
+    s = grid.unstack_state(state.env, 0)
+    empty = [(r, c) for r in range(4) for c in range(4) if s.puzzle[r, c] == 0]
+    r, c = empty[0]
+    good = f"{r}{c}{s.solution[r, c]}"
+    out = direct.step(state, 0, 0, [[good, f"{r} {c} {s.solution[r, c]}", "44 1", "0001", ""]])
+    assert out.local_reward[0, 0] == pytest.approx(0.09, abs=1e-6)
+    assert out.local_reward[0, 1] == out.local_reward[0, 0]
+    assert list(out.local_reward[0, 2:]) == [FORMAT_PENALTY] * 3
+    full = "#### " + str(s.solution.tolist())
+    triples = "#### " + str([[r, c, int(s.solution[r, c])] for r, c in empty])
+    out = solver.step(state, 0, 0, [[full, triples, "#### [[9, 9, 9]]", "", ""]])  # same K: one compile
+    assert np.all(out.success[0, :2]) and not out.success[0, 2]
+    assert out.team_reward[0, 2] == pytest.approx(-0.1)
+
+
+BFS_PROGRAM = '''```python
+import sys
+from collections import deque
+rows = sys.stdin.read().split("\\n")
+cells = {(r, c): ch for r, row in enumerate(rows) for c, ch in enumerate(row)}
+start = next(p for p, ch in cells.items() if ch == "S")
+goal = next(p for p, ch in cells.items() if ch == "G")
+moves = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+prev, queue = {start: None}, deque([start])
+while queue:
+    cur = queue.popleft()
+    for name, (dr, dc) in moves.items():
+        nxt = (cur[0] + dr, cur[1] + dc)
+        if cells.get(nxt, "#") != "#" and nxt not in prev:
+            prev[nxt] = (cur, name)
+            queue.append(nxt)
+path, cur = [], goal
+while prev[cur] is not None:
+    cur, name = prev[cur]
+    path.append(name)
+print("**Actions List**:", path[::-1])
+```'''
+
+
+def test_tool_then_plan_with_sandbox(solver_wf):
+    from atgrpo_jax.envs.sandbox import Limits
+
+    # same game and seed as solver_wf: shares its compiled reset/step; same [B, K] too
+    wf = gw.make_grid_workflow("tool_plan", "plan_path", sandbox_limits=Limits(wall_s=10, cpu_s=10))
+    b, k = SOLVER_BK
+    state = wf.reset(range(b), "train")
+    tool_answers = [BFS_PROGRAM, "```python\nraise SystemExit(3)\n```", "no code here",
+                    '```python\nprint("**Actions List**: [U, R")\n```'] + ["..."] * (k - 4)
+    out = wf.step(state, 0, 0, [tool_answers, ["no code"] * k])
+    level = grid.unstack_state(state.env, 0)
+    path = solvers.plan_path_shortest(level.walls, level.pos, level.goal)
+    expected, ref = _reference_reward(state.env, 0, path, wf.game.params)
+    assert ref.success and out.local_reward[0, 0] == pytest.approx(expected, abs=1e-5)
+    assert np.all(out.local_reward[0, 1:] == -2.0) and np.all(out.local_reward[1] == -2.0)
+    assert np.all(out.team_reward == 0) and not out.done.any()  # the tool agent only simulates
+    state = take_branch(out.state, np.array([0, 0]))
+    plan_prompt = wf.prompts(state, 1, 0)[0][1]["content"]
+    assert "sys.stdin.read()" in plan_prompt and "Actions parsed from it: [" in plan_prompt
+    assert "no Python code block" in wf.prompts(state, 1, 0)[1][1]["content"]
+    answer = "The tool agent is right.\n#### " + str([grid.LETTERS[m] for m in path])
+    out = wf.step(state, 1, 0, [[answer] + ["I give up"] * (k - 1)] * b)
+    assert out.done[0, 0] and out.success[0, 0] and not out.done[0, 1]
+    assert out.local_reward[0, 0] == pytest.approx(2 * expected, abs=1e-5)
+    assert out.team_reward[0, 0] == pytest.approx(expected, abs=1e-5)
+    assert out.local_reward[0, 1] == -2.0
+    # a finished task gets zero rewards and runs nothing
+    done_state = take_branch(out.state, np.array([0, 0]))
+    again = wf.step(done_state, 0, 1, [[BFS_PROGRAM] * k] * b)
+    assert wf.done(done_state)[0] and np.all(again.local_reward[0] == 0.0)
+    assert wf.compiled_step_count() == 1
