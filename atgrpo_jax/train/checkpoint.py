@@ -1,0 +1,261 @@
+"""orbax checkpoints of the train state: keep the last M plus the best, never a NaN.
+
+A checkpoint of step s is the directory `directory/s` with two orbax items:
+`state` (the pytree of arrays: params, optimizer state, step, PRNG key data
+saved as `jax.random.key_data` uint32 arrays) and `meta` (a small JSON dict:
+the caller's `meta` and `metrics`). orbax writes a step into a temporary
+directory and renames it when complete, so a process killed at any moment
+(even `kill -9` in the middle of a save) leaves only complete steps plus, at
+worst, a temporary directory that the next writing `Checkpointer` deletes
+(in the background, finished before its first save). A reader of a live
+run's directory (an evaluator) must pass `read_only=True`, or it would delete
+the trainer's in-progress save.
+
+Saves are asynchronous by default: `save` returns once the arrays are copied
+off the device (the caller may then donate or delete them) and a background
+thread writes them. `wait()` / `close()` block until it is done; the queries
+(`latest_step`, `all_steps`, `best_step`) wait too, so they report complete
+checkpoints only.
+
+Retention: the last `keep_last` steps plus the best step by `best_metric`
+(among steps saved with that metric; ties go to the later step), even when it
+is older than the last `keep_last`. `keep_last` of 0 or None keeps every step.
+
+Multi-host: every process calls every method (orbax coordinates them); only
+the primary process writes the JSON item. A state with a NaN or inf leaf is
+refused on all processes alike (the check reduces over the global arrays).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+
+def _is_float(x) -> bool:
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jnp.inexact)
+
+
+@jax.jit
+def _all_finite(leaves):
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def _host_finite(x) -> bool:
+    a = np.asarray(x)
+    return bool(np.all(np.isfinite(a if a.dtype.kind == "c" else a.astype(np.float64))))
+
+
+def is_finite_state(tree) -> bool:
+    """True when no floating leaf of `tree` holds a NaN or an inf (integer leaves always pass).
+
+    Device arrays are reduced on their own devices, one jitted reduction per
+    device set (per-role policies may live on disjoint pools); in a multi-host
+    run the processes then agree through an all-gather, so all refuse together.
+    """
+    ok = True
+    groups: dict[frozenset, list] = {}
+    for x in jax.tree.leaves(tree):
+        if not _is_float(x):
+            continue
+        if isinstance(x, jax.Array):
+            groups.setdefault(frozenset(x.sharding.device_set), []).append(x)
+        elif not _host_finite(x):
+            ok = False
+    me = jax.process_index()
+    for devices, arrays in groups.items():
+        if any(d.process_index == me for d in devices):  # only processes holding shards take part
+            flag = _all_finite(arrays)  # a replicated scalar: read the local copy
+            ok = ok and bool(np.asarray(flag.addressable_data(0)))
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        ok = bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+    return ok
+
+
+def _jsonable(obj: Any, where: str = "meta") -> Any:
+    """A JSON-safe copy: numpy/jax scalars to Python, tuples to lists, non-finite floats to None."""
+    if isinstance(obj, np.generic) or (isinstance(obj, (np.ndarray, jax.Array)) and np.ndim(obj) == 0):
+        obj = np.asarray(obj).item()  # NumPy / JAX scalars to Python
+    if obj is None or isinstance(obj, (bool, str, int)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        out = {}
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where}: JSON keys must be strings, got {k!r}")
+            out[k] = _jsonable(v, f"{where}.{k}")
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if hasattr(obj, "to_dict"):  # ml_collections.ConfigDict
+        return _jsonable(obj.to_dict(), where)
+    raise TypeError(f"{where}: cannot store {type(obj).__name__} in checkpoint JSON")
+
+
+def _check_no_typed_keys(tree):
+    for path, x in jax.tree_util.tree_leaves_with_path(tree):
+        if hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            raise TypeError(f"state{jax.tree_util.keystr(path)} is a typed PRNG key: "
+                            "save jax.random.key_data(key) and rebuild it with jax.random.wrap_key_data")
+
+
+def _abstract(target):
+    """ShapeDtypeStructs (with shardings) for the jax.Array leaves of `target`; other leaves as given."""
+    def leaf(x):
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        return x
+    return jax.tree.map(leaf, target)
+
+
+class Checkpointer:
+    """A thin wrapper around `orbax.checkpoint.CheckpointManager`; see the module docstring.
+
+    `save_every`: `save` writes only at steps that are multiples of it unless
+    `force=True` (1, the default, saves whenever asked). `read_only`: restore
+    and query only (saves are refused), touches nothing on disk.
+    """
+
+    def __init__(self, directory: str, *, keep_last: int | None, best_metric: str | None = "eval_success",
+                 best_mode: str = "max", save_every: int = 1, async_save: bool = True,
+                 read_only: bool = False):
+        if best_mode not in ("max", "min"):
+            raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
+        if keep_last is not None and keep_last < 0:
+            raise ValueError(f"keep_last must be >= 0 (0 keeps all), got {keep_last}")
+        if save_every < 1:
+            raise ValueError(f"save_every must be >= 1, got {save_every}")
+        self.directory = os.path.abspath(directory)
+        self.best_metric = best_metric
+        self.best_mode = best_mode
+        self.read_only = read_only
+        self.save_every = save_every
+        policies = [ocp.checkpoint_managers.LatestN(n=keep_last or None)]
+        best_fn = None
+        if best_metric is not None:
+            best_fn = lambda m: float(m[best_metric])  # noqa: E731 - orbax wants a callable
+            policies.append(ocp.checkpoint_managers.BestN(get_metric_fn=best_fn, reverse=best_mode == "min",
+                                                          n=1, keep_checkpoints_without_metrics=False))
+        options = ocp.CheckpointManagerOptions(
+            save_interval_steps=save_every,
+            best_fn=best_fn,
+            best_mode=best_mode,
+            preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(policies),
+            cleanup_tmp_directories=not read_only,  # leftovers of a killed save
+            enable_async_checkpointing=async_save,
+            create=not read_only,
+            read_only=read_only,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+
+    # -- saving -----------------------------------------------------------------------------
+
+    def save(self, step: int, state, *, meta: Mapping[str, Any], metrics: Mapping[str, Any] | None = None,
+             force: bool = False) -> bool:
+        """Save `state` at `step`; returns whether a save started.
+
+        Refused (False, logged) when the state holds a NaN or inf, when `step` is
+        not after the latest checkpoint, or when it is off `save_every` and not
+        `force`d. `meta` and `metrics` must be JSON-like (numpy scalars, tuples
+        and ConfigDicts are converted; non-finite floats become null).
+        """
+        step = int(step)
+        if self.read_only:
+            log.warning("checkpoint step %d refused: %s was opened read-only", step, self.directory)
+            return False
+        _check_no_typed_keys(state)
+        record = {"meta": _jsonable(meta, "meta"), "metrics": _jsonable(metrics or {}, "metrics")}
+        json.dumps(record, allow_nan=False)  # fail here, not in the background thread
+        latest = self._manager.latest_step()
+        if latest is not None and step <= latest:
+            log.warning("checkpoint step %d refused: not after the latest checkpoint (step %d)", step, latest)
+            return False
+        if not force and step % self.save_every:
+            return False
+        if not is_finite_state(state):
+            log.warning("checkpoint step %d refused: the state holds a NaN or inf", step)
+            return False
+        best = record["metrics"].get(self.best_metric) if self.best_metric else None
+        tracked = {self.best_metric: best} if isinstance(best, (int, float)) else None
+        saved = self._manager.save(
+            step, force=force, metrics=tracked,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(record)))
+        return bool(saved)
+
+    def wait(self):
+        """Block until an in-flight asynchronous save is complete (re-raises its error)."""
+        self._manager.wait_until_finished()
+
+    def close(self):
+        """Wait for in-flight saves, then release orbax's resources."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- queries (complete checkpoints only) --------------------------------------------------
+
+    def all_steps(self) -> list[int]:
+        self.wait()
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        self.wait()
+        return self._manager.latest_step()
+
+    def best_step(self) -> int | None:
+        """The best kept step by `best_metric` (None if untracked or no step has it)."""
+        if self.best_metric is None:
+            return None
+        self.wait()
+        return self._manager.best_step()
+
+    # -- restoring ----------------------------------------------------------------------------
+
+    def _read_record(self, step: int) -> dict:
+        restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return restored.meta
+
+    def metrics(self, step: int) -> dict:
+        """The metrics saved with `step`."""
+        return self._read_record(step)["metrics"]
+
+    def restore(self, step: int | None = None, *, target=None) -> tuple[Any, dict]:
+        """(state, meta) of `step` (default: the latest complete one).
+
+        With `target` (a pytree of arrays or `jax.ShapeDtypeStruct`s with
+        shardings, e.g. `jax.eval_shape` of the state init plus its shardings)
+        the state comes back in the target's structure, dtypes and shardings, so
+        a sharded state restores sharded. Without it, containers come back as
+        orbax stores them (dicts and lists) on the saved devices.
+        """
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+        else:
+            self.wait()
+            if step not in self._manager.all_steps():
+                raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; "
+                                        f"have {sorted(self._manager.all_steps())}")
+        state_args = ocp.args.StandardRestore(None if target is None else _abstract(target))
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore()))
+        return restored.state, restored.meta["meta"]

@@ -1,0 +1,299 @@
+"""Training metrics: a `metrics.jsonl`, TensorBoard event files, a console progress line.
+
+`MetricsWriter.write(step, scalars)` appends one JSON line `{"step": step, ...}`
+to `workdir/metrics.jsonl` and the same scalars to TensorBoard event files in
+`workdir/tb/`, flushing both on every write (a killed run loses at most the
+line being written; readers skip a torn last line).
+
+Non-finite values: JSON has no NaN, so NaN, +-inf (and None) are written as
+`null` in metrics.jsonl and are not written to TensorBoard at all (the curve
+has no point at that step). Integers stay integers in the jsonl; TensorBoard
+stores float32. A value that is not a number raises an error naming the key.
+
+Resuming (`resume_step=s`): the lines and events of steps > s (written by the
+killed run after its last checkpoint) are dropped, so a resumed run's files
+equal an uninterrupted run's: metrics.jsonl is rewritten without them, and so
+is every event file that holds any (TensorFlow's record format, rewritten
+with TensorBoard's own reader and record writer, each file replaced
+atomically). Event files are otherwise append-only: the resumed run writes a
+new file next to the old ones, and any TensorBoard reader (Python or Rust)
+merges them. A TensorBoard server that was already showing the dropped points
+keeps them until it restarts.
+
+Only the TensorBoard package is used (no TensorFlow): events are built with
+`tensorboard.plugins.scalar.summary_v2.scalar_pb` and written by
+`tensorboard.summary.writer.event_file_writer.EventFileWriter`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from typing import Any, Callable, Mapping, Sequence, TextIO
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tb"
+_EVENTS_PREFIX = "events.out.tfevents."
+
+
+def _scalar(key: str, value: Any) -> int | float | None:
+    """A Python number for one metric (None when missing or not finite); clear error otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    try:
+        arr = np.asarray(value)
+    except Exception as e:  # noqa: BLE001 - report which metric is bad
+        raise TypeError(f"metric {key!r}: cannot convert {type(value).__name__} to a number: {e}") from None
+    if arr.shape != ():
+        raise ValueError(f"metric {key!r} must be a scalar, got shape {arr.shape}")
+    if arr.dtype.kind in "biu":
+        return int(arr)
+    if arr.dtype.kind != "f" and not arr.dtype.name.startswith(("bfloat", "float")):
+        raise TypeError(f"metric {key!r} must be a number, got {arr.dtype} value {value!r}")
+    x = float(arr)
+    return x if math.isfinite(x) else None
+
+
+def _parse_lines(path: str) -> list[dict]:
+    """The complete JSON lines of `path`; a torn (unparsable) line is skipped."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                log.warning("%s:%d: skipping a torn line (killed while writing?)", path, n)
+                continue
+            if isinstance(row, dict) and "step" in row:
+                rows.append(row)
+    return rows
+
+
+def read_metrics(workdir: str) -> list[dict]:
+    """All rows of `workdir/metrics.jsonl` (or of a .jsonl path), in file order."""
+    workdir = os.fspath(workdir)
+    path = workdir if workdir.endswith(".jsonl") else os.path.join(workdir, METRICS_FILE)
+    return _parse_lines(path)
+
+
+def truncate_metrics(path: str, keep_up_to_step: int) -> int:
+    """Rewrite `path` keeping only rows with step <= keep_up_to_step; returns rows dropped."""
+    if not os.path.exists(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        total = sum(1 for line in f if line.strip())
+    rows = [r for r in _parse_lines(path) if r["step"] <= keep_up_to_step]
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, allow_nan=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)  # atomic: a kill here leaves the old file or the new one
+    return total - len(rows)
+
+
+def truncate_events(tb_dir: str, keep_up_to_step: int) -> int:
+    """Rewrite the event files in `tb_dir` without events of steps > keep_up_to_step; returns events dropped."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    if not os.path.isdir(tb_dir):
+        return 0
+    dropped = 0
+    for name in sorted(os.listdir(tb_dir)):
+        path = os.path.join(tb_dir, name)
+        if not name.startswith(_EVENTS_PREFIX) or not os.path.isfile(path):
+            continue
+        records = list(RawEventFileLoader(path).Load())  # a torn last record is left out
+        keep = []
+        for raw in records:
+            event = event_pb2.Event.FromString(raw)
+            late = event.step > keep_up_to_step and (event.HasField("summary") or event.HasField("session_log"))
+            if not late:
+                keep.append(raw)
+        if len(keep) == len(records) and os.path.getsize(path) == sum(len(r) + 16 for r in records):
+            continue  # nothing late, nothing torn
+        dropped += len(records) - len(keep)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            writer = RecordWriter(f)
+            for raw in keep:
+                writer.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return dropped
+
+
+def _ends_with_newline(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+class MetricsWriter:
+    """Appends scalars to metrics.jsonl and TensorBoard; see the module docstring."""
+
+    def __init__(self, workdir: str, *, enabled: bool = True, resume_step: int | None = None,
+                 tensorboard: bool = True):
+        self.workdir = workdir
+        self.enabled = enabled
+        self.path = os.path.join(workdir, METRICS_FILE)
+        self.tb_dir = os.path.join(workdir, TB_DIR)
+        self._file: TextIO | None = None
+        self._events = None
+        if not enabled:  # e.g. processes other than 0 in a multi-host run
+            return
+        os.makedirs(workdir, exist_ok=True)
+        if resume_step is not None:
+            dropped = truncate_metrics(self.path, resume_step)
+            dropped_events = truncate_events(self.tb_dir, resume_step) if tensorboard else 0
+            if dropped or dropped_events:
+                log.info("run resumed at step %d: dropped %d metrics lines and %d events written after it",
+                         resume_step, dropped, dropped_events)
+        self._file = open(self.path, "a", encoding="utf-8")
+        if self._file.tell() and not _ends_with_newline(self.path):
+            self._file.write("\n")  # end a torn line so it does not swallow the next one
+        if tensorboard:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            self._events = EventFileWriter(self.tb_dir)
+
+    def write(self, step: int, scalars: Mapping[str, Any]):
+        """One jsonl line and one TensorBoard event for `step` (flushed before returning)."""
+        if not self.enabled:
+            return
+        if self._file is None:
+            raise RuntimeError("MetricsWriter is closed")
+        if "step" in scalars:
+            raise ValueError("'step' is reserved: pass it as the step argument")
+        values = {str(k): _scalar(str(k), v) for k, v in scalars.items()}
+        step = int(step)
+        self._file.write(json.dumps({"step": step, **values}, allow_nan=False) + "\n")
+        self._file.flush()
+        if self._events is not None:
+            from tensorboard.compat.proto import event_pb2
+            from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+
+            event = event_pb2.Event(wall_time=time.time(), step=step)
+            for tag, v in values.items():
+                if v is not None:
+                    event.summary.value.extend(scalar_pb(tag, np.float32(v)).value)
+            if event.summary.value:
+                self._events.add_event(event)
+                self._events.flush()
+
+    def close(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def read_tb_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    """Scalars as TensorBoard's own event reader sees them: {tag: [(step, value), ...]}.
+
+    `logdir` is a workdir (its `tb/` is read) or an event directory.
+    """
+    from tensorboard.backend.event_processing import event_accumulator as ea
+    from tensorboard.util import tensor_util
+
+    tb_dir = os.path.join(logdir, TB_DIR) if os.path.isdir(os.path.join(logdir, TB_DIR)) else logdir
+    acc = ea.EventAccumulator(tb_dir, size_guidance={ea.TENSORS: 0, ea.SCALARS: 0})
+    acc.Reload()
+    out: dict[str, list[tuple[int, float]]] = {}
+    tags = acc.Tags()
+    for tag in tags.get(ea.TENSORS, []):
+        out[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+    for tag in tags.get(ea.SCALARS, []):  # legacy simple_value summaries
+        out.setdefault(tag, []).extend((e.step, float(e.value)) for e in acc.Scalars(tag))
+    return out
+
+
+def _hms(seconds: float) -> str:
+    s = int(max(seconds, 0))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _short(v: Any) -> str:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    return f"{x:.3g}" if math.isfinite(x) else "nan"
+
+
+class ProgressBar:
+    """One console line: step, a few metrics, elapsed time and ETA.
+
+    On a terminal the line is redrawn in place (`\\r`); otherwise (a log file,
+    a pipe) a plain line is printed every `print_every` steps and at the last
+    step. `start_step` is where this process started (after a resume), so the
+    ETA uses only the steps timed here. `keys` are the metric names shown when
+    present; a name is displayed by its last `/` component.
+    """
+
+    def __init__(self, total_steps: int, *, enabled: bool = True, start_step: int = 0,
+                 keys: Sequence[str] = ("success", "reward", "loss"), stream: TextIO | None = None,
+                 print_every: int | None = None, clock: Callable[[], float] = time.monotonic):
+        self.total = int(total_steps)
+        self.enabled = enabled
+        self.start_step = int(start_step)
+        self.keys = tuple(keys)
+        self.stream = stream if stream is not None else sys.stdout
+        isatty = getattr(self.stream, "isatty", None)
+        self.inplace = bool(isatty and isatty())
+        self.print_every = print_every or max(1, self.total // 20)
+        self.clock = clock
+        self.t0 = clock()
+        self._width = 0
+
+    def line(self, step: int, metrics: Mapping[str, Any] | None = None) -> str:
+        metrics = metrics or {}
+        elapsed = self.clock() - self.t0
+        done = step - self.start_step
+        eta = _hms((self.total - step) * elapsed / done) if done > 0 else "?"
+        pct = 100.0 * step / self.total if self.total else 100.0
+        parts = [f"step {step}/{self.total} [{pct:3.0f}%]"]
+        parts += [f"{k.rsplit('/', 1)[-1]} {_short(metrics[k])}" for k in self.keys if k in metrics]
+        return "  ".join(parts) + f"  | {_hms(elapsed)} elapsed, ETA {eta}"
+
+    def update(self, step: int, metrics: Mapping[str, Any] | None = None):
+        if not self.enabled:
+            return
+        text = self.line(step, metrics)
+        if self.inplace:
+            self.stream.write("\r" + text.ljust(self._width))
+            self._width = max(self._width, len(text))
+        elif step % self.print_every == 0 or step >= self.total or step == self.start_step + 1:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self):
+        if self.enabled and self.inplace and self._width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._width = 0

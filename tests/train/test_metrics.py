@@ -1,0 +1,166 @@
+"""metrics.jsonl and TensorBoard scalars (read back with TensorBoard's own reader), resume, progress line."""
+import glob
+import io
+import json
+import math
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+from atgrpo_jax.train.metrics import MetricsWriter, ProgressBar, read_metrics, read_tb_scalars
+
+
+def _rows(seed, steps):
+    """Deterministic metrics of a run: a mix of Python, NumPy and JAX scalars."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for step in steps:
+        out.append((step, {"loss": float(rng.standard_normal()), "reward/agent0": np.float32(rng.random()),
+                           "tokens": int(rng.integers(100, 1000)), "skipped": False,
+                           "success": jnp.float32(step / 10)}))
+    return out
+
+
+def _write(workdir, rows, **kw):
+    writer = MetricsWriter(workdir, **kw)
+    for step, scalars in rows:
+        writer.write(step, scalars)
+    return writer
+
+
+def test_jsonl_and_tensorboard_round_trip(tmp_path):
+    rows = _rows(0, range(1, 6))
+    _write(str(tmp_path), rows).close()
+    got = read_metrics(str(tmp_path))
+    assert [r["step"] for r in got] == [1, 2, 3, 4, 5]
+    for row, (step, scalars) in zip(got, rows):
+        assert list(row) == ["step", "loss", "reward/agent0", "tokens", "skipped", "success"]
+        assert row["loss"] == scalars["loss"]  # float64 exact in JSON
+        assert row["reward/agent0"] == float(scalars["reward/agent0"])
+        assert row["tokens"] == scalars["tokens"] and isinstance(row["tokens"], int)
+        assert row["skipped"] == 0 and row["success"] == float(scalars["success"])
+    tb = read_tb_scalars(str(tmp_path))  # TensorBoard's EventAccumulator
+    assert set(tb) == {"loss", "reward/agent0", "tokens", "skipped", "success"}
+    for tag, points in tb.items():
+        assert [s for s, _ in points] == [1, 2, 3, 4, 5]
+        for (_, value), (_, scalars) in zip(points, rows):
+            assert value == float(np.float32(float(scalars[tag])))  # stored as float32
+    names = os.listdir(tmp_path / "tb")
+    assert len(names) == 1 and names[0].startswith("events.out.tfevents.")
+
+
+def test_non_finite_values_are_null_in_jsonl_and_absent_in_tensorboard(tmp_path):
+    with MetricsWriter(str(tmp_path)) as w:
+        w.write(1, {"loss": 0.5, "kl": 0.1})
+        w.write(2, {"loss": float("nan"), "kl": np.float32("inf"), "eval": None})
+        w.write(3, {"loss": 0.25, "kl": -np.inf})
+    text = (tmp_path / "metrics.jsonl").read_text()
+    strict = [json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+              for line in text.splitlines()]
+    assert strict[1] == {"step": 2, "loss": None, "kl": None, "eval": None}
+    assert strict[2]["kl"] is None and strict[2]["loss"] == 0.25
+    tb = read_tb_scalars(str(tmp_path))
+    assert tb["loss"] == [(1, 0.5), (3, 0.25)]
+    assert [s for s, _ in tb["kl"]] == [1] and "eval" not in tb
+    assert all(math.isfinite(v) for points in tb.values() for _, v in points)
+
+
+def test_bad_values_raise_naming_the_key(tmp_path):
+    with MetricsWriter(str(tmp_path)) as w:
+        with pytest.raises(ValueError, match="'per_agent' must be a scalar"):
+            w.write(1, {"per_agent": np.ones(3)})
+        with pytest.raises(TypeError, match="'phase'"):
+            w.write(1, {"phase": "rollout"})
+        with pytest.raises(ValueError, match="reserved"):
+            w.write(1, {"step": 3})
+        w.write(1, {"ok": 1.0})
+    assert read_metrics(str(tmp_path)) == [{"step": 1, "ok": 1.0}]
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path):
+    full = str(tmp_path / "full")
+    _write(full, _rows(0, range(1, 9))).close()
+
+    resumed = str(tmp_path / "resumed")
+    # The killed run: its steps 5 and 6 came after its last checkpoint (step 4) and
+    # differ from what the resumed run recomputes; it died while writing step 7.
+    killed = _write(resumed, _rows(0, range(1, 5)) + _rows(99, range(5, 7)))
+    killed._file.write('{"step": 7, "loss": 0.3')
+    killed._file.flush()  # no close(): the process died, also in the middle of an event record
+    killed._events.flush()
+    (old_events,) = glob.glob(os.path.join(resumed, "tb", "events.out.tfevents.*"))
+    with open(old_events, "ab") as f:
+        f.write(b"\x40\x00\x00\x00\x00")
+    assert [r["step"] for r in read_metrics(resumed)] == [1, 2, 3, 4, 5, 6]  # torn line skipped
+    assert max(s for s, _ in read_tb_scalars(resumed)["loss"]) == 6
+
+    _write(resumed, _rows(0, range(1, 9))[4:], resume_step=4).close()
+    killed._events.close()
+    assert (tmp_path / "resumed" / "metrics.jsonl").read_bytes() == (tmp_path / "full" / "metrics.jsonl").read_bytes()
+    assert len(os.listdir(os.path.join(resumed, "tb"))) == 2  # the resumed run adds a file
+    old_steps = [e.step for e in EventFileLoader(old_events).Load() if e.HasField("summary")]
+    assert old_steps == [1, 2, 3, 4]  # the killed run's later events are gone from its file
+    got, want = read_tb_scalars(resumed), read_tb_scalars(full)
+    assert got == want
+    assert [s for s, _ in got["loss"]] == list(range(1, 9))
+
+
+def test_appending_after_a_torn_line_keeps_the_next_line_whole(tmp_path):
+    _write(str(tmp_path), [(1, {"a": 1.0})]).close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "a"')  # killed mid-line, then restarted without resume_step
+    _write(str(tmp_path), [(2, {"a": 2.0})]).close()
+    assert read_metrics(str(tmp_path)) == [{"step": 1, "a": 1.0}, {"step": 2, "a": 2.0}]
+
+
+def test_disabled_writer_writes_nothing(tmp_path):
+    workdir = tmp_path / "proc1"
+    w = MetricsWriter(str(workdir), enabled=False, resume_step=3)
+    w.write(1, {"loss": 1.0})
+    w.close()
+    assert not workdir.exists()
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _clock(times):
+    it = iter(times)
+    return lambda: next(it)
+
+
+def test_progress_bar_plain_lines_when_not_a_terminal():
+    out = io.StringIO()
+    # t0 = 0; every update reads the clock once: 2 s per step.
+    bar = ProgressBar(10, stream=out, print_every=5, clock=_clock([0.0] + [2.0 * i for i in range(1, 11)]))
+    for step in range(1, 11):
+        bar.update(step, {"success": step / 10, "reward": 1.5, "loss": 0.123456, "other": 9})
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == ["1/10", "5/10", "10/10"]
+    assert "\r" not in out.getvalue()
+    assert lines[1] == "step 5/10 [ 50%]  success 0.5  reward 1.5  loss 0.123  | 0:00:10 elapsed, ETA 0:00:10"
+    assert lines[2].endswith("0:00:20 elapsed, ETA 0:00:00") and "other" not in lines[2]
+
+
+def test_progress_bar_redraws_in_place_on_a_terminal_and_times_only_this_process():
+    out = _Tty()
+    # Resumed at step 40 of 100: ETA from the steps timed here (3 s each).
+    bar = ProgressBar(100, stream=out, start_step=40, keys=("train/success",), clock=_clock([0.0, 3.0, 6.0]))
+    bar.update(41, {"train/success": 0.25})
+    bar.update(42, {})
+    bar.close()
+    text = out.getvalue()
+    assert text.count("\r") == 2 and text.endswith("\n") and text.count("\n") == 1
+    first, second = text.strip("\n").split("\r")[1:]
+    assert first.startswith("step 41/100 [ 41%]  success 0.25  |") and first.endswith("ETA 0:02:57")
+    assert second.rstrip().endswith("0:00:06 elapsed, ETA 0:02:54")
+    assert len(second) == len(first)  # padded over the longer previous line
+    quiet = io.StringIO()
+    ProgressBar(5, stream=quiet, enabled=False).update(5, {"loss": 1.0})
+    assert quiet.getvalue() == ""
