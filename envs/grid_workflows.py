@@ -74,6 +74,8 @@ class WorkflowConfig:
     exec_len: int = 2
     sandbox_limits: Any = None  # sandbox.Limits; None = its defaults (20 s wall clock)
     sandbox_workers: int | None = None
+    view: str = "grid"  # direct prompts: "grid" (rows joined by '/') or "local" (Plan-Path only)
+    lenient: bool = False  # direct answers: the UDLR letters among the first max_len characters
 
 
 def actions_from_output(stdout: str, game: GridGame) -> list[int] | None:
@@ -118,6 +120,9 @@ class GridWorkflow:
         self.kind = kind
         self.game = make_game(game) if isinstance(game, str) else game
         self.config = config or WorkflowConfig()
+        if self.config.view not in ("grid", "local") or (self.config.view == "local" and self.game.name != "plan_path"):
+            raise ValueError(f"view must be 'grid', or 'local' for plan_path; got {self.config.view!r} "
+                             f"for {self.game.name}")
         self.max_turns = self.config.max_turns
         self.name = f"{self.game.name}_{kind}"
         roles = {"tool_plan": ("tool", "plan"), "tool_plan_single": ("solver",),
@@ -180,13 +185,13 @@ class GridWorkflow:
             actions, handoff = self._run_tools(state, texts, active)
             penalty, applies = self.config.tool_penalty, False
         elif role == "planner":
-            actions = [[self.game.parse_direct(t, self.config.plan_len) for t in row] for row in texts]
+            actions = [[self._parse_direct(t, self.config.plan_len) for t in row] for row in texts]
             penalty, applies = self.config.format_penalty, False
             for b in range(n_tasks):
                 for j in range(k):
                     handoff[b, j] = self._short(actions[b][j])
         elif role in ("executor", "actor"):
-            actions = [[self.game.parse_direct(t, self.config.exec_len) for t in row] for row in texts]
+            actions = [[self._parse_direct(t, self.config.exec_len) for t in row] for row in texts]
             penalty, applies = self.config.format_penalty, True
         else:  # plan, solver
             actions = [[actions_from_answer(t, self.game) for t in row] for row in texts]
@@ -229,7 +234,17 @@ class GridWorkflow:
 
             return extract_code_block
         length = self.config.plan_len if role == "planner" else self.config.exec_len
-        return lambda text: self.game.parse_direct(text, length)
+        return lambda text: self._parse_direct(text, length)
+
+    def _parse_direct(self, text: str, max_len: int) -> list[int] | None:
+        """Strict: exactly 1..max_len move letters. Lenient (a model learning from
+        scratch): the move letters among the first max_len characters, if any."""
+        if not self.config.lenient or self.game.name == "sudoku":
+            return self.game.parse_direct(text, max_len)
+        if not isinstance(text, str):
+            return None
+        moves = [grid.LETTERS.index(ch) for ch in text[:max_len] if ch in grid.LETTERS[:4]]
+        return moves or None
 
     def _run_tools(self, state: GridState, texts, active):
         """Extract, run (sandbox) and parse the tool agent's programs."""
@@ -294,6 +309,8 @@ class GridWorkflow:
         return grid.letters_of(actions)
 
     def _direct_prompt(self, role: str, env, proposal: str) -> str:
+        if self.config.view == "local":
+            return _local_view(env) + (f" P:{proposal or '?'}" if role == "executor" else "")
         rows = self.game.render(env, row_sep="/")
         title = {"plan_path": "Path S to G, # wall", "sokoban": "Sokoban", "sudoku": "Sudoku"}[self.game.name]
         if self.game.name == "sudoku":
@@ -324,6 +341,25 @@ def _compiled(game: GridGame, seed: int):
         return new, reward, done, new.success
 
     return {"train": make_reset(False), "test": make_reset(True)}, jax.jit(branch_step)
+
+
+def _local_view(env) -> str:
+    """Plan-Path seen from the agent: goal offset and the four neighbours.
+
+    'G+2-3 U# D. LG R.' = goal 2 rows down and 3 columns left; up is a wall or
+    the edge, down and right are free, left is the goal.
+    """
+    walls, (r, c), (gr, gc) = np.asarray(env.walls), np.asarray(env.pos).tolist(), np.asarray(env.goal).tolist()
+    h, w = walls.shape
+
+    def cell(dr, dc):
+        y, x = r + dr, c + dc
+        if not (0 <= y < h and 0 <= x < w) or walls[y, x]:
+            return "#"
+        return "G" if (y, x) == (gr, gc) else "."
+
+    near = " ".join(f"{name}{cell(dr, dc)}" for name, (dr, dc) in zip("UDLR", ((-1, 0), (1, 0), (0, -1), (0, 1))))
+    return f"G{gr - r:+d}{gc - c:+d} {near}"
 
 
 def make_grid_workflow(kind: str, game: GridGame | str = "plan_path", params: Any = None,

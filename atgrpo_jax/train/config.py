@@ -15,8 +15,9 @@ SCHEDULES = ("constant", "cosine")
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.model = dict(preset="qwen3-1.7b", hf_path="", param_dtype="float32", compute_dtype="float32",
-                   remat=False, init_seed=0)
+                   remat=False, init_seed=0, vocab_size=0)  # vocab_size 0: the preset's
     c.tokenizer = "qwen3"  # "qwen3", "char", or a checkpoint directory
+    c.char_alphabet = ""  # the char tokenizer's characters ("" = printable ASCII)
     c.mesh = dict(data=1, fsdp=-1, tensor=1)
     c.env = dict(workflow="plan_path_tool", kwargs=ml_collections.ConfigDict())
     c.regime = "shared"
@@ -52,6 +53,7 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
              f"unknown preset {c.model.preset!r}; known: {sorted(PRESETS)} (or set model.hf_path)")
     for key in ("param_dtype", "compute_dtype"):
         _require(c.model[key] in DTYPES, f"model.{key}", f"must be one of {sorted(DTYPES)}")
+    _require(c.model.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = the preset's)")
     _require(c.regime in REGIMES, "regime", f"must be one of {REGIMES}, got {c.regime!r}")
     for key in ("data", "fsdp", "tensor"):
         v = c.mesh[key]

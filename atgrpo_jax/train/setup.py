@@ -47,9 +47,9 @@ def init_distributed(dist) -> None:
         jax.distributed.initialize()
 
 
-def make_tokenizer(name: str, hf_path: str = ""):
+def make_tokenizer(name: str, hf_path: str = "", alphabet: str = ""):
     if name == "char":
-        return char_tokenizer()
+        return char_tokenizer(alphabet) if alphabet else char_tokenizer()
     if name == "qwen3":
         return qwen3_tokenizer(hf_path or None)
     if os.path.isdir(name):
@@ -62,6 +62,8 @@ def build_model(config, mesh) -> Qwen3:
     kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat)
     if m.hf_path:
         return load_pretrained(m.hf_path, mesh=mesh, **kw)
+    if m.vocab_size:
+        kw["vocab_size"] = m.vocab_size
     return shard_model(Qwen3(get_preset(m.preset, **kw), rngs=nnx.Rngs(m.init_seed)), mesh)
 
 
@@ -76,7 +78,7 @@ def build_run(config) -> Run:
     validate(config)
     init_distributed(config.distributed)
     mesh = make_mesh(dict(config.mesh))
-    tokenizer = make_tokenizer(config.tokenizer, config.model.hf_path)
+    tokenizer = make_tokenizer(config.tokenizer, config.model.hf_path, config.char_alphabet)
     workflow = make_workflow(config.env.workflow, single_agent=config.regime == "single_agent",
                              **dict(config.env.kwargs))
     base = build_model(config, mesh)
