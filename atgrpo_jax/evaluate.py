@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file", lock_config=True)
@@ -62,6 +62,7 @@ def run_evaluation(config, checkpoint: str, tasks: int = 0, k: int = 0, temperat
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     temp = None if _TEMPERATURE.value < 0 else _TEMPERATURE.value
     run_evaluation(_CONFIG.value, _CHECKPOINT.value, _TASKS.value, _K.value, temp, _OUT.value)
 

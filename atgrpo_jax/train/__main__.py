@@ -5,7 +5,7 @@ import json
 import os
 import time
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file", lock_config=True)
@@ -69,6 +69,7 @@ def run_training(config, workdir: str) -> dict:
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     run_training(_CONFIG.value, _WORKDIR.value)
 
 

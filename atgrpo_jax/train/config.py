@@ -89,3 +89,32 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     for key in ("eval_every", "checkpoint_every", "log_every", "keep_last"):
         _require(t[key] >= 0, f"train.{key}", "must be >= 0")
     return c
+
+
+# Per-task settings of the paper's system (REFERENCE.md): filters, turns, eval temperature.
+_TASKS = {
+    "plan_path": dict(workflow="plan_path_tool_plan", max_turns=4, eval_temperature=0.0,
+                      drop_low_mean_frac=0.5, drop_zero_variance=False),
+    "sokoban": dict(workflow="sokoban_tool_plan", max_turns=4, eval_temperature=0.0,
+                    drop_low_mean_frac=0.5, drop_zero_variance=False),
+    "sudoku": dict(workflow="sudoku_tool_plan", max_turns=4, eval_temperature=0.0,
+                   drop_low_mean_frac=0.5, drop_zero_variance=False),
+    "math": dict(workflow="math", max_turns=4, eval_temperature=0.6,
+                 drop_low_mean_frac=0.0, drop_zero_variance=False),
+    "code": dict(workflow="code", max_turns=4, eval_temperature=0.6,
+                 drop_low_mean_frac=0.0, drop_zero_variance=True),
+}
+
+
+def paper_config(task: str, preset: str) -> ml_collections.ConfigDict:
+    """The paper's system for `task` with a Qwen3 `preset` (weights from model.hf_path)."""
+    t = _TASKS[task]
+    c = base_config()
+    c.model.update(preset=preset, param_dtype="bfloat16", compute_dtype="bfloat16", remat=True)
+    c.env.workflow = t["workflow"]
+    c.rollout.update(num_tasks=32, k=8, max_turns=t["max_turns"], temperature=1.0, top_p=1.0,
+                     eval_temperature=t["eval_temperature"], max_prompt_len=4096, max_new_tokens=2048)
+    c.algo.update(drop_low_mean_frac=t["drop_low_mean_frac"], drop_zero_variance=t["drop_zero_variance"])
+    c.optim.update(lr=1e-6, schedule="constant", mini_batch_size=16)
+    c.train.update(steps=200, eval_every=10, eval_tasks=100, checkpoint_every=10, keep_last=2)
+    return c

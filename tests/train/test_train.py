@@ -1,0 +1,107 @@
+"""The trainer end to end on a tiny config: config errors, the NaN guard, kill -9 and resume."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.models import Qwen3, get_preset
+from atgrpo_jax.train.config import ConfigError, base_config, validate
+from atgrpo_jax.train.metrics import read_metrics
+from atgrpo_jax.train.update import Batch, init_state, make_optimizer, make_update_fns
+
+TIMING = ("rollout_s", "update_s", "tokens_per_s", "rollout_tokens_per_s", "time_s")
+CONFIG = os.path.join(os.path.dirname(__file__), "tiny_config.py")
+
+
+@pytest.mark.parametrize("key,value,pattern", [
+    ("regime", "mixture", "config.regime"),
+    ("rollout.k", 1, "config.rollout.k"),
+    ("rollout.top_p", 0.0, "config.rollout.top_p"),
+    ("loss.aggregation", "sum", "config.loss.aggregation"),
+    ("optim.lr", -1.0, "config.optim.lr"),
+    ("optim.schedule", "linear", "config.optim.schedule"),
+    ("mesh.tensor", 0, "config.mesh.tensor"),
+    ("model.preset", "qwen9", "config.model.preset"),
+    ("rollout.prompt_buckets", (256, 128), "config.rollout.prompt_buckets"),
+])
+def test_config_errors_name_the_key(key, value, pattern):
+    c = base_config()
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    with pytest.raises(ConfigError, match=pattern.replace(".", r"\.")):
+        validate(c)
+
+
+def test_cli_rejects_a_bad_override_before_compiling(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.train", f"--config={CONFIG}",
+                           f"--workdir={tmp_path}", "--config.optim.lr=-0.5"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "config.optim.lr" in proc.stderr
+
+
+def test_nan_loss_skips_the_update():
+    cfg = get_preset("test-tiny", num_layers=1)
+    graphdef, params = nnx.split(Qwen3(cfg, rngs=nnx.Rngs(0)))
+    c = base_config()
+    tx, _ = make_optimizer(c.optim, 10)
+    _, update = make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), 64)
+    state = init_state(params, tx)
+    before = [np.asarray(x) for x in jax.tree.leaves(state.params)]
+    tokens = jnp.ones((2, 8), jnp.int32)
+    mask = jnp.ones((2, 8), bool)
+    batch = Batch(tokens, mask, mask.at[:, 0].set(False), jnp.zeros((2, 8)), jnp.array([jnp.nan, 1.0]))
+    state, m = update(state, batch)
+    assert float(m["skipped"]) == 1.0 and int(state.step) == 0
+    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(before, jax.tree.leaves(state.params)))
+    state, m = update(state, batch._replace(adv=jnp.array([-1.0, 1.0])))
+    assert float(m["skipped"]) == 0.0 and int(state.step) == 1
+    assert any(not np.array_equal(a, np.asarray(b)) for a, b in zip(before, jax.tree.leaves(state.params)))
+
+
+def train_cli(workdir, steps, extra=()):
+    return subprocess.Popen([sys.executable, "-m", "atgrpo_jax.train", f"--config={CONFIG}",
+                             f"--workdir={workdir}", f"--config.train.steps={steps}", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def comparable(rows):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def test_killed_run_resumes_exactly_like_an_uninterrupted_one(tmp_path):
+    steps = 4
+    whole = train_cli(tmp_path / "whole", steps)
+    killed_dir = tmp_path / "killed"
+    victim = train_cli(killed_dir, steps)
+    # kill -9 once step 2's checkpoint exists, i.e. somewhere inside step 3 or its save
+    deadline = time.time() + 240
+    while not (killed_dir / "checkpoints" / "2").exists() and time.time() < deadline:
+        if victim.poll() is not None:
+            pytest.fail("the run ended before it could be killed: " + victim.stderr.read()[-2000:])
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    resumed = train_cli(killed_dir, steps)
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-3000:]
+    assert whole.wait(timeout=300) == 0, whole.stderr.read()[-3000:]
+    a, b = read_metrics(str(tmp_path / "whole")), read_metrics(str(killed_dir))
+    assert [r["step"] for r in b] == list(range(steps + 1))
+    assert comparable(a) == comparable(b)  # bitwise-equal metrics, step by step
+    from atgrpo_jax.train.checkpoint import Checkpointer
+    pa = Checkpointer(str(tmp_path / "whole" / "checkpoints"), keep_last=0, read_only=True).restore(steps)[0]
+    pb = Checkpointer(str(killed_dir / "checkpoints"), keep_last=0, read_only=True).restore(steps)[0]
+    for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
