@@ -45,7 +45,7 @@ setup(
     name="atgrpo-jax",
     version="0.1.0",
     description="AT-GRPO: on-policy RL for multi-agent LLM systems, in JAX/Flax",
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     packages=PACKAGES,
     package_dir={"atgrpo_jax.envs": "envs"},
     package_data={"atgrpo_jax.envs": ["data/*.txt", "data/*.md", "data/*/*.jsonl", "data/*/*.md",

@@ -1,0 +1,337 @@
+"""Per-device memory of an AT-GRPO run, as reported by `python -m atgrpo_jax.plan`.
+
+Two phases share the chips. Sampling holds the KV cache of num_tasks*k rows;
+the update (train/update.py) holds the gradients, the optimizer's update tree
+and the activations of one mini-batch. Parameters, the AdamW moments and (with
+a KL term) the reference weights stay resident in both. The peak is the
+larger phase.
+
+Parameters come from the model itself (`nnx.eval_shape`, each param's
+`logical_axes`) and are split with `atgrpo_jax.sharding.logical_spec`, so the
+plan follows the model and the rule table rather than a copy of them.
+
+Activations are the buffers XLA keeps for the backward pass of the scanned
+layers. Without remat the scan stacks every layer's residuals: per layer two
+float32 [B, H, T, T] attention buffers (scores and probabilities) and 20
+sequence-sized tensors (6 of width hidden, 4 of q width, 4 of kv width, 6 of
+mlp width). With remat only each layer's input is stacked. On top of that
+comes the working set of one layer's backward pass or of the chunked log-prob
+head, whichever is larger. The working-set factors below were read from XLA's
+buffer assignment (float32, CPU); tests/test_plan.py checks the totals against
+`compiled.memory_analysis()`. Attention here is not a fused kernel, so the
+[B, H, T, T] buffers grow with the square of the sequence length.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import re
+from typing import Any, Sequence
+
+import jax.numpy as jnp
+from jax.sharding import AbstractMesh, AxisType
+
+from atgrpo_jax.models.config import DTYPES, Qwen3Config, get_preset
+from atgrpo_jax.models.qwen3 import LAYER_PARAMS, LORA_TARGETS, KVCache
+from atgrpo_jax.sharding import MESH_AXES, RULES, MeshConfig, logical_spec
+
+GiB = 1024**3
+
+# Working sets of the backward pass, in units of one layer's tensors (see docstring).
+NO_REMAT_SCORE_BUFFERS = 3.0  # [B, H, T, T] float32 gradients in flight
+NO_REMAT_SEQ_FACTOR = 1.0  # times one layer's 20 sequence-sized residuals
+REMAT_SCORE_BUFFERS = 2.0  # the recomputed scores and probabilities
+REMAT_SEQ_FACTOR = 1.4  # the recomputed residuals plus their gradients in flight
+HEADROOM = 0.10  # fraction of memory kept free: estimate error, fragmentation, runtime
+AGENTS = 2  # every multi-agent workflow in envs/ has two roles (per_role: two models, lora: two adapters)
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    name: str
+    hbm_bytes: int
+    default_chips: int  # chips of the smallest common slice (one host)
+
+
+TPUS = {
+    "v4": Device("TPU v4", 32 * GiB, 4),
+    "v5e": Device("TPU v5e", 16 * GiB, 8),
+    "v5p": Device("TPU v5p", 95 * GiB, 4),
+    "v6e": Device("TPU v6e", 32 * GiB, 8),
+}
+# Accelerator types: v4-N and v5p-N count TensorCores (2 per chip); v5litepod-N and v6e-N count chips.
+_ACCEL = re.compile(r"^(v4|v5p|v5litepod|v5e|v6e)-(\d+)$")
+
+
+def parse_device(name: str, gpu_memory_gb: float = 80.0) -> tuple[Device, int]:
+    """`v5p`, an accelerator type (`v5p-32`, `v5litepod-8`) or `gpu` -> (device, chips)."""
+    name = name.strip().lower()
+    if name == "gpu":
+        if gpu_memory_gb <= 0:
+            raise ValueError(f"--gpu-memory-gb must be > 0, got {gpu_memory_gb}")
+        return Device(f"GPU ({gpu_memory_gb:g} GiB)", int(gpu_memory_gb * GiB), 8), 8
+    if name in TPUS:
+        return TPUS[name], TPUS[name].default_chips
+    m = _ACCEL.match(name)
+    if not m:
+        raise ValueError(f"unknown device {name!r}; use one of {sorted(TPUS)}, gpu, "
+                         "or an accelerator type such as v5p-32, v5litepod-8, v6e-16")
+    family, count = m.group(1), int(m.group(2))
+    chips = count // 2 if family in ("v4", "v5p") else count
+    if chips < 1:
+        raise ValueError(f"{name}: no whole chip in {count} TensorCores")
+    return TPUS["v5e" if family == "v5litepod" else family], chips
+
+
+def abstract_mesh(sizes: dict[str, int]) -> AbstractMesh:
+    return AbstractMesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES,
+                        axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def pool_mesh_sizes(mesh: dict, num_devices: int, pools: int) -> dict[str, int]:
+    """Mesh sizes of one policy pool, as `sharding.sub_meshes` splits the full mesh."""
+    full = MeshConfig(**mesh).resolve(num_devices)
+    if pools == 1:
+        return full
+    if num_devices % pools:
+        raise ValueError(f"cannot split {num_devices} devices into {pools} equal policy pools")
+    per_pool = num_devices // pools
+    tensor = math.gcd(full["tensor"], per_pool)
+    return {"data": 1, "fsdp": per_pool // tensor, "tensor": tensor}
+
+
+def local_bytes(shape: Sequence[int], axes: Sequence[str | None], itemsize: float, mesh,
+                rules: dict = RULES) -> int:
+    """Bytes of one device's shard of an array with logical `axes`."""
+    spec = logical_spec(axes, shape, mesh, rules)
+    n = 1
+    for dim, entry in zip(shape, spec):
+        names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        n *= dim // math.prod(mesh.shape[a] for a in names)
+    return int(n * itemsize)
+
+
+def _itemsize(dtype: str) -> int:
+    return jnp.dtype(DTYPES[dtype]).itemsize
+
+
+@functools.lru_cache(maxsize=32)
+def model_params(cfg: Qwen3Config) -> tuple[tuple[tuple[int, ...], Any, tuple, bool], ...]:
+    """(shape, dtype, logical axes, is_adapter) of every parameter, from an abstract model."""
+    from flax import nnx
+
+    from atgrpo_jax.models.qwen3 import LoRAParam, Qwen3
+
+    model = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))
+    return tuple((tuple(v.shape), v.dtype, tuple(v.logical_axes), isinstance(v, LoRAParam))
+                 for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+
+
+def param_bytes(params, mesh, itemsize: float | None = None) -> int:
+    """Per-device bytes of `params` (their own dtype unless `itemsize` is given)."""
+    return sum(local_bytes(shape, axes, jnp.dtype(dt).itemsize if itemsize is None else itemsize, mesh)
+               for shape, dt, axes, _ in params)
+
+
+def update_activations(cfg: Qwen3Config, mesh, batch: int, seq: int, chunk: int,
+                       remat: bool) -> dict[str, int]:
+    """Per-device bytes of the forward+backward activations over [batch, seq] tokens, by term."""
+    act = _itemsize(cfg.compute_dtype)
+    d, h, kv, hd, f, v = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                          cfg.intermediate_size, cfg.vocab_size)
+    hidden = local_bytes((batch, seq, d), ("batch", "seq", "embed"), act, mesh)
+    q = local_bytes((batch, seq, h, hd), ("batch", "seq", "heads", "head_dim"), act, mesh)
+    kvs = local_bytes((batch, seq, kv, hd), ("batch", "seq", "kv_heads", "head_dim"), act, mesh)
+    mlp = local_bytes((batch, seq, f), ("batch", "seq", "mlp"), act, mesh)
+    scores = local_bytes((batch, h, seq, seq), ("batch", "heads", "seq", None), 4, mesh)
+    seq_sized = 6 * hidden + 4 * q + 4 * kvs + 6 * mlp
+    # Under FSDP each layer's weights are gathered for its matmuls.
+    no_fsdp = {**RULES, "embed": ()}
+    gathered = sum(local_bytes(fn(cfg), axes, act, mesh, no_fsdp) for fn, axes in LAYER_PARAMS.values())
+    gathered = gathered if mesh.shape["fsdp"] > 1 else 0
+    if cfg.lora_rank:  # each layer's W + A @ B, and its gradient, in float32 (A, B are replicated)
+        gathered += 2 * 4 * sum(math.prod(LAYER_PARAMS[name][0](cfg)) for name in LORA_TARGETS)
+    if remat:
+        saved = cfg.num_layers * hidden
+        layer = REMAT_SCORE_BUFFERS * scores + REMAT_SEQ_FACTOR * seq_sized + gathered
+    else:
+        saved = cfg.num_layers * (2 * scores + seq_sized)
+        layer = NO_REMAT_SCORE_BUFFERS * scores + NO_REMAT_SEQ_FACTOR * seq_sized + gathered
+    # Chunked log-probs: the head's gradient accumulator and one [chunk, V] float32 logits block.
+    head = local_bytes((d, v), ("embed", "vocab"), act, mesh)
+    logits = local_bytes((min(chunk, batch * seq), v), (None, "vocab"), 4, mesh)
+    terms = {
+        "saved_residuals": saved,
+        "attention_mask": scores // 4,
+        "layer_backward": int(layer),
+        "logprob_head": head + logits,
+    }
+    terms["total"] = saved + terms["attention_mask"] + max(terms["layer_backward"], terms["logprob_head"])
+    return terms
+
+
+def update_memory(cfg: Qwen3Config, mesh, trainable, batch: int, width: int, chunk: int,
+                  with_ref_logp: bool = False) -> dict[str, int]:
+    """Per-device bytes that one jitted update (train/update.py) adds to the resident state.
+
+    The mini-batch is [batch, width] rows (tokens, valid, is_resp, old log-probs,
+    and reference log-probs with a KL term); the model reads tokens[:, :-1].
+    The gradients and the optimizer's `updates` tree are the size of the trainable params.
+    """
+    grads = param_bytes(trainable, mesh)
+    acts = update_activations(cfg, mesh, batch, width - 1, chunk, cfg.remat)
+    row_bytes = 4 + 1 + 1 + 4 + (4 if with_ref_logp else 0)
+    inputs = local_bytes((batch, width), ("batch", "seq"), row_bytes, mesh)
+    return {"gradients": grads, "updates": grads, "activations": acts["total"], "batch": inputs,
+            "total": 2 * grads + acts["total"] + inputs}
+
+
+def kv_cache_bytes(cfg: Qwen3Config, mesh, rows: int, length: int, itemsize: int) -> int:
+    shape = (cfg.num_layers, rows, length, cfg.num_kv_heads, cfg.head_dim)
+    return (2 * local_bytes(shape, KVCache.AXES, itemsize, mesh)
+            + local_bytes((rows, length), ("batch", "cache_seq"), 1, mesh))
+
+
+def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: int,
+                    new_tokens: int, cache_itemsize: int) -> dict[str, int]:
+    """KV cache of the num_tasks*k rows and the working sets of prefill and decode.
+
+    As in sampling/decode.py: prefill runs the num_tasks prompts into their own
+    cache, then repeats each row k times; decode reads one layer's keys and
+    values at a time and turns [rows, V] float32 logits into tokens.
+    """
+    length = prompt_len + new_tokens - 1  # the last sampled token is never fed back
+    rows = num_tasks * k
+    cache = kv_cache_bytes(cfg, mesh, rows, length, cache_itemsize)
+    prompt_cache = kv_cache_bytes(cfg, mesh, num_tasks, length, cache_itemsize)
+    # Prefill attends over the whole cache: [tasks, H, P, length] float32 scores and probabilities.
+    prefill = 2 * local_bytes((num_tasks, cfg.num_heads, prompt_len, length),
+                              ("batch", "heads", "seq", None), 4, mesh)
+    layer_kv = cache // cfg.num_layers  # one layer's keys and values, read out of the stack
+    logits = 3 * local_bytes((rows, cfg.vocab_size), ("batch", "vocab"), 4, mesh)  # logits + selection
+    working = max(prompt_cache + prefill, layer_kv + logits)
+    return {"kv_cache": cache, "prompt_cache": prompt_cache, "prefill_attention": prefill,
+            "decode_layer_kv": layer_kv, "decode_logits": logits, "working": working}
+
+
+@dataclasses.dataclass(frozen=True)
+class Advice:
+    change: str
+    overrides: dict
+    peak: int
+    fits: bool
+
+
+@dataclasses.dataclass
+class Plan:
+    """Bytes per device (per device of one policy pool when policies have their own pools)."""
+
+    device: str
+    hbm_bytes: int
+    usable_bytes: int
+    num_devices: int
+    policies: int
+    pool_mesh: dict
+    model: str
+    num_params: int
+    mini_batch: int
+    seq_len: int
+    params: int
+    optimizer: int
+    reference: int
+    gradients: int
+    updates: int
+    batch: int
+    activations: int
+    activations_remat: int
+    activations_no_remat: int
+    activation_terms: dict
+    kv_cache: int
+    sampling_working: int
+    sampling_terms: dict
+    update_peak: int
+    sampling_peak: int
+    peak: int
+    fits: bool
+    notes: list = dataclasses.field(default_factory=list)
+    advice: list = dataclasses.field(default_factory=list)
+    combined: Advice | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+
+def model_config(config) -> Qwen3Config:
+    """The architecture a training config names (preset, or the HF checkpoint's config.json)."""
+    m = config.model
+    kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=bool(m.remat))
+    if config.regime == "lora":
+        kw.update(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha)
+    if m.hf_path:
+        from atgrpo_jax.models.hf_io import config_from_hf
+
+        with open(os.path.join(m.hf_path, "config.json")) as fh:
+            return config_from_hf(json.load(fh), **kw)
+    if m.get("vocab_size", 0):
+        kw["vocab_size"] = m.vocab_size
+    return get_preset(m.preset, **kw)
+
+
+def plan(config, device: Device, num_devices: int, policies: int | None = None) -> Plan:
+    """The memory plan of a (validated) training config on `num_devices` of `device`."""
+    from atgrpo_jax.train.batch import length_bucket
+
+    cfg = model_config(config)
+    if policies is None:
+        policies = AGENTS if config.regime == "per_role" else 1
+    sizes = pool_mesh_sizes(dict(config.mesh), num_devices, policies)
+    mesh = abstract_mesh(sizes)
+    params = model_params(cfg)
+    r, lo = config.rollout, config.loss
+    notes = []
+    base = [p for p in params if not p[3]]
+    adapters = [p for p in params if p[3]]
+    trainable = adapters if config.regime == "lora" else base
+    copies = AGENTS if config.regime == "lora" else 1  # one adapter set per agent on the shared base
+    p_bytes = param_bytes(base, mesh) + copies * param_bytes(adapters, mesh)
+    optimizer = copies * 2 * param_bytes(trainable, mesh)  # optax.adamw: mu and nu in the params' dtype
+    reference = copies * param_bytes(trainable, mesh) if lo.kl_coef else 0  # the starting policy
+    merged = 0
+    if adapters:
+        merged = param_bytes(base, mesh)  # the sampler runs W + A @ B, merged into one more copy
+        notes.append(f"LoRA: {sum(math.prod(p[0]) for p in adapters):,} adapter parameters per agent "
+                     "are trained; the sampler uses a merged copy of the weights")
+
+    # Rows are padded to a power of two times 32 (train/batch.py), so 4096 + 2048 tokens -> 8192.
+    width = length_bucket(r.max_prompt_len + r.max_new_tokens)
+    upd = update_memory(cfg, mesh, trainable, config.optim.mini_batch_size, width, lo.logprob_chunk,
+                        bool(lo.kl_coef))
+    acts = {remat: update_activations(cfg.replace(remat=remat), mesh, config.optim.mini_batch_size, width - 1,
+                                      lo.logprob_chunk, remat) for remat in (False, True)}
+    cache_dtype = r.get("cache_dtype", None) or cfg.compute_dtype
+    sampling = sampling_memory(cfg, mesh, r.num_tasks, r.k, r.max_prompt_len, r.max_new_tokens,
+                               _itemsize(cache_dtype))
+    resident = p_bytes + optimizer + reference
+    update_peak = resident + upd["total"]
+    sampling_peak = resident + merged + sampling["kv_cache"] + sampling["working"]
+    peak = max(update_peak, sampling_peak)
+    usable = int(device.hbm_bytes * (1 - HEADROOM))
+    if policies > 1:
+        notes.append(f"{policies} policies, each on its own pool of {num_devices // policies} devices; "
+                     "numbers are per device of one pool (policies sharing one mesh need no more)")
+    if device.name.startswith("GPU"):
+        notes.append("JAX preallocates 75% of GPU memory by default; "
+                     "set XLA_PYTHON_CLIENT_MEM_FRACTION=.95 to use the rest")
+    return Plan(
+        device=device.name, hbm_bytes=device.hbm_bytes, usable_bytes=usable, num_devices=num_devices,
+        policies=policies, pool_mesh=sizes, model=config.model.hf_path or config.model.preset,
+        num_params=cfg.num_params(), mini_batch=config.optim.mini_batch_size, seq_len=width,
+        params=p_bytes, optimizer=optimizer, reference=reference, gradients=upd["gradients"],
+        updates=upd["updates"], batch=upd["batch"],
+        activations=upd["activations"], activations_remat=acts[True]["total"],
+        activations_no_remat=acts[False]["total"], activation_terms=acts[cfg.remat],
+        kv_cache=sampling["kv_cache"], sampling_working=sampling["working"] + merged, sampling_terms=sampling,
+        update_peak=update_peak, sampling_peak=sampling_peak, peak=peak, fits=peak <= usable, notes=notes)

@@ -1,0 +1,303 @@
+"""The memory planner against real shards, XLA's compiled memory analysis, and its CLI."""
+import json
+import math
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from atgrpo_jax import plan as plan_cli
+from atgrpo_jax.algo.logprobs import token_logprobs
+from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.models import Qwen3, get_preset
+from atgrpo_jax.plan_memory import (GiB, TPUS, abstract_mesh, kv_cache_bytes, local_bytes, model_params,
+                                    param_bytes, parse_device, plan, pool_mesh_sizes, update_activations,
+                                    update_memory)
+from atgrpo_jax.sampling.cache import init_cache
+from atgrpo_jax.sharding import MeshConfig, logical_sharding, make_mesh, sub_meshes
+from atgrpo_jax.train.config import base_config, validate
+from atgrpo_jax.train.update import Batch, TrainState, make_optimizer, make_update_fns
+
+TOLERANCE = 0.25
+
+CONFIG_FILE = """
+from atgrpo_jax.train.config import base_config
+
+def get_config():
+    c = base_config()
+    c.model.preset = {preset!r}
+    c.regime = {regime!r}
+    return c
+"""
+
+
+def mesh_of(sizes):
+    sizes = dict(zip(("data", "fsdp", "tensor"), sizes))
+    return make_mesh(MeshConfig(**sizes), jax.devices()[:math.prod(sizes.values())])
+
+
+def shard_bytes(x: jax.Array) -> int:
+    return x.addressable_shards[0].data.nbytes
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    def write(preset="qwen3-1.7b", regime="shared"):
+        path = tmp_path / f"{preset}_{regime}.py"
+        path.write_text(CONFIG_FILE.format(preset=preset, regime=regime))
+        return str(path)
+    return write
+
+
+def small_config(**model):
+    c = base_config()
+    c.model.update({"preset": "test-tiny", **model})
+    c.rollout.update(num_tasks=4, k=2, max_prompt_len=64, prompt_buckets=(64,), max_new_tokens=32)
+    c.optim.mini_batch_size = 8
+    c.mesh.update(data=1, fsdp=-1, tensor=1)
+    return validate(c)
+
+
+# --- sizes against real arrays -------------------------------------------------------------
+
+@pytest.mark.parametrize("sizes", [(1, 1, 1), (2, 2, 2), (1, 8, 1), (1, 4, 2)])
+def test_param_bytes_equal_real_shards(sizes):
+    cfg = get_preset("test-tiny")
+    mesh = mesh_of(sizes)
+    _, state = nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0))))
+    real = sum(shard_bytes(jax.device_put(np.zeros(v.shape, v.dtype), logical_sharding(mesh, v.logical_axes, v.shape)))
+               for _, v in nnx.to_flat_state(state))
+    assert param_bytes(model_params(cfg), abstract_mesh(dict(mesh.shape))) == real
+    if sizes == (1, 1, 1):
+        assert real == 4 * cfg.num_params()
+
+
+@pytest.mark.parametrize("sizes,rows", [((1, 1, 1), 6), ((2, 2, 2), 8), ((1, 4, 2), 6)])
+def test_kv_cache_bytes_equal_the_samplers_cache(sizes, rows):
+    cfg = get_preset("test-tiny")
+    mesh = mesh_of(sizes)
+    with jax.set_mesh(mesh):
+        cache = jax.jit(lambda: init_cache(cfg, rows, 40, "bfloat16"))()
+    real = shard_bytes(cache.k) + shard_bytes(cache.v) + shard_bytes(cache.valid)
+    assert kv_cache_bytes(cfg, abstract_mesh(dict(mesh.shape)), rows, 40, 2) == real
+
+
+@pytest.mark.parametrize("sizes", [(2, 2, 2), (1, 4, 2), (1, 8, 1), (1, 1, 8)])
+def test_policy_pools_match_sub_meshes(sizes):
+    mesh = mesh_of(sizes)
+    expected = dict(sub_meshes(mesh, 2)[0].shape)
+    assert pool_mesh_sizes(dict(zip(("data", "fsdp", "tensor"), sizes)), 8, 2) == expected
+
+
+# --- against XLA's compiled memory analysis --------------------------------------------------
+
+def abstract_params(cfg, mesh):
+    """(graphdef, params as ShapeDtypeStructs sharded by their logical axes)."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0))))
+    params = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=logical_sharding(
+        mesh, v.logical_axes, v.shape)), state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return graphdef, params
+
+
+def abstract_state(cfg, mesh, tx):
+    """The trainer's TrainState as sharded ShapeDtypeStructs."""
+    graphdef, params = abstract_params(cfg, mesh)
+    shardings = jax.tree.map(lambda x: x.sharding, params)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    opt_state = jax.eval_shape(tx.init, params)
+    opt_shardings = optax.tree_map_params(tx, lambda _, s: s, opt_state, shardings,
+                                          transform_non_params=lambda _: replicated)
+    opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), opt_state, opt_shardings)
+    return graphdef, TrainState(params, opt_state, jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
+
+
+def memory_total(m) -> int:
+    return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+
+
+def compiled_grad_bytes(cfg, batch, seq, chunk, sizes):
+    """(argument + output + temp - alias, temp) of jit(grad(-mean log p)) for the model on a mesh."""
+    mesh = mesh_of(sizes)
+    graphdef, params = abstract_params(cfg, mesh)
+
+    def loss(params, tokens, targets):
+        model = nnx.merge(graphdef, params)
+        positions = jnp.broadcast_to(jnp.arange(seq), tokens.shape)
+        hidden, _ = model.hidden_states(tokens, positions)
+        logp, _ = token_logprobs(hidden, model.head_weight(), targets, chunk)
+        return -logp.mean()
+
+    tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=logical_sharding(mesh, ("batch", "seq"), (batch, seq)))
+    with jax.set_mesh(mesh):
+        fn = jax.jit(jax.grad(loss), out_shardings=jax.tree.map(lambda x: x.sharding, params))
+        m = fn.lower(params, tok, tok).compile().memory_analysis()
+    return memory_total(m), m.temp_size_in_bytes
+
+
+# None of these shapes were used to read the working-set factors (plan_memory.py).
+@pytest.mark.parametrize("preset,batch,seq,chunk,remat,sizes", [
+    ("test-tiny", 6, 96, 64, False, (1, 1, 1)),
+    ("bench-small", 4, 192, 256, False, (1, 2, 2)),
+    ("bench-small", 8, 96, 128, True, (2, 2, 2)),
+])
+def test_update_memory_within_25_percent_of_compiled(preset, batch, seq, chunk, remat, sizes):
+    cfg = get_preset(preset, remat=remat)
+    compiled, temp = compiled_grad_bytes(cfg, batch, seq, chunk, sizes)
+    mesh = abstract_mesh(dict(zip(("data", "fsdp", "tensor"), sizes)))
+    params = param_bytes(model_params(cfg), mesh)  # arguments; the gradients are outputs of the same size
+    tokens = 2 * local_bytes((batch, seq), ("batch", "seq"), 4, mesh)
+    activations = update_activations(cfg, mesh, batch, seq, chunk, remat)["total"]
+    planned = 2 * params + tokens + activations
+    assert abs(planned / compiled - 1) <= TOLERANCE, (planned, compiled)
+    assert abs(activations / temp - 1) <= TOLERANCE, (activations, temp)
+
+
+@pytest.mark.parametrize("preset,batch,width,chunk,remat,sizes", [
+    ("bench-small", 4, 193, 256, True, (1, 1, 1)),
+    ("test-tiny", 8, 129, 64, False, (1, 2, 2)),
+])
+def test_trainer_update_step_within_25_percent_of_compiled(preset, batch, width, chunk, remat, sizes):
+    """The trainer's own jitted update (loss, AdamW with clipping, donated state) against the plan."""
+    cfg = get_preset(preset, remat=remat)
+    mesh = mesh_of(sizes)
+    tx, _ = make_optimizer(base_config().optim, 100)
+    graphdef, state = abstract_state(cfg, mesh, tx)
+    _, update_fn = make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), chunk)
+    rows = logical_sharding(mesh, ("batch", "seq"), (batch, width))
+    arr = lambda dtype: jax.ShapeDtypeStruct((batch, width), dtype, sharding=rows)  # noqa: E731
+    adv = jax.ShapeDtypeStruct((batch,), jnp.float32, sharding=logical_sharding(mesh, ("batch",), (batch,)))
+    with jax.set_mesh(mesh):
+        m = update_fn.lower(state, Batch(arr(jnp.int32), arr(bool), arr(bool), arr(jnp.float32), adv)).compile()
+    compiled = memory_total(m.memory_analysis())
+    amesh = abstract_mesh(dict(mesh.shape))
+    params = model_params(cfg)
+    resident = 3 * param_bytes(params, amesh)  # weights and two AdamW moments
+    planned = resident + update_memory(cfg, amesh, params, batch, width, chunk)["total"]
+    assert abs(planned / compiled - 1) <= TOLERANCE, (planned, compiled)
+
+
+@pytest.mark.parametrize("sizes", [(1, 1, 1), (1, 4, 2)])
+def test_params_gradients_and_adamw_state_match_compiled(sizes):
+    """An AdamW step (state donated) holds parameters, both moments and the gradients."""
+    cfg = get_preset("bench-small")
+    mesh = mesh_of(sizes)
+    opt = optax.adamw(1e-6, weight_decay=0.01)
+    _, state = abstract_state(cfg, mesh, opt)
+    shardings = jax.tree.map(lambda x: x.sharding, state.params)
+    opt_shardings = jax.tree.map(lambda x: x.sharding, state.opt_state)
+
+    def step(params, opt_state, grads):
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    with jax.set_mesh(mesh):
+        m = jax.jit(step, in_shardings=(shardings, opt_shardings, shardings),
+                    out_shardings=(shardings, opt_shardings), donate_argnums=(0, 1)).lower(
+            state.params, state.opt_state, state.params).compile().memory_analysis()
+    config = small_config(preset="bench-small")
+    config.mesh.update(data=sizes[0], fsdp=sizes[1], tensor=sizes[2])
+    p = plan(config, TPUS["v5p"], math.prod(sizes))
+    assert abs((p.params + p.optimizer + p.gradients) / memory_total(m) - 1) <= 0.05
+
+
+# --- the plan's logic --------------------------------------------------------------------------
+
+def test_remat_batch_and_devices_move_activations_the_right_way():
+    base = plan(small_config(), TPUS["v5p"], 1)
+    assert plan(small_config(remat=True), TPUS["v5p"], 1).activations < base.activations
+    bigger = small_config()
+    bigger.optim.mini_batch_size = 16
+    assert plan(bigger, TPUS["v5p"], 1).activations > base.activations
+    assert plan(small_config(), TPUS["v5p"], 8).activations < base.activations
+    assert base.activations == base.activations_no_remat and base.fits
+
+
+def test_per_role_pools_halve_the_devices_per_policy():
+    shared, per_role = small_config(), small_config()
+    per_role.regime = "per_role"
+    a, b = plan(shared, TPUS["v5p"], 8), plan(per_role, TPUS["v5p"], 8)
+    assert (a.pool_mesh, b.pool_mesh) == ({"data": 1, "fsdp": 8, "tensor": 1}, {"data": 1, "fsdp": 4, "tensor": 1})
+    on_four = plan(shared, TPUS["v5p"], 4)  # one pool of a per-role run is a shared run on 4 devices
+    assert (b.params, b.kv_cache, b.peak) == (on_four.params, on_four.kv_cache, on_four.peak)
+    assert b.params > 1.9 * a.params and b.kv_cache == 2 * a.kv_cache
+
+
+def test_kl_reference_and_lora_change_what_is_resident():
+    c = small_config()
+    c.loss.kl_coef = 0.001
+    p = plan(c, TPUS["v5p"], 1)
+    assert p.reference == p.params
+    c = small_config()
+    c.regime, c.lora.rank = "lora", 2
+    lora, full = plan(c, TPUS["v5p"], 1), plan(small_config(), TPUS["v5p"], 1)
+    assert lora.gradients < full.gradients / 10 and lora.optimizer < full.optimizer / 10
+
+
+@pytest.mark.parametrize("name,family,chips", [
+    ("v5p-8", "v5p", 4), ("v5p-32", "v5p", 16), ("v4-8", "v4", 4), ("v5litepod-8", "v5e", 8),
+    ("v6e-16", "v6e", 16), ("v6e", "v6e", 8), ("v5p", "v5p", 4)])
+def test_parse_device(name, family, chips):
+    device, n = parse_device(name)
+    assert (device, n) == (TPUS[family], chips)
+
+
+def test_parse_device_gpu_and_errors():
+    device, n = parse_device("gpu", 40)
+    assert device.hbm_bytes == 40 * GiB and n == 8
+    with pytest.raises(ValueError, match="unknown device 'tpu9'"):
+        parse_device("tpu9")
+    with pytest.raises(ValueError, match="gpu-memory-gb"):
+        parse_device("gpu", 0)
+
+
+def test_advice_lowers_the_peak_and_the_combination_fits(config_file, capsys):
+    code = plan_cli.main(["plan", f"--config={config_file('qwen3-1.7b')}", "--device=v5p-8", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["num_devices"] == 4 and out["pool_mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert not out["fits"] and out["peak"] > out["usable_bytes"]  # float32, no remat, 16 x 6144 tokens
+    assert out["advice"] and all(a["peak"] < out["peak"] for a in out["advice"])
+    assert any(a["overrides"] == {"model.remat": True} for a in out["advice"])
+    combined = out["combined"]
+    assert combined["fits"]
+    config = validate(plan_cli.with_overrides(base_config(), {"model.preset": "qwen3-1.7b"} | {
+        k: v for k, v in combined["overrides"].items() if k != "num_devices"}))
+    replanned = plan(config, TPUS["v5p"], combined["overrides"].get("num_devices", 4))
+    assert replanned.fits and replanned.peak == combined["peak"]
+
+
+def test_text_report_and_per_role_on_v5p_32(config_file, capsys):
+    code = plan_cli.main(["plan", f"--config={config_file('qwen3-8b', 'per_role')}", "--device=v5p-32",
+                          "--config.model.remat=True", "--config.model.compute_dtype=bfloat16"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "16 x TPU v5p" in text and "per policy pool: data=1 fsdp=8 tensor=1" in text
+    assert "FITS" in text and "2 policies" in text
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--device=v5p"], "--config=configs/X.py is required"),
+    (["--config={cfg}", "--config.optim.lr=-1.0"], "config.optim.lr"),
+    (["--config={cfg}", "--config.mesh.data=3", "--num-devices=8"], "not a multiple of 3"),
+    (["--config={cfg}", "--device=tpu9"], "unknown device"),
+    (["--config={cfg}", "--bogus=1"], "bogus"),
+])
+def test_cli_errors_are_clear(config_file, capsys, args, message):
+    cfg = config_file()
+    code = plan_cli.main(["plan"] + [a.format(cfg=cfg) for a in args])
+    assert code == 2 and message in capsys.readouterr().err
+
+
+def test_module_entry_point_reads_overrides(config_file):
+    out = subprocess.run([sys.executable, "-m", "atgrpo_jax.plan", f"--config={config_file('qwen3-0.6b')}",
+                          "--device=gpu", "--gpu-memory-gb=24", "--num-devices=2",
+                          "--config.optim.mini_batch_size=2", "--config.model.remat=True", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    p = json.loads(out.stdout)
+    assert p["mini_batch"] == 2 and p["num_devices"] == 2 and p["hbm_bytes"] == 24 * GiB
+    assert p["activations"] == p["activations_remat"]
