@@ -2,14 +2,14 @@
 
 A 6x6 Plan-Path with walls (start-goal distance 2..8, 4 turns, at most 2 moves
 per turn; a random policy succeeds 6.7% of the time), played by a planner and
-an executor that see the goal offset and their four neighbours and answer in
+an executor that see the goal offset, their four neighbours and the last move, and answer in
 two characters; a character tokenizer over just the characters the task uses.
 `--config.regime=plain_grpo` and `--config.regime=single_agent` run the
 baselines on the same budget.
 """
 from atgrpo_jax.train.config import base_config
 
-ALPHABET = "UDLRG+-0123456789 .#P:?\nuseraitn"  # task characters + the chat template's
+ALPHABET = "UDLRG+-0123456789 .#P:?>\nuseraitn"  # task characters + the chat template's
 
 
 def get_config():

@@ -40,6 +40,7 @@ test asserts < 20%).
 from __future__ import annotations
 
 import dataclasses
+import re
 import functools
 from typing import Any, NamedTuple, Sequence
 
@@ -274,7 +275,7 @@ class GridWorkflow:
     def _prompt(self, role: str, env, history: str, handoff: str, turn: int) -> Messages:
         game = self.game
         if role in ("planner", "executor", "actor"):
-            return [{"role": "user", "content": self._direct_prompt(role, env, handoff)}]
+            return [{"role": "user", "content": self._direct_prompt(role, env, handoff, history)}]
         board = f"Current state:\n```\n{game.render(env)}\n```\n{game.status(env)}\n"
         past = f"Earlier turns:\n{history}" if history else ""
         if role == "tool":
@@ -308,9 +309,9 @@ class GridWorkflow:
             return "".join(str(x) for x in sudoku.decode(actions[0]))
         return grid.letters_of(actions)
 
-    def _direct_prompt(self, role: str, env, proposal: str) -> str:
+    def _direct_prompt(self, role: str, env, proposal: str, history: str = "") -> str:
         if self.config.view == "local":
-            return _local_view(env) + (f" P:{proposal or '?'}" if role == "executor" else "")
+            return _local_view(env, history) + (f" P:{proposal or '?'}" if role == "executor" else "")
         rows = self.game.render(env, row_sep="/")
         title = {"plan_path": "Path S to G, # wall", "sokoban": "Sokoban", "sudoku": "Sudoku"}[self.game.name]
         if self.game.name == "sudoku":
@@ -343,11 +344,12 @@ def _compiled(game: GridGame, seed: int):
     return {"train": make_reset(False), "test": make_reset(True)}, jax.jit(branch_step)
 
 
-def _local_view(env) -> str:
-    """Plan-Path seen from the agent: goal offset and the four neighbours.
+def _local_view(env, history: str = "") -> str:
+    """Plan-Path seen from the agent: goal offset, the four neighbours, the last move.
 
-    'G+2-3 U# D. LG R.' = goal 2 rows down and 3 columns left; up is a wall or
-    the edge, down and right are free, left is the goal.
+    'G+0-1 U# D. LG R. >R' = the goal is 1 column left; up is a wall or the
+    edge, down and right are free, left is the goal; the last move played was
+    R ('-' before the first).
     """
     walls, (r, c), (gr, gc) = np.asarray(env.walls), np.asarray(env.pos).tolist(), np.asarray(env.goal).tolist()
     h, w = walls.shape
@@ -359,7 +361,8 @@ def _local_view(env) -> str:
         return "G" if (y, x) == (gr, gc) else "."
 
     near = " ".join(f"{name}{cell(dr, dc)}" for name, (dr, dc) in zip("UDLR", ((-1, 0), (1, 0), (0, -1), (0, 1))))
-    return f"G{gr - r:+d}{gc - c:+d} {near}"
+    played = re.findall(r'"([UDLR])"', history.strip().splitlines()[-1]) if history.strip() else []
+    return f"G{gr - r:+d}{gc - c:+d} {near} >{played[-1] if played else '-'}"
 
 
 def make_grid_workflow(kind: str, game: GridGame | str = "plan_path", params: Any = None,
