@@ -48,22 +48,30 @@ class KVCache(NamedTuple):
     """Keys and values of every layer; slot `index` is the next to be written.
 
     All rows write the same slot (prompts are left-padded to one length), and
-    `valid` marks the slots that hold real tokens rather than padding.
+    `valid` marks the slots that hold real tokens rather than padding. Heads
+    come before slots: decode attention then reads each head's keys as one
+    contiguous [cache_seq, head_dim] block (decode attention ~2x faster on CPU).
     """
 
-    k: jax.Array  # [layers, batch, cache_seq, kv_heads, head_dim]
+    k: jax.Array  # [layers, batch, kv_heads, cache_seq, head_dim]
     v: jax.Array
     valid: jax.Array  # [batch, cache_seq] bool
     index: jax.Array  # int32 scalar
 
-    AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+    AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
+
+    @staticmethod
+    def shape(cfg: Qwen3Config, batch: int, length: int) -> tuple[int, ...]:
+        """Shape of k and v, in the order of AXES."""
+        return (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
 
     @classmethod
     def init(cls, cfg: Qwen3Config, batch: int, length: int, dtype=None) -> "KVCache":
-        shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+        shape = cls.shape(cfg, batch, length)
         dtype = dtype or cfg.dtype
-        zeros = jnp.zeros(shape, dtype)
-        return cls(zeros, zeros, jnp.zeros((batch, length), bool), jnp.zeros((), jnp.int32))
+        # two buffers, not one shared: a shared buffer cannot be donated twice
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, length), bool),
+                   jnp.zeros((), jnp.int32))
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -84,23 +92,29 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return out.astype(x.dtype)
 
 
-def attention(q, k, v, q_slots, key_valid):
-    """q [B,T,H,D]; k, v [B,S,KV,D]; q_slots [T] cache slot of each query; key_valid [B,S]."""
+def allowed_keys(q_slots, key_valid):
+    """[B, T, S] bool: query t may attend to key slot s (causal and a real token)."""
+    causal = jnp.arange(key_valid.shape[1])[None, :] <= q_slots[:, None]  # [T, S]
+    return causal[None] & key_valid[:, None, :]
+
+
+def attention(q, k, v, allowed, heads_first=False):
+    """q [B,T,H,D]; k, v [B,S,KV,D] (or [B,KV,S,D] if heads_first); allowed [B,T,S]."""
     b, t, h, d = q.shape
-    kv = k.shape[2]
+    kv = k.shape[1] if heads_first else k.shape[2]
     q = q.reshape(b, t, kv, h // kv, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    keys = "bksd" if heads_first else "bskd"
+    scores = jnp.einsum(f"btkgd,{keys}->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (d ** -0.5)
-    causal = jnp.arange(k.shape[1])[None, :] <= q_slots[:, None]  # [T, S]
-    allowed = causal[None] & key_valid[:, None, :]  # [B, T, S]
     scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    out = jnp.einsum(f"bkgts,{keys}->btkgd", probs, v)
     return out.reshape(b, t, h, d)
 
 
-def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, key_valid, q_slots, kv_fn):
-    """One pre-norm block. `kv_fn(k, v) -> (keys, values)` merges the new k/v with a cache."""
+def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend):
+    """One pre-norm block. `attend(q [B,T,H,D], k, v [B,T,KV,D]) -> [B,T,H,D]` is the
+    attention over whatever keys apply (and stores k, v in a cache if there is one)."""
     dt = cfg.dtype
     x = rms_norm(h, w["attn_norm"], cfg.rms_norm_eps)
     q = jnp.einsum("btd,dhk->bthk", x, w["wq"].astype(dt))
@@ -109,8 +123,7 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, key_valid, q_slots, k
     q = rope(rms_norm(q, w["q_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
     k = rope(rms_norm(k, w["k_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
     q = constrain(q, ("batch", "seq", "heads", "head_dim"))
-    keys, values = kv_fn(k, v)
-    a = attention(q, keys, values, q_slots, key_valid)
+    a = attend(q, k, v)
     h = h + jnp.einsum("bthk,hkd->btd", a, w["wo"].astype(dt))
     h = constrain(h, ("batch", "seq", "embed"))
     x = rms_norm(h, w["mlp_norm"], cfg.rms_norm_eps)
@@ -184,29 +197,30 @@ class Qwen3(nnx.Module):
         weights = self.layers.weights()
 
         if cache is None:
-            q_slots = jnp.arange(t)
+            allowed = allowed_keys(jnp.arange(t), mask)
 
             def body(h, w):
-                return decoder_layer(cfg, w, h, positions, mask, q_slots, lambda k, v: (k, v)), None
+                return decoder_layer(cfg, w, h, positions, lambda q, k, v: attention(q, k, v, allowed)), None
 
             body = jax.checkpoint(body) if cfg.remat else body
             h, _ = jax.lax.scan(body, h, weights)
         else:
             start = cache.index
-            q_slots = start + jnp.arange(t)
             valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, start))
+            allowed = allowed_keys(start + jnp.arange(t), valid)  # once, not per layer
 
             def body(carry, xs):
                 h, ks, vs = carry
                 w, i = xs
 
-                def kv_fn(k, v):
+                def attend(q, k, v):  # k, v [B, T, KV, D] -> cache layout [B, KV, T, D]
                     nonlocal ks, vs
-                    ks = jax.lax.dynamic_update_slice(ks, k[None].astype(ks.dtype), (i, 0, start, 0, 0))
-                    vs = jax.lax.dynamic_update_slice(vs, v[None].astype(vs.dtype), (i, 0, start, 0, 0))
-                    return ks[i].astype(cfg.dtype), vs[i].astype(cfg.dtype)
+                    k, v = (jnp.swapaxes(x, 1, 2)[None].astype(ks.dtype) for x in (k, v))
+                    ks = jax.lax.dynamic_update_slice(ks, k, (i, 0, 0, start, 0))
+                    vs = jax.lax.dynamic_update_slice(vs, v, (i, 0, 0, start, 0))
+                    return attention(q, ks[i].astype(cfg.dtype), vs[i].astype(cfg.dtype), allowed, True)
 
-                h = decoder_layer(cfg, w, h, positions, valid, q_slots, kv_fn)
+                h = decoder_layer(cfg, w, h, positions, attend)
                 return (h, ks, vs), None
 
             (h, ks, vs), _ = jax.lax.scan(body, (h, cache.k, cache.v), (weights, jnp.arange(cfg.num_layers)))

@@ -1,0 +1,56 @@
+"""Helpers shared by the benchmarks: timing, a matmul peak, machine notes, output."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def timed(fn: Callable, *args, repeats: int = 3, warmup: int = 1) -> list[float]:
+    """Wall seconds of `repeats` calls of fn(*args) after `warmup` calls; results are waited for."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def matmul_peak(dtype: str = "float32", size: int = 1024, repeats: int = 10) -> float:
+    """Best FLOP/s of a jitted [size, size] x [size, size] matmul in `dtype`.
+
+    The best of several runs: on a shared machine the best one is the
+    closest to what the hardware can do.
+    """
+    a = jax.random.normal(jax.random.key(0), (size, size)).astype(dtype)
+    b = jax.random.normal(jax.random.key(1), (size, size)).astype(dtype)
+    mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+    return 2 * size ** 3 / min(timed(mm, a, b, repeats=repeats, warmup=2))
+
+
+def machine_notes() -> dict:
+    """Cores and load: benchmarks on a shared machine are only comparable within one run."""
+    notes = {"cpu_count": os.cpu_count(), "jax_backend": jax.default_backend(),
+             "jax_devices": jax.device_count()}
+    if hasattr(os, "getloadavg"):
+        notes["load_average_1min"] = round(os.getloadavg()[0], 2)
+    return notes
+
+
+def print_json_last(figures: dict, enabled: bool) -> None:
+    """The machine-readable line, printed last when asked."""
+    if enabled:
+        print(json.dumps(figures, default=_plain, sort_keys=True))
+
+
+def _plain(x):
+    if isinstance(x, (np.generic,)):
+        return x.item()
+    raise TypeError(f"not JSON serializable: {type(x)}")

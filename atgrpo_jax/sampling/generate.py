@@ -1,0 +1,155 @@
+"""`generate`: ragged prompts in, NumPy arrays out (bucketing and padding on the host).
+
+Prompts are left-padded to the smallest length bucket that holds the longest
+one, so calls whose prompts fall into known buckets reuse the compiled
+prefill and decode (also give `batch_buckets` if the number of prompts varies).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from atgrpo_jax.sampling.decode import DecodeSettings, run, sampling_params
+
+DEFAULT_BUCKETS = tuple(2 ** i for i in range(4, 15))  # 16 .. 16384
+STOP_BUCKET = 4  # stop sets are padded to a multiple of this, so their size rarely recompiles
+
+
+class Generation(NamedTuple):
+    """One row per (prompt, branch), row b*K + k = branch k of prompt b; all NumPy.
+
+    A trainer's sequence is prompt_ids ++ tokens with mask prompt_mask ++ mask:
+    no re-tokenization needed.
+    """
+
+    tokens: np.ndarray  # [N, max_new] int32; pad_id after each row's end
+    mask: np.ndarray  # [N, max_new] bool; True on response tokens incl. the stop token
+    lengths: np.ndarray  # [N] int32
+    logprobs: np.ndarray  # [N, max_new] float32 under the distribution sampled from; 0 off mask
+    raw_logprobs: np.ndarray | None  # [N, max_new] log softmax(logits) of the token, if asked
+    stopped: np.ndarray  # [N] bool: ended with a stop token (False: cut at max_new)
+    prompt_ids: np.ndarray  # [N, P] int32, left-padded with pad_id, as fed to the model
+    prompt_mask: np.ndarray  # [N, P] bool
+    num_branches: int
+
+
+def bucket_for(length: int, buckets: Sequence[int]) -> int:
+    fits = [b for b in sorted(buckets) if b >= length]
+    if not fits:
+        raise ValueError(f"length {length} exceeds the largest bucket {max(buckets)}")
+    return fits[0]
+
+
+def _as_prompt_list(prompts, prompt_lengths) -> list[list[int]]:
+    if prompt_lengths is not None:
+        ids = np.asarray(prompts)
+        lengths = np.asarray(prompt_lengths)
+        if ids.ndim != 2 or lengths.shape != ids.shape[:1]:
+            raise ValueError(f"a padded prompt array must be [B, P] with lengths [B]; got "
+                             f"{ids.shape} and {lengths.shape}")
+        return [list(map(int, row[:n])) for row, n in zip(ids, lengths)]
+    return [list(map(int, p)) for p in prompts]
+
+
+def left_pad(prompts: list[list[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.full((len(prompts), length), pad_id, np.int32)
+    mask = np.zeros((len(prompts), length), bool)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, length - len(p):] = p
+            mask[i, length - len(p):] = True
+    return ids, mask
+
+
+def stop_array(stop_ids, num_prompts: int) -> np.ndarray:
+    """[B, S] int32 padded with -1 from one shared stop set or one set per prompt."""
+    stop_ids = list(stop_ids)
+    per_row = bool(stop_ids) and not np.isscalar(stop_ids[0])
+    if per_row and len(stop_ids) != num_prompts:
+        raise ValueError(f"per-row stop_ids needs {num_prompts} sets, got {len(stop_ids)}")
+    sets = [list(map(int, s)) for s in stop_ids] if per_row else [list(map(int, stop_ids))] * num_prompts
+    width = max(STOP_BUCKET, -(-max(map(len, sets)) // STOP_BUCKET) * STOP_BUCKET)
+    out = np.full((num_prompts, width), -1, np.int32)
+    for i, s in enumerate(sets):
+        out[i, :len(s)] = s
+    return out
+
+
+@jax.jit
+def _fold_rows(key, rows):
+    return jax.vmap(lambda r: jax.random.fold_in(key, r))(rows)
+
+
+def row_keys_for(key, num_rows: int) -> jax.Array:
+    """Row r's key: fold_in(key, r). A raw uint32[2] key is accepted too."""
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    return _fold_rows(key, np.arange(num_rows, dtype=np.int32))
+
+
+def generate(model, prompts, *, max_new_tokens: int, key=None, row_keys=None, temperature: float = 1.0,
+             top_k: int = 0, top_p: float = 1.0, stop_ids=(), num_branches: int = 1, pad_id: int = 0,
+             buckets: Sequence[int] = DEFAULT_BUCKETS, batch_buckets: Sequence[int] | None = None,
+             prompt_lengths=None, raw_logprobs: bool = False, cache_dtype: str | None = None,
+             top_p_cap: int = 256) -> Generation:
+    """Sample `num_branches` continuations of each prompt.
+
+    prompts: B sequences of token ids (ragged), or a [B, P] array whose row b
+    holds its prompt in the first `prompt_lengths[b]` entries. stop_ids: one
+    set for all prompts (ints) or one set per prompt; a row ends after
+    emitting one of its stop tokens. key: one PRNG key, row r uses
+    fold_in(key, r); or row_keys: [B*K] keys, one per output row.
+    temperature 0 is greedy. Log-probs are under the distribution sampled
+    from (after temperature, top-k, top-p); raw_logprobs adds temperature-1 ones.
+    Changing temperature reuses the compiled sampler; top_k, top_p and the
+    shapes (bucketed prompt length, batch, max_new_tokens, K) select one.
+    """
+    prompt_list = _as_prompt_list(prompts, prompt_lengths)
+    b = len(prompt_list)
+    if b == 0:
+        raise ValueError("no prompts")
+    vocab = model.cfg.vocab_size
+    for i, p in enumerate(prompt_list):
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+        if min(p) < 0 or max(p) >= vocab:
+            raise ValueError(f"prompt {i} has token ids outside [0, {vocab})")
+    settings = DecodeSettings(max_new_tokens, num_branches, top_k, top_p, top_p_cap, pad_id, cache_dtype,
+                              raw_logprobs)
+    params = sampling_params(temperature)
+    b_padded = b if batch_buckets is None else bucket_for(b, batch_buckets)
+    n, n_padded = b * num_branches, b_padded * num_branches
+    if (key is None) == (row_keys is None):
+        raise ValueError("give exactly one of key and row_keys")
+    if row_keys is None:
+        keys = row_keys_for(key, n_padded)
+    else:
+        keys = row_keys if jax.dtypes.issubdtype(row_keys.dtype, jax.dtypes.prng_key) \
+            else jax.random.wrap_key_data(row_keys)
+        if keys.shape != (n,):
+            raise ValueError(f"row_keys must hold {n} keys (B*K), got shape {keys.shape}")
+        if n_padded > n:  # filler rows reuse key 0; their output is dropped
+            keys = jnp.concatenate([keys, jnp.repeat(keys[:1], n_padded - n)])
+    length = bucket_for(max(map(len, prompt_list)), buckets)
+    filler = [[pad_id]] * (b_padded - b)
+    ids, mask = left_pad(prompt_list + filler, length, pad_id)
+    stops = stop_array(stop_ids, b)
+    stops = np.concatenate([stops, np.full((b_padded - b, stops.shape[1]), -1, np.int32)])
+    decoded = run(model, ids, mask, stops, keys, params, settings)
+    out = jax.device_get({"tokens": decoded.tokens, "lengths": decoded.lengths, "logprobs": decoded.logprobs,
+                          "raw": decoded.raw_logprobs, "stopped": decoded.stopped})
+    lengths = out["lengths"][:n]
+    return Generation(
+        tokens=out["tokens"][:n],
+        mask=np.arange(max_new_tokens)[None, :] < lengths[:, None],
+        lengths=lengths,
+        logprobs=out["logprobs"][:n],
+        raw_logprobs=out["raw"][:n] if raw_logprobs else None,
+        stopped=out["stopped"][:n],
+        prompt_ids=np.repeat(ids[:b], num_branches, axis=0),
+        prompt_mask=np.repeat(mask[:b], num_branches, axis=0),
+        num_branches=num_branches,
+    )
