@@ -190,7 +190,7 @@ def update_memory(cfg: Qwen3Config, mesh, trainable, batch: int, width: int, chu
 
 
 def kv_cache_bytes(cfg: Qwen3Config, mesh, rows: int, length: int, itemsize: int) -> int:
-    shape = (cfg.num_layers, rows, length, cfg.num_kv_heads, cfg.head_dim)
+    shape = KVCache.shape(cfg, rows, length)
     return (2 * local_bytes(shape, KVCache.AXES, itemsize, mesh)
             + local_bytes((rows, length), ("batch", "cache_seq"), 1, mesh))
 
