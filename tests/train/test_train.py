@@ -73,7 +73,8 @@ def test_nan_loss_skips_the_update():
 
 def train_cli(workdir, steps, extra=()):
     return subprocess.Popen([sys.executable, "-m", "atgrpo_jax.train", f"--config={CONFIG}",
-                             f"--workdir={workdir}", f"--config.train.steps={steps}", *extra],
+                             f"--workdir={workdir}", f"--config.train.steps={steps}",
+                             "--config.train.eval_every=0", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -82,13 +83,13 @@ def comparable(rows):
 
 
 def test_killed_run_resumes_exactly_like_an_uninterrupted_one(tmp_path):
-    steps = 4
+    steps = 3
     whole = train_cli(tmp_path / "whole", steps)
     killed_dir = tmp_path / "killed"
     victim = train_cli(killed_dir, steps)
-    # kill -9 once step 2's checkpoint exists, i.e. somewhere inside step 3 or its save
+    # kill -9 once step 1's checkpoint exists, i.e. somewhere inside step 2 or its save
     deadline = time.time() + 240
-    while not (killed_dir / "checkpoints" / "2").exists() and time.time() < deadline:
+    while not (killed_dir / "checkpoints" / "1").exists() and time.time() < deadline:
         if victim.poll() is not None:
             pytest.fail("the run ended before it could be killed: " + victim.stderr.read()[-2000:])
         time.sleep(0.05)
@@ -98,7 +99,7 @@ def test_killed_run_resumes_exactly_like_an_uninterrupted_one(tmp_path):
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-3000:]
     assert whole.wait(timeout=300) == 0, whole.stderr.read()[-3000:]
     a, b = read_metrics(str(tmp_path / "whole")), read_metrics(str(killed_dir))
-    assert [r["step"] for r in b] == list(range(steps + 1))
+    assert [r["step"] for r in b] == list(range(1, steps + 1))
     assert comparable(a) == comparable(b)  # bitwise-equal metrics, step by step
     from atgrpo_jax.train.checkpoint import Checkpointer
     pa = Checkpointer(str(tmp_path / "whole" / "checkpoints"), keep_last=0, read_only=True).restore(steps)[0]
