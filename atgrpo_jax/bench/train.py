@@ -10,7 +10,9 @@ some right padding), same old log-probs and advantages.
   clipped surrogate token-mean, backward, `clip_grad_norm_(1.0)`,
   `torch.optim.AdamW(weight_decay=0.01)` (verl/TRL style).
 Steps alternate (ours, theirs, ours, ...) after one warm-up each, so load from
-other processes hits both sides alike; the best step of each is reported.
+other processes hits both sides alike; the best step of each is reported, with the
+CPU seconds (user + system, all threads) the process spent in it, which depend less on
+that load. On a VM much of the system time is page faults on freshly mapped buffers.
 Tokens/s counts all B*T tokens of the update. FLOPs count useful work:
 6 * (layer + LM head params) per token plus causal attention; our remat of the
 LM-head chunks is not counted as useful.
@@ -67,13 +69,15 @@ def update_flops(cfg: Qwen3Config, batch: int, seq: int) -> float:
 def rss_follows_live_buffers():
     """Within the block, glibc serves every allocation >= 64 KiB by mmap (so `free` unmaps
     it) and the heap is trimmed: RSS then follows live buffers instead of what the allocator
-    keeps for reuse. Only for memory measurements (it slows allocation); glibc's default
-    thresholds are restored after. Yields False if this is not glibc."""
+    keeps for reuse (also when MALLOC_* variables told it to keep everything). Only for
+    memory measurements (it slows allocation); glibc's defaults are restored after.
+    Yields False if this is not glibc."""
     import ctypes
-    m_trim_threshold, m_mmap_threshold, default = -1, -3, 128 * 1024
+    m_trim_threshold, m_mmap_threshold, m_mmap_max, default = -1, -3, -4, 128 * 1024
     try:
         libc = ctypes.CDLL("libc.so.6")
-        ok = bool(libc.mallopt(m_mmap_threshold, 1 << 16) and libc.mallopt(m_trim_threshold, 0))
+        ok = bool(libc.mallopt(m_mmap_threshold, 1 << 16) and libc.mallopt(m_trim_threshold, 0)
+                  and libc.mallopt(m_mmap_max, 65536))  # undoes a MALLOC_MMAP_MAX_=0 setting
         libc.malloc_trim(0)
     except (OSError, AttributeError):
         libc, ok = None, False

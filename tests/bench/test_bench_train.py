@@ -17,9 +17,11 @@ CFG = get_preset("test-tiny")  # vocab 512, hidden 64, 2 layers, head_dim 24 (!=
 
 @pytest.fixture(scope="module")
 def sides(tmp_path_factory):
-    """Both updates on the same random weights, lr high enough that steps change the loss."""
+    """Both updates on the same random weights; lr and weight decay high enough that three
+    steps change the loss and the weights measurably."""
     torch.manual_seed(0)
     optim = bench.optim_config(lr=1e-3)
+    optim.weight_decay = 0.1
     loss_cfg = LossConfig()
     data = bench.make_batch(CFG.vocab_size, batch=3, seq=24, seed=0)
     ours, theirs = bench.make_models(CFG, 0, str(tmp_path_factory.mktemp("ckpt")))
@@ -51,7 +53,9 @@ def test_same_logprobs_loss_and_grad_norm_for_three_steps(sides):
     assert np.abs(s["old"][resp] - ours[resp]).mean() > 0.1  # old log-probs are off-policy
 
     jb, tb = bench.jax_batch(s["data"], s["old"]), bench.torch_batch(s["data"], s["old"])
+    theirs_before = {n: p.detach().clone() for n, p in s["theirs"].named_parameters()}
     state, losses = s["state"], []
+    before = {k: np.array(state.params[k][...]) for k in ("embed", "lm_head")}
     for _ in range(3):  # step 1: same weights; steps 2-3: after the same clip + AdamW updates
         state, m = s["update_fn"](state, jb)
         t_loss, t_norm = bench.torch_step(s["theirs"], s["opt"], s["loss_cfg"], tb, s["optim"].grad_clip)
@@ -62,6 +66,14 @@ def test_same_logprobs_loss_and_grad_norm_for_three_steps(sides):
         losses.append(t_loss)
     assert 0 < float(m["clip_frac"]) < 1  # some ratios are clipped, some not
     assert abs(losses[2] - losses[0]) > 1e-3  # the updates did change the weights
+    # The weights moved alike: embedding rows of unseen tokens only by weight decay, the rest
+    # (and the LM head) by clipped Adam.
+    names = {"embed": "model.embed_tokens.weight", "lm_head": "lm_head.weight"}
+    for ours, hf in names.items():
+        moved = np.array(state.params[ours][...]) - before[ours]
+        theirs = (dict(s["theirs"].named_parameters())[hf].detach() - theirs_before[hf]).numpy()
+        theirs = theirs.T if ours == "lm_head" else theirs  # HF stores [V, D]
+        assert np.linalg.norm(moved - theirs) < 1e-3 * np.linalg.norm(theirs), ours
 
 
 def test_update_flops_match_a_count_of_the_torch_model(sides):
