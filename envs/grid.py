@@ -63,6 +63,16 @@ def cell(grid: jax.Array, pos: jax.Array) -> jax.Array:
     return grid[jnp.clip(pos[0], 0, h - 1), jnp.clip(pos[1], 0, w - 1)]
 
 
+def apply_actions(step_one, state, actions):
+    """A game's public step: run_moves plus the (state, reward, done, info) contract.
+
+    The state must have `success`, `invalid` and `done` fields.
+    """
+    new, rewards = run_moves(step_one, state, actions)
+    info = {"success": new.success, "rewards": rewards, "invalid": new.invalid - state.invalid}
+    return new, rewards.sum(), new.done, info
+
+
 def run_moves(step_one, state, actions: jax.Array):
     """Apply a scalar action or a padded [L] action array with `step_one`.
 

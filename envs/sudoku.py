@@ -184,9 +184,7 @@ def _step_one(params: Params):
 
 def step(state: State, action, params: Params = Params()):
     """Apply one placement or a padded [L] placement array -> (state, reward, done, info)."""
-    new, rewards = grid.run_moves(_step_one(params), state, action)
-    info = {"success": new.success, "rewards": rewards, "invalid": new.invalid - state.invalid}
-    return new, rewards.sum(), new.done, info
+    return grid.apply_actions(_step_one(params), state, action)
 
 
 # ---------------------------------------------------------------- text
