@@ -27,14 +27,50 @@ class LossConfig:
                              f"got {self.eps_low}, {self.eps_high}")
 
 
-def aggregate(x: jax.Array, mask: jax.Array, how: str) -> jax.Array:
-    """Mean of x [B, T] over the masked tokens, by token or by sequence first."""
+def aggregation_weights(mask: jax.Array, how: str) -> jax.Array:
+    """w [B, T] such that the aggregate of x over mask is (w * x).sum(): 1/n_tokens
+    per masked token (token-mean), or 1/(n_seq * len(seq)) (seq-mean-token-mean)."""
     m = mask.astype(jnp.float32)
     if how == "token-mean":
-        return (x * m).sum() / jnp.maximum(m.sum(), 1.0)
-    per_seq = (x * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
-    has = (m.sum(1) > 0).astype(jnp.float32)
-    return (per_seq * has).sum() / jnp.maximum(has.sum(), 1.0)
+        return m / jnp.maximum(m.sum(), 1.0)
+    n = m.sum(1, keepdims=True)
+    has = (n > 0).astype(jnp.float32)
+    return m / jnp.maximum(n, 1.0) * has / jnp.maximum(has.sum(), 1.0)
+
+
+def aggregate(x: jax.Array, mask: jax.Array, how: str) -> jax.Array:
+    """Mean of x [B, T] over the masked tokens, by token or by sequence first."""
+    return (aggregation_weights(mask, how) * x).sum()
+
+
+def clipped_surrogate(cfg: LossConfig, logp, old_logp, adv):
+    """Per-token clipped policy-gradient loss and where a clip is active."""
+    ratio = jnp.exp(logp - old_logp)
+    unclipped = -adv * ratio
+    clipped = -adv * jnp.clip(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    pg = jnp.maximum(unclipped, clipped)
+    is_clipped = clipped > unclipped
+    if cfg.dual_clip:
+        bound = -adv * cfg.dual_clip
+        is_clipped = is_clipped | ((adv < 0) & (pg > bound))
+        pg = jnp.where(adv < 0, jnp.minimum(pg, bound), pg)
+    return pg, is_clipped
+
+
+def k3_kl(ref_logp, logp):
+    d = ref_logp - logp
+    return jnp.exp(d) - d - 1.0  # k3: unbiased, non-negative
+
+
+def token_loss_terms(cfg: LossConfig, logp, entropy, x: dict):
+    """Per-token terms whose sum is policy_loss's loss. x holds, per token,
+    "old" (old log-prob), "adv", "w" (aggregation_weights) and "ref" if kl_coef."""
+    pg, _ = clipped_surrogate(cfg, logp, x["old"], x["adv"])
+    if cfg.kl_coef:
+        pg = pg + cfg.kl_coef * k3_kl(x["ref"], logp)
+    if cfg.entropy_coef:
+        pg = pg - cfg.entropy_coef * entropy
+    return x["w"] * pg
 
 
 def policy_loss(cfg: LossConfig, logp, old_logp, advantages, mask, ref_logp=None, entropy=None):
@@ -47,15 +83,7 @@ def policy_loss(cfg: LossConfig, logp, old_logp, advantages, mask, ref_logp=None
     adv = jnp.broadcast_to(adv, logp.shape)
     log_ratio = logp - old_logp
     ratio = jnp.exp(log_ratio)
-    unclipped = -adv * ratio
-    clipped = -adv * jnp.clip(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
-    pg = jnp.maximum(unclipped, clipped)
-    is_clipped = clipped > unclipped
-    if cfg.dual_clip:
-        bound = -adv * cfg.dual_clip
-        dual = (adv < 0) & (pg > bound)
-        pg = jnp.where(adv < 0, jnp.minimum(pg, bound), pg)
-        is_clipped = is_clipped | dual
+    pg, is_clipped = clipped_surrogate(cfg, logp, old_logp, adv)
     loss = aggregate(pg, mask, cfg.aggregation)
     f = lambda x: aggregate(x, mask, cfg.aggregation)
     metrics = {
@@ -65,9 +93,7 @@ def policy_loss(cfg: LossConfig, logp, old_logp, advantages, mask, ref_logp=None
         "ratio_mean": f(ratio),
     }
     if cfg.kl_coef:
-        d = ref_logp - logp
-        kl = jnp.exp(d) - d - 1.0  # k3: unbiased, non-negative
-        metrics["kl_ref"] = f(kl)
+        metrics["kl_ref"] = f(k3_kl(ref_logp, logp))
         loss = loss + cfg.kl_coef * metrics["kl_ref"]
     if entropy is not None:
         metrics["entropy"] = f(entropy)

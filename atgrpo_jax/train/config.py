@@ -26,7 +26,7 @@ def base_config() -> ml_collections.ConfigDict:
                      max_new_tokens=2048, eval_temperature=0.0)
     c.algo = dict(alpha=1.0, use_std=True, drop_low_mean_frac=0.5, drop_zero_variance=False)
     c.loss = dict(eps_low=0.2, eps_high=0.2, dual_clip=0.0, aggregation="token-mean",
-                  kl_coef=0.0, entropy_coef=0.0, logprob_chunk=1024)
+                  kl_coef=0.0, entropy_coef=0.0, logprob_chunk=512)
     c.optim = dict(lr=1e-6, schedule="constant", warmup_steps=0, weight_decay=0.01, grad_clip=1.0,
                    b1=0.9, b2=0.999, mini_batch_size=16, epochs=1)
     c.lora = dict(rank=16, alpha=32.0)

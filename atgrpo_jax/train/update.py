@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from atgrpo_jax.algo.logprobs import token_logprobs
-from atgrpo_jax.algo.loss import LossConfig, policy_loss
+from atgrpo_jax.algo.logprobs import fused_head_loss, token_logprobs
+from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, policy_loss, token_loss_terms
 
 
 class TrainState(NamedTuple):
@@ -80,9 +80,30 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int):
     def logprobs_fn(params, tokens, valid):
         return sequence_logprobs(model_of(params), tokens, valid, chunk)[0]
 
+    # The head is trained unless it sits in the frozen part (a LoRA base).
+    train_head = not jax.tree.leaves(frozen)
+
     def loss_fn(params, batch: Batch):
-        logp, ent = sequence_logprobs(model_of(params), batch.tokens, batch.valid, chunk)
-        return policy_loss(loss_cfg, logp, batch.old_logp, batch.adv, batch.is_resp, batch.ref_logp, ent)
+        """policy_loss, with its gradient through the LM head fused into the
+        chunked log-prob pass (the loss is a weighted sum of per-token terms)."""
+        model = model_of(params)
+        tokens, valid = batch.tokens, batch.valid
+        positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+        h, _ = model.hidden_states(tokens[:, :-1], positions[:, :-1], valid[:, :-1])
+        adv = batch.adv[:, None] if batch.adv.ndim == 1 else batch.adv
+        per_token = {"old": batch.old_logp, "adv": jnp.broadcast_to(adv, tokens.shape),
+                     "w": aggregation_weights(batch.is_resp, loss_cfg.aggregation)}
+        if loss_cfg.kl_coef:
+            per_token["ref"] = batch.ref_logp
+        per_token = {k: v[:, 1:] for k, v in per_token.items()}  # column j scores token j
+        loss, (logp, ent) = fused_head_loss(
+            h, model.head_weight(), tokens[:, 1:], per_token,
+            lambda lp, en, x: token_loss_terms(loss_cfg, lp, en, x), chunk, head_grad=train_head)
+        pad = jnp.zeros((tokens.shape[0], 1), logp.dtype)
+        logp, ent = jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
+        _, metrics = policy_loss(loss_cfg, logp, batch.old_logp, batch.adv, batch.is_resp,
+                                 batch.ref_logp, ent)  # diagnostics (not differentiated)
+        return loss, dict(metrics, loss=loss)
 
     @jax.jit
     def update_fn(state: TrainState, batch: Batch):
