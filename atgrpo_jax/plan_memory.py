@@ -36,7 +36,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from atgrpo_jax.models.config import DTYPES, Qwen3Config, get_preset
 from atgrpo_jax.models.qwen3 import LAYER_PARAMS, LORA_TARGETS, KVCache
-from atgrpo_jax.sharding import MESH_AXES, RULES, MeshConfig, logical_spec
+from atgrpo_jax.sharding import MESH_AXES, RULES, MeshConfig, logical_spec, pool_sizes
 
 GiB = 1024**3
 
@@ -94,13 +94,7 @@ def abstract_mesh(sizes: dict[str, int]) -> AbstractMesh:
 def pool_mesh_sizes(mesh: dict, num_devices: int, pools: int) -> dict[str, int]:
     """Mesh sizes of one policy pool, as `sharding.sub_meshes` splits the full mesh."""
     full = MeshConfig(**mesh).resolve(num_devices)
-    if pools == 1:
-        return full
-    if num_devices % pools:
-        raise ValueError(f"cannot split {num_devices} devices into {pools} equal policy pools")
-    per_pool = num_devices // pools
-    tensor = math.gcd(full["tensor"], per_pool)
-    return {"data": 1, "fsdp": per_pool // tensor, "tensor": tensor}
+    return full if pools == 1 else pool_sizes(full, pools)
 
 
 def local_bytes(shape: Sequence[int], axes: Sequence[str | None], itemsize: float, mesh,

@@ -87,23 +87,38 @@ def make_mesh(config: MeshConfig | dict | None = None, devices: Sequence[Any] | 
     return Mesh(grid, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 
-def sub_meshes(mesh: Mesh, num_pools: int) -> list[Mesh]:
-    """Split a mesh's devices into `num_pools` disjoint pools of equal size.
+def pool_sizes(sizes: dict[str, int], num_pools: int) -> dict[str, int]:
+    """Mesh sizes of one of `num_pools` equal pools cut from a mesh of `sizes`.
 
-    Each pool keeps the (data, fsdp, tensor) axis names; the split takes whole
-    slices along data, then fsdp, so a pool keeps the tensor axis intact.
+    Each data row (one process's devices on a pod) is cut into pools, so every
+    pool keeps the data axis and each process holds a copy of every policy; a
+    pool keeps as much of the tensor axis as fits. If rows cannot be cut, whole
+    data rows go to each pool instead.
     """
-    devices = mesh.devices.reshape(-1)
-    if num_pools <= 0 or len(devices) % num_pools:
-        raise ValueError(f"cannot split {len(devices)} devices into {num_pools} equal pools")
-    per_pool = len(devices) // num_pools
+    row = sizes["fsdp"] * sizes["tensor"]
+    if num_pools > 0 and row % num_pools == 0:
+        per = row // num_pools
+        tensor = math.gcd(sizes["tensor"], per)
+        return {"data": sizes["data"], "fsdp": per // tensor, "tensor": tensor}
+    if num_pools > 0 and sizes["data"] % num_pools == 0:
+        return dict(sizes, data=sizes["data"] // num_pools)
+    raise ValueError(f"cannot split a mesh of {sizes} into {num_pools} equal pools: neither fsdp*tensor "
+                     f"({row}) nor data ({sizes['data']}) is a multiple of {num_pools}")
+
+
+def sub_meshes(mesh: Mesh, num_pools: int) -> list[Mesh]:
+    """Split a mesh's devices into `num_pools` disjoint pools of equal size (see pool_sizes)."""
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
-    tensor = math.gcd(sizes["tensor"], per_pool)
-    pools = []
-    for i in range(num_pools):
-        pool = devices[i * per_pool:(i + 1) * per_pool]
-        pools.append(make_mesh(MeshConfig(data=1, fsdp=per_pool // tensor, tensor=tensor), pool))
-    return pools
+    pool = pool_sizes(sizes, num_pools)
+    rows = mesh.devices.reshape(sizes["data"], -1)  # [data, fsdp*tensor]
+    if pool["data"] == sizes["data"]:
+        per = rows.shape[1] // num_pools
+        blocks = [rows[:, i * per:(i + 1) * per] for i in range(num_pools)]
+    else:
+        blocks = [rows[i * pool["data"]:(i + 1) * pool["data"]] for i in range(num_pools)]
+    shape = tuple(pool[a] for a in MESH_AXES)
+    return [Mesh(b.reshape(shape), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+            for b in blocks]
 
 
 def logical_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None,

@@ -52,8 +52,13 @@ def test_sub_meshes_are_disjoint_pools():
     pools = sub_meshes(mesh, 2)
     ids = [{d.id for d in p.devices.flat} for p in pools]
     assert len(ids[0]) == len(ids[1]) == 4 and not ids[0] & ids[1]
-    assert dict(pools[0].shape)["tensor"] == 2
-    with pytest.raises(ValueError, match="cannot split 8 devices into 3"):
+    assert dict(pools[0].shape) == {"data": 2, "fsdp": 1, "tensor": 2}  # each data row is cut in two
+    for pool in pools:  # a pool keeps each of its data rows inside one row of the mesh
+        for r in range(2):
+            assert {d.id for d in pool.devices[r].flat} <= {d.id for d in mesh.devices[r].flat}
+    rows_only = sub_meshes(make_mesh(MeshConfig(data=8, fsdp=1, tensor=1)), 2)
+    assert [sorted(d.id for d in p.devices.flat) for p in rows_only] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(ValueError, match="cannot split a mesh of .* into 3 equal pools"):
         sub_meshes(mesh, 3)
 
 

@@ -1,11 +1,14 @@
 """The sample function the rollout calls: route an agent to its policy, then sample."""
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from atgrpo_jax.distributed import local_model
 from atgrpo_jax.rollout.tree import SampleOut
 from atgrpo_jax.sampling import generate
 
@@ -16,18 +19,30 @@ def batch_buckets(max_rows: int) -> tuple[int, ...]:
     return tuple(sorted({max(1, max_rows // 4), max(1, max_rows // 2), max_rows}))
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def branch_keys(prompt_keys: jax.Array, k: int) -> jax.Array:
+    """Row b*K + j's key: fold_in(prompt_keys[b], j)."""
+    fold = lambda key: jax.vmap(lambda j: jax.random.fold_in(key, j))(jnp.arange(k))
+    return jax.vmap(fold)(prompt_keys).reshape(-1)
+
+
 def make_sample_fn(policies, policy_of_agent: np.ndarray, tokenizer, *, max_new_tokens: int,
                    temperature: float, top_k: int, top_p: float, stop_ids: Sequence[int],
                    prompt_buckets: Sequence[int], max_tasks: int):
-    """SampleFn(agent, prompts, k, key) for the rollout; `policies` may be updated in place."""
+    """SampleFn(agent, prompts, k, keys) for the rollout; `policies` may be updated in place.
+    A policy samples where its weights live: on its pool, and with several
+    processes on this process's part of it (`policy.local_mesh`)."""
     rows = batch_buckets(max_tasks)
     pad_id = tokenizer.pad_token_id or 0
     stops = set(int(s) for s in stop_ids)
 
-    def sample_fn(agent: int, prompts, k: int, key: jax.Array) -> SampleOut:
-        model = policies[int(policy_of_agent[agent])].sampler_model()
+    def sample_fn(agent: int, prompts, k: int, keys: jax.Array) -> SampleOut:
+        policy = policies[int(policy_of_agent[agent])]
+        model = local_model(policy.sampler_model(), policy.local_mesh)
+        if not jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
+            keys = jax.random.wrap_key_data(keys)  # raw uint32 [n, 2] keys
         gen = generate(model, [list(map(int, p)) for p in prompts], max_new_tokens=max_new_tokens,
-                       key=key, temperature=temperature, top_k=top_k, top_p=top_p,
+                       row_keys=branch_keys(keys, k), temperature=temperature, top_k=top_k, top_p=top_p,
                        stop_ids=tuple(stops), num_branches=k, pad_id=pad_id, buckets=prompt_buckets,
                        batch_buckets=rows)
         ids = [gen.tokens[i, :gen.lengths[i]] for i in range(len(gen.lengths))]

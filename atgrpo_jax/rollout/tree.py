@@ -31,8 +31,22 @@ class SampleOut:
     texts: list[str]  # B*K decoded responses
 
 
-# sample_fn(agent, prompt_ids, k, key) -> SampleOut; the router lives inside it.
+# sample_fn(agent, prompt_ids, k, keys) -> SampleOut, keys [len(prompt_ids)]: one PRNG
+# key per prompt (branch k draws from fold_in(key, k)); the router lives inside it.
 SampleFn = Callable[[int, Sequence[Sequence[int]], int, jax.Array], SampleOut]
+
+
+@jax.jit
+def _prompt_keys(key, streams, turn, agent):
+    fold = jax.random.fold_in
+    return jax.vmap(lambda s: fold(fold(fold(key, s), turn), agent))(streams)
+
+
+def prompt_keys(key: jax.Array, streams: np.ndarray, turn: int, agent: int) -> jax.Array:
+    """One key per prompt from its stream (its task's position in the step), the
+    turn and the agent: a task's samples do not depend on which other tasks share
+    the batch, or on which process rolls it out."""
+    return _prompt_keys(key, np.asarray(streams, np.uint32), np.uint32(turn), np.uint32(agent))
 
 
 @dataclasses.dataclass
@@ -65,8 +79,9 @@ def _where_live(live: np.ndarray, new: Any, old: Any) -> Any:
 
 
 def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, split: str,
-         k: int, max_turns: int, alpha: float, key: jax.Array):
-    """The loop both modes share. Returns per-step records and the final state."""
+         k: int, max_turns: int, alpha: float, key: jax.Array, streams: np.ndarray):
+    """The loop both modes share. Returns per-step records and the final state.
+    streams [B]: the random stream of each task (see prompt_keys)."""
     state = workflow.reset(task_ids, split)
     b = len(task_ids)
     turns = np.zeros(b, np.int32)
@@ -81,9 +96,8 @@ def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, sp
             if not live.any():
                 break
             prompts = [np.asarray(encode(m), np.int32) for m in workflow.prompts(state, agent, turn)]
-            key, sub = jax.random.split(key)
             rows = np.flatnonzero(live)  # sample only live tasks
-            out = sample_fn(agent, [prompts[i] for i in rows], k, sub)
+            out = sample_fn(agent, [prompts[i] for i in rows], k, prompt_keys(key, streams[rows], turn, agent))
             texts = [[""] * k for _ in range(b)]
             resp = [[np.zeros(0, np.int32)] * k for _ in range(b)]
             logp = [[np.zeros(0, np.float32)] * k for _ in range(b)]
@@ -102,17 +116,22 @@ def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, sp
 
 
 def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
-                 split: str, *, k: int, max_turns: int, alpha: float, key: jax.Array):
-    """AT-GRPO tree sampling: groups (task, agent, turn) of exactly K samples."""
-    records, state, turns = _run(workflow, sample_fn, encode, task_ids, split, k, max_turns, alpha, key)
+                 split: str, *, k: int, max_turns: int, alpha: float, key: jax.Array, first_task: int = 0):
+    """AT-GRPO tree sampling: groups (task, agent, turn) of exactly K samples.
+
+    Samples.task is a task's position in the step's task list: `first_task` + i
+    for task_ids[i] (a process rolling out a slice passes where it starts)."""
     b = len(task_ids)
+    streams = first_task + np.arange(b)
+    records, state, turns = _run(workflow, sample_fn, encode, task_ids, split, k, max_turns, alpha, key,
+                                 streams)
     g = dict(prompt=[], response=[], sampler_logp=[], reward=[], mask=[], task=[], agent=[], turn=[])
     for r in records:
         for i in range(b):
             g["prompt"].append([r["prompts"][i]] * k)
             g["response"].append(r["resp"][i])
             g["sampler_logp"].append(r["logp"][i])
-            g["task"].append(i)
+            g["task"].append(streams[i])
             g["agent"].append(r["agent"])
             g["turn"].append(r["turn"])
         g["reward"].append(r["reward"])
@@ -122,12 +141,14 @@ def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task
 
 
 def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
-                  split: str, *, k: int, max_turns: int, alpha: float, key: jax.Array):
+                  split: str, *, k: int, max_turns: int, alpha: float, key: jax.Array, first_task: int = 0):
     """Plain GRPO: K independent episodes per task, no selection; each group is
     (task, agent) with the last-turn sample of each of the K episodes."""
     b = len(task_ids)
     episode_tasks = np.repeat(np.asarray(task_ids), k)  # episode e = task e // k, branch e % k
-    records, state, turns = _run(workflow, sample_fn, encode, episode_tasks, split, 1, max_turns, alpha, key)
+    streams = first_task * k + np.arange(b * k)
+    records, state, turns = _run(workflow, sample_fn, encode, episode_tasks, split, 1, max_turns, alpha, key,
+                                 streams)
     num_agents = len(workflow.agents)
     g = dict(prompt=[], response=[], sampler_logp=[], reward=[], mask=[], task=[], agent=[], turn=[])
     for agent in range(num_agents):
@@ -143,7 +164,7 @@ def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, tas
             g["sampler_logp"].append([last[e]["logp"][e][0] if e in last else np.zeros(0, np.float32) for e in eps])
             g["reward"].append(np.array([last[e]["reward"][e, 0] if e in last else 0.0 for e in eps], np.float32))
             g["mask"].append(np.array([e in last for e in eps]))
-            g["task"].append(i)
+            g["task"].append(first_task + i)
             g["agent"].append(agent)
             g["turn"].append(-1)
     samples = _pack(g, k, stacked=False)
@@ -168,3 +189,22 @@ def _agent_reward(samples: Samples, num_agents: int) -> np.ndarray:
 
 def _episodes(workflow: Workflow, state, turns, samples: Samples) -> Episodes:
     return Episodes(np.asarray(workflow.success(state)), turns, _agent_reward(samples, len(workflow.agents)))
+
+
+def merge_rollouts(parts: Sequence[tuple[Samples, Episodes]], num_agents: int) -> tuple[Samples, Episodes]:
+    """One step's rollouts of consecutive task slices (e.g. one per process) as
+    one: groups in (turn, agent, task) order, groups with no live sample
+    dropped, so the result does not depend on how the tasks were split."""
+    cat = lambda name: [x for s, _ in parts for x in getattr(s, name)]
+    arr = lambda name: np.concatenate([getattr(s, name) for s, _ in parts])
+    task, agent, turn = arr("task"), arr("agent"), arr("turn")
+    mask = arr("mask")
+    order = [g for g in np.lexsort((task, agent, turn)) if mask[g].any()]  # lexsort is stable
+    pick = lambda xs: [xs[g] for g in order]
+    samples = Samples(pick(cat("prompt")), pick(cat("response")), pick(cat("sampler_logp")),
+                      arr("reward")[order].reshape(-1, parts[0][0].reward.shape[1]),
+                      mask[order].reshape(-1, mask.shape[1]),
+                      task[order], agent[order], turn[order])
+    episodes = Episodes(np.concatenate([e.success for _, e in parts]), np.concatenate([e.turns for _, e in parts]),
+                        _agent_reward(samples, num_agents))
+    return samples, episodes

@@ -21,6 +21,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh = dict(data=1, fsdp=-1, tensor=1)
     c.env = dict(workflow="plan_path_tool", kwargs=ml_collections.ConfigDict())
     c.regime = "shared"
+    c.policy_pools = False  # per_role: each policy on its own disjoint part of the mesh
     c.rollout = dict(num_tasks=32, k=8, max_turns=4, temperature=1.0, top_p=1.0, top_k=0,
                      max_prompt_len=4096, prompt_buckets=(512, 1024, 2048, 4096),
                      max_new_tokens=2048, eval_temperature=0.0)
@@ -55,6 +56,8 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         _require(c.model[key] in DTYPES, f"model.{key}", f"must be one of {sorted(DTYPES)}")
     _require(c.model.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = the preset's)")
     _require(c.regime in REGIMES, "regime", f"must be one of {REGIMES}, got {c.regime!r}")
+    _require(not c.policy_pools or c.regime == "per_role", "policy_pools",
+             f"only the per_role regime has one model per agent to place on its own pool, got {c.regime!r}")
     for key in ("data", "fsdp", "tensor"):
         v = c.mesh[key]
         _require(isinstance(v, int) and (v > 0 or v == -1), f"mesh.{key}", f"must be > 0 or -1, got {v!r}")

@@ -5,7 +5,6 @@ from the checkpoint of step s continues exactly as an uninterrupted one.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import jax
@@ -13,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from atgrpo_jax.algo.advantages import group_advantages, group_filter
+from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_host
 from atgrpo_jax.rollout.router import make_sample_fn
-from atgrpo_jax.rollout.tree import plain_rollout, tree_rollout
+from atgrpo_jax.rollout.tree import merge_rollouts, plain_rollout, tree_rollout
 from atgrpo_jax.train.batch import policy_batches
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.train.update import Batch, TrainState
@@ -30,13 +30,21 @@ def sample_fn_for(run: Run, temperature: float, max_prompts: int):
                           max_tasks=max_prompts)
 
 
+def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float, k: int, key):
+    """`fn` (tree_rollout or plain_rollout) over this process's slice of task_ids,
+    then the slices of all processes merged (every process gets the whole step)."""
+    mine = task_slice(len(task_ids))
+    prompts = (mine.stop - mine.start) * (k if fn is plain_rollout else 1)
+    r = run.config.rollout
+    part = fn(run.workflow, sample_fn_for(run, temperature, prompts), run.encode, task_ids[mine], split,
+              k=k, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key, first_task=mine.start)
+    return merge_rollouts(gather_objects(part), len(run.workflow.agents))
+
+
 def rollout_step(run: Run, step: int, key):
-    r, c = run.config.rollout, run.config
-    task_ids = step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks)
-    plain = c.regime == "plain_grpo"
-    fn, prompts = (plain_rollout, r.num_tasks * r.k) if plain else (tree_rollout, r.num_tasks)
-    return fn(run.workflow, sample_fn_for(run, r.temperature, prompts), run.encode, task_ids, "train",
-              k=r.k, max_turns=r.max_turns, alpha=c.algo.alpha, key=key)
+    r = run.config.rollout
+    fn = plain_rollout if run.config.regime == "plain_grpo" else tree_rollout
+    return rollout(run, fn, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", r.temperature, r.k, key)
 
 
 def _minibatches(batch: dict, size: int):
@@ -48,7 +56,8 @@ def update_policy(run: Run, policy, batch: dict) -> dict:
     """Old log-probs, then epochs x mini-batches of clipped updates. Returns mean metrics."""
     o = run.config.optim
     params = policy.state.params
-    old = np.concatenate([np.asarray(policy.logprobs_fn(params, jnp.asarray(mb["tokens"]), jnp.asarray(mb["valid"])))
+    put = lambda x: global_array(x, policy.mesh)  # every process holds the same mini-batch
+    old = np.concatenate([to_host(policy.logprobs_fn(params, put(mb["tokens"]), put(mb["valid"])))
                           for mb in _minibatches(batch, o.mini_batch_size)])
     resp = batch["is_resp"]
     gap = float(np.abs(old - batch["sampler_logp"])[resp].mean()) if resp.any() else 0.0
@@ -57,9 +66,9 @@ def update_policy(run: Run, policy, batch: dict) -> dict:
     logs = []
     for _ in range(o.epochs):
         for mb in _minibatches(batch, o.mini_batch_size):
-            ref_logp = None if ref is None else policy.logprobs_fn(ref, jnp.asarray(mb["tokens"]), jnp.asarray(mb["valid"]))
-            b = Batch(jnp.asarray(mb["tokens"]), jnp.asarray(mb["valid"]), jnp.asarray(mb["is_resp"]),
-                      jnp.asarray(mb["old_logp"]), jnp.asarray(mb["adv"]), ref_logp)
+            b = Batch(*(put(mb[k]) for k in ("tokens", "valid", "is_resp", "old_logp", "adv")))
+            if ref is not None:
+                b = b._replace(ref_logp=policy.logprobs_fn(ref, b.tokens, b.valid))
             policy.state, m = policy.update_fn(policy.state, b)
             logs.append(jax.device_get(m))
     out = {k: float(np.mean([l[k] for l in logs])) for k in logs[0]}
@@ -106,10 +115,8 @@ def evaluate(run: Run, num_tasks: int, k: int = 1, temperature: float | None = N
     """avg@k success on held-out tasks with independent (no-tree) episodes."""
     r = run.config.rollout
     temp = r.eval_temperature if temperature is None else temperature
-    task_ids = np.arange(num_tasks)
-    _, episodes = plain_rollout(run.workflow, sample_fn_for(run, temp, num_tasks * k), run.encode, task_ids, split, k=k,
-                                max_turns=r.max_turns, alpha=run.config.algo.alpha,
-                                key=jax.random.key(run.config.train.seed + 1))
+    _, episodes = rollout(run, plain_rollout, np.arange(num_tasks), split, temp, k,
+                          jax.random.key(run.config.train.seed + 1))
     return {"eval_success": float(np.mean(episodes.success)), "eval_turns": float(np.mean(episodes.turns))}
 
 

@@ -27,6 +27,8 @@ class Policy:
     logprobs_fn: Callable
     update_fn: Callable
     is_lora: bool = False
+    mesh: Any = None  # where its weights live and its update runs
+    local_mesh: Any = None  # with several processes: this process's part of `mesh` (it samples there)
 
     def model(self) -> Qwen3:
         return nnx.merge(self.graphdef, self.state.params, self.frozen)
@@ -45,11 +47,11 @@ def route(regime: str, num_agents: int) -> np.ndarray:
 
 def build_policies(regime: str, base: Qwen3, agent_names, tx, loss_cfg: LossConfig, chunk: int,
                    lora_rank: int = 16, lora_alpha: float = 32.0, seed: int = 0,
-                   model_copy: Callable[[], Qwen3] | None = None) -> list[Policy]:
+                   model_copy: Callable[[int], Qwen3] | None = None) -> list[Policy]:
     """The policies of a regime, all starting from `base`'s weights.
 
-    per_role calls `model_copy()` for every agent after the first (a fresh load
-    of the same weights, possibly on another device pool).
+    per_role calls `model_copy(i)` for every agent i after the first (a fresh
+    load of the same weights, possibly on another device pool).
     """
     def plain(model, name):
         graphdef, params = nnx.split(model)
@@ -58,7 +60,7 @@ def build_policies(regime: str, base: Qwen3, agent_names, tx, loss_cfg: LossConf
         return Policy(name, graphdef, frozen, init_state(params, tx), lp, up)
 
     if regime == "per_role":
-        models = [base] + [model_copy() for _ in agent_names[1:]]
+        models = [base] + [model_copy(i) for i in range(1, len(agent_names))]
         return [plain(m, f"policy_{name}") for m, name in zip(models, agent_names)]
     if regime == "lora":
         out = []

@@ -11,12 +11,13 @@ import numpy as np
 from flax import nnx
 
 from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.distributed import init_distributed, is_multiprocess, local_mesh
 from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.hf_io import load_pretrained
 from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
 from atgrpo_jax.sampling import shard_model
-from atgrpo_jax.sharding import make_mesh
+from atgrpo_jax.sharding import make_mesh, sub_meshes
 from atgrpo_jax.train.config import ConfigError, validate
 from atgrpo_jax.train.policies import Policy, build_policies, route
 from atgrpo_jax.train.update import make_optimizer
@@ -37,14 +38,6 @@ class Run:
     def encode(self, messages) -> list[int]:
         """Chat prompt ids, cut from the left to rollout.max_prompt_len."""
         return encode_chat(self.tokenizer, messages)[-self.config.rollout.max_prompt_len:]
-
-
-def init_distributed(dist) -> None:
-    """jax.distributed from the config, or automatically where JAX can tell (TPU pods)."""
-    if dist.coordinator_address:
-        jax.distributed.initialize(dist.coordinator_address, dist.num_processes, dist.process_id)
-    elif dist.num_processes > 1:
-        jax.distributed.initialize()
 
 
 def make_tokenizer(name: str, hf_path: str = "", alphabet: str = ""):
@@ -78,18 +71,31 @@ def build_run(config) -> Run:
     validate(config)
     init_distributed(config.distributed)
     mesh = make_mesh(dict(config.mesh))
+    if is_multiprocess():
+        n = jax.process_count()
+        for key, tasks in (("rollout.num_tasks", config.rollout.num_tasks), ("train.eval_tasks", config.train.eval_tasks)):
+            if tasks % n:
+                raise ConfigError(f"config.{key}: {tasks} tasks cannot be split evenly over {n} processes")
     tokenizer = make_tokenizer(config.tokenizer, config.model.hf_path, config.char_alphabet)
     workflow = make_workflow(config.env.workflow, single_agent=config.regime == "single_agent",
                              **dict(config.env.kwargs))
-    base = build_model(config, mesh)
+    names = [a.name for a in workflow.agents]
+    try:
+        pools = sub_meshes(mesh, len(names)) if config.policy_pools else [mesh] * len(names)
+        local_meshes = [local_mesh(m) if is_multiprocess() else None for m in pools]
+    except ValueError as e:
+        raise ConfigError(f"config.mesh: {e}") from None
+    base = build_model(config, pools[0])
     if base.cfg.vocab_size < len(tokenizer):
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
     tx, lr = make_optimizer(config.optim, config.train.steps * updates_per_step(config))
     loss_cfg = LossConfig(**{k: v for k, v in config.loss.items() if k != "logprob_chunk"})
-    names = [a.name for a in workflow.agents]
     policies = build_policies(config.regime, base, names, tx, loss_cfg, config.loss.logprob_chunk,
                               config.lora.rank, config.lora.alpha, config.model.init_seed,
-                              model_copy=lambda: build_model(config, mesh))
+                              model_copy=lambda i: build_model(config, pools[i]))
+    per_agent_pool = len(policies) == len(names)
+    for i, p in enumerate(policies):
+        p.mesh, p.local_mesh = (pools[i], local_meshes[i]) if per_agent_pool else (mesh, local_meshes[0])
     stops = tuple(sorted({tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}))
     # The KL reference is the starting policy; nothing is kept when the KL is off.
     ref = {p.name: jax.tree.map(jnp.copy, p.state.params) for p in policies} if config.loss.kl_coef else {}

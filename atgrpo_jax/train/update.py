@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from atgrpo_jax.algo.logprobs import fused_head_loss, token_logprobs
 from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, policy_loss, token_loss_terms
@@ -123,4 +124,15 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int):
 
 
 def init_state(params, tx) -> TrainState:
-    return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
+    """Fresh optimizer state; its scalars (step counts) are replicated on the
+    params' mesh, so a restored checkpoint (which commits every leaf to the
+    target's sharding) never mixes a one-device scalar with mesh-wide params."""
+    state = TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
+    meshes = [x.sharding.mesh for x in jax.tree.leaves(params)
+              if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding)]
+    if not meshes:
+        return state
+    replicated = NamedSharding(meshes[0], PartitionSpec())
+    place = lambda x: x if not isinstance(x, jax.Array) or isinstance(x.sharding, NamedSharding) \
+        else jax.device_put(x, replicated)
+    return jax.tree.map(place, state)

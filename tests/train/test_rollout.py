@@ -111,9 +111,18 @@ def param_leaves(policy):
     return [np.asarray(x) for x in jax.tree.leaves(policy.state.params)]
 
 
-def test_per_role_router_updates_each_policy_from_its_own_agent_only():
-    run = build_run(tiny_config("per_role"))
+@pytest.mark.parametrize("pools", [False, True], ids=["one_mesh", "4+4_device_pools"])
+def test_per_role_router_updates_each_policy_from_its_own_agent_only(pools):
+    config = tiny_config("per_role")
+    if pools:  # each policy on its own 4 of the 8 devices
+        config.mesh, config.policy_pools = dict(data=1, fsdp=8, tensor=1), True
+    run = build_run(config)
     assert [p.name for p in run.policies] == ["policy_planner", "policy_executor"]
+    if pools:
+        devices = [{d.id for x in jax.tree.leaves(p.state) for d in x.sharding.device_set} for p in run.policies]
+        assert devices == [{0, 1, 2, 3}, {4, 5, 6, 7}]
+        assert any(len(x.sharding.device_set) == 4 and not x.sharding.is_fully_replicated
+                   for x in jax.tree.leaves(run.policies[1].state.params))  # really split over its pool
     assert list(run.policy_of_agent) == [0, 1]
     before = [param_leaves(p) for p in run.policies]
     # Only the executor's samples reach the update: the planner policy must not move.
@@ -134,6 +143,8 @@ def test_per_role_router_updates_each_policy_from_its_own_agent_only():
         loop.policy_batches = real
         run.policy_of_agent[:] = orig
     after = [param_leaves(p) for p in run.policies]
+    if pools:  # the update ran on the pool: the state never left it
+        assert {d.id for x in jax.tree.leaves(run.policies[1].state) for d in x.sharding.device_set} == {4, 5, 6, 7}
     assert all(np.array_equal(a, b) for a, b in zip(before[0], after[0]))
     assert any(not np.array_equal(a, b) for a, b in zip(before[1], after[1]))
 
@@ -148,3 +159,25 @@ def test_lora_updates_change_only_adapters():
     assert any(not np.array_equal(a, b) for a, b in zip(adapters, param_leaves(run.policies[0])))
     # both adapters share one base: no copy of the base weights per agent
     assert all(a is b for a, b in zip(jax.tree.leaves(run.policies[0].frozen), jax.tree.leaves(run.policies[1].frozen)))
+
+
+def test_a_split_rollout_merges_into_the_whole_one(run):
+    """Two processes' task slices, merged, equal one process rolling out all tasks."""
+    from atgrpo_jax.rollout.tree import merge_rollouts
+    from atgrpo_jax.train.loop import sample_fn_for
+    ids, key = np.array([11, 12, 13, 14]), jax.random.key(3)
+    go = lambda sl: tree_rollout(run.workflow, sample_fn_for(run, 1.0, 4), run.encode, ids[sl], "train", k=K,
+                                 max_turns=2, alpha=1.0, key=key, first_task=sl.start)
+    whole = merge_rollouts([go(slice(0, 4))], 2)
+    split = merge_rollouts([go(slice(0, 2)), go(slice(2, 4))], 2)
+    (s1, e1), (s2, e2) = whole, split
+    for name in ("task", "agent", "turn", "reward", "mask"):
+        np.testing.assert_array_equal(getattr(s2, name), getattr(s1, name), err_msg=name)
+    assert len(set(map(tuple, np.stack([s1.task, s1.agent, s1.turn], 1)))) == len(s1.task)
+    for g in range(len(s1.task)):
+        for k in range(K):
+            np.testing.assert_array_equal(s2.response[g][k], s1.response[g][k])
+            np.testing.assert_allclose(s2.sampler_logp[g][k], s1.sampler_logp[g][k], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(e2.success, e1.success)
+    np.testing.assert_array_equal(e2.turns, e1.turns)
+    assert len({tuple(r) for g in s1.response for r in map(tuple, g)}) > 1  # not all branches alike

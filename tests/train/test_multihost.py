@@ -1,0 +1,96 @@
+"""Several JAX processes as one run (issue: multi-host), proven with CPU processes:
+2 processes x 4 devices train like 1 process x 8 devices, and their checkpoint
+resumes in one process."""
+import io
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from atgrpo_jax import launch
+from atgrpo_jax.distributed import CPU_COLLECTIVES_FLAG, ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from atgrpo_jax.train.metrics import read_metrics
+
+DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "demo.py")
+# The demo config, smaller; the mesh's data axis spans the processes, fsdp stays inside each.
+OVERRIDES = {"rollout.num_tasks": 4, "rollout.k": 4, "rollout.max_turns": 2, "optim.mini_batch_size": 16,
+             "train.steps": 3, "train.eval_every": 0, "train.checkpoint_every": 3, "train.time_budget_s": 0.0,
+             "mesh.data": 2, "mesh.fsdp": 4}
+COMPARED = ("loss", "pg_loss", "grad_norm", "clip_frac", "success", "reward_mean", "adv_abs_mean")
+
+
+def demo_config(**changes):
+    sys.path.insert(0, os.path.dirname(DEMO))
+    from demo import get_config
+    c = get_config()
+    for key, value in {**OVERRIDES, **changes}.items():
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def test_process_env_sets_the_coordinator_and_the_device_count():
+    env = launch.process_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --foo=1", "A": "b"},
+                             1, 2, 4, 1234)
+    assert env["XLA_FLAGS"].split() == ["--foo=1", CPU_COLLECTIVES_FLAG, "--xla_force_host_platform_device_count=4"]
+    assert (env[ENV_COORDINATOR], env[ENV_NUM_PROCESSES], env[ENV_PROCESS_ID]) == ("localhost:1234", "2", "1")
+    assert env["JAX_PLATFORMS"] == "cpu" and env["A"] == "b"
+
+
+def test_launcher_prefixes_output_and_returns_the_failure():
+    out = io.StringIO()
+    code = launch.launch([sys.executable, "-c", "import os, sys; print('hi', os.environ['ATGRPO_PROCESS_ID']);"
+                          "sys.exit(3 if os.environ['ATGRPO_PROCESS_ID'] == '1' else 0)"], 2, 1, out=out)
+    assert code == 3
+    assert sorted(out.getvalue().splitlines()) == ["[p0] hi 0", "[p1] hi 1"]
+    # a process that never ends is stopped when its peer fails
+    code = launch.launch([sys.executable, "-c", "import os, sys, time; pid = os.environ['ATGRPO_PROCESS_ID'];"
+                          "sys.exit(5) if pid == '0' else time.sleep(600)"], 2, 1, out=io.StringIO())
+    assert code == 5
+
+
+def _params(workdir, config):
+    from atgrpo_jax.train.checkpoint import Checkpointer
+    from atgrpo_jax.train.loop import policy_states
+    from atgrpo_jax.train.setup import build_run
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=None)
+    states, _ = ckpt.restore(ckpt.latest_step(), target=policy_states(build_run(config)))
+    ckpt.close()
+    return [np.asarray(x) for x in jax.tree.leaves(states)]
+
+
+def test_two_processes_train_like_one_and_their_checkpoint_resumes_in_one(tmp_path):
+    from atgrpo_jax.train.__main__ import run_training
+    assert jax.device_count() == 8
+    two, one = str(tmp_path / "two"), str(tmp_path / "one")
+    flags = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+    cmd = [sys.executable, "-m", "atgrpo_jax.train", f"--config={DEMO}", f"--workdir={two}", *flags]
+    proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.launch", "--processes=2", "--devices=4", "--", *cmd],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [l for l in proc.stdout.splitlines() if "step 3/3" in l or '"steps": 3' in l]
+    assert lines and all(l.startswith("[p0]") for l in lines), "only process 0 writes the console"
+
+    run_training(demo_config(), one)  # this process: 8 devices, one process
+    m1, m2 = read_metrics(os.path.join(one, "metrics.jsonl")), read_metrics(os.path.join(two, "metrics.jsonl"))
+    assert [r["step"] for r in m2] == [1, 2, 3]
+    for a, b in zip(m1, m2):
+        for key in COMPARED:
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=f"step {a['step']} {key}")
+    assert len({r["loss"] for r in m1}) == 3  # it trained
+    for a, b in zip(_params(one, demo_config()), _params(two, demo_config())):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+    # The two-process checkpoint (equal to the one-process one, above) resumes in one process.
+    resumed = str(tmp_path / "resumed")
+    shutil.copytree(two, resumed)
+    last = run_training(demo_config(**{"train.steps": 4, "train.checkpoint_every": 0}), resumed)
+    assert [r["step"] for r in read_metrics(os.path.join(resumed, "metrics.jsonl"))] == [1, 2, 3, 4]
+    assert np.isfinite(last["loss"]) and last["skipped"] == 0
