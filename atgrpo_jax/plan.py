@@ -45,6 +45,11 @@ def _halvings(value: int, floor: int) -> list[int]:
     return out
 
 
+def hosts_of(device: Device, num_devices: int) -> int:
+    """Hosts of a slice: the mesh's data axis must be a multiple of this (see distributed.py)."""
+    return max(1, num_devices // device.default_chips) if device.name.startswith("TPU") else 1
+
+
 def _candidates(config, device: Device, num_devices: int, policies: int) -> list[tuple[str, dict, int, Plan]]:
     """Single changes to `config` as (label, overrides, devices, plan), each re-planned.
 
@@ -72,9 +77,11 @@ def _candidates(config, device: Device, num_devices: int, policies: int) -> list
     m, r, o = config.model, config.rollout, config.optim
     if not m.remat:
         consider("enable remat (model.remat=True)", [({"model.remat": True}, num_devices)])
-    if config.mesh.data != 1:
-        consider("shard parameters over all chips (mesh.data=1, mesh.fsdp=-1)",
-                 [({"mesh.data": 1, "mesh.fsdp": -1}, num_devices)])
+    hosts = hosts_of(device, num_devices)
+    if config.mesh.data != hosts:  # on several hosts each keeps a whole copy for sampling
+        where = "all chips" if hosts == 1 else "the chips of each host"
+        consider(f"shard parameters over {where} (mesh.data={hosts}, mesh.fsdp=-1)",
+                 [({"mesh.data": hosts, "mesh.fsdp": -1}, num_devices)])
     if m.compute_dtype == "float32":
         consider("bfloat16 compute and KV cache (model.compute_dtype=bfloat16)",
                  [({"model.compute_dtype": "bfloat16"}, num_devices)])
@@ -214,6 +221,10 @@ def main(argv: list[str]) -> int:
         device, chips = parse_device(fv.device, fv["gpu-memory-gb"].value)
         num_devices = fv["num-devices"].value or chips
         p = plan(config, device, num_devices, fv.policies)
+        hosts = hosts_of(device, num_devices)
+        if config.mesh.data % hosts:
+            p.notes.append(f"{hosts} hosts: set mesh.data to a multiple of {hosts} (e.g. --config.mesh.data={hosts}) "
+                           "so that every host holds a whole copy of each policy to sample with")
         if not p.fits:
             p.advice, p.combined = advise(config, device, num_devices, p.policies, p)
     except (flags.Error, ConfigError, ValueError) as e:

@@ -4,7 +4,13 @@ import os
 # Must happen before jax creates its backends (XLA reads XLA_FLAGS then, not at import).
 from atgrpo_jax.distributed import CPU_COLLECTIVES_FLAG  # noqa: E402
 
-for _flag in ("--xla_force_host_platform_device_count=8", CPU_COLLECTIVES_FLAG):
+DEFAULT_SCHEDULER_ENV = "ATGRPO_TEST_XLA_DEFAULT_SCHEDULER"
+
+# (a test that measures XLA's own scheduling re-runs itself without it: xla_default_scheduler)
+_flags = ["--xla_force_host_platform_device_count=8"]
+if os.environ.get(DEFAULT_SCHEDULER_ENV) != "1":
+    _flags.append(CPU_COLLECTIVES_FLAG)
+for _flag in _flags:
     if _flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -12,7 +18,28 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import subprocess
 import sys
+
+import pytest
 
 # Shared test helpers (hf_fixtures.py, ...) import by plain name under importlib mode.
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+@pytest.fixture
+def xla_default_scheduler(request) -> bool:
+    """True if this process runs XLA:CPU with its default scheduler, which the
+    suite turns off (CPU_COLLECTIVES_FLAG) and which compiled memory analysis
+    depends on. Otherwise the test is run in a child process that has it, this
+    fails with the child's output unless it passed there, and False tells the
+    test body it has nothing left to do here."""
+    if os.environ.get(DEFAULT_SCHEDULER_ENV) == "1":
+        return True
+    env = dict(os.environ, **{DEFAULT_SCHEDULER_ENV: "1"})
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(CPU_COLLECTIVES_FLAG, "").strip()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", request.node.nodeid],
+                          cwd=str(request.config.rootpath), env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and " passed" in proc.stdout, \
+        f"child run failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+    return False
