@@ -44,7 +44,7 @@ def init_distributed(dist) -> None:
     address = dist.coordinator_address or os.environ.get(ENV_COORDINATOR, "")
     num = dist.num_processes or int(os.environ.get(ENV_NUM_PROCESSES, "0"))
     pid = dist.process_id if dist.process_id >= 0 else int(os.environ.get(ENV_PROCESS_ID, "-1"))
-    if jax.distributed.is_initialized() or (not address and num <= 1):
+    if jax.distributed.is_initialized() or (not address and num <= 1 and not dist.get("auto", False)):
         return
     if address:
         if num < 1 or not 0 <= pid < num:

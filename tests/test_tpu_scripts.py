@@ -219,7 +219,7 @@ def test_launch_runs_the_trainer_on_all_workers_detached():
     assert "setsid nohup" in script_text and "> logs/train.log 2>&1 < /dev/null &" in script_text
     train = shlex.split(script_text.split("setsid nohup", 1)[1].split(">", 1)[0])
     assert train == [".venv/bin/python", "-m", "atgrpo_jax.train", "--config=configs/math_qwen3_8b.py",
-                     "--workdir=gs://my-bucket/runs/math 8b", "--config.regime=per_role",
+                     "--workdir=gs://my-bucket/runs/math 8b", "--config.distributed.auto=True", "--config.regime=per_role",
                      "--config.env.kwargs.note=two words", "--config.rollout.k=4"]
     env = shlex.split(script_text.split("setsid nohup", 1)[0].rsplit(";", 1)[1])
     assert env == ["env", "PYTHONUNBUFFERED=1", "LIBTPU_INIT_ARGS=--a=1 --b=2"]

@@ -57,7 +57,9 @@ require "$CONFIG" --config
 require "$WORKDIR" --workdir
 [[ "$WORKDIR" == gs://* ]] || die "--workdir must be a gs:// path: every host writes checkpoints to it"
 
-TRAIN=(.venv/bin/python -m atgrpo_jax.train --config="$CONFIG" --workdir="$WORKDIR" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
+# distributed.auto: jax.distributed finds the pod's hosts itself (TPU metadata).
+TRAIN=(.venv/bin/python -m atgrpo_jax.train --config="$CONFIG" --workdir="$WORKDIR" --config.distributed.auto=True
+       ${OVERRIDES[@]+"${OVERRIDES[@]}"})
 DIR=$(quote "$REMOTE_DIR")
 # A second trainer cannot open the TPU, so refuse to start while the last one runs.
 # `cmd &` puts the whole &&-list before it in the background, hence the `;`s.

@@ -33,7 +33,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.lora = dict(rank=16, alpha=32.0)
     c.train = dict(steps=200, seed=0, eval_every=10, eval_tasks=100, eval_k=1, log_every=1,
                    checkpoint_every=10, keep_last=2, time_budget_s=0.0)
-    c.distributed = dict(coordinator_address="", num_processes=0, process_id=-1)
+    # Several processes: an explicit coordinator (or ATGRPO_* variables, see atgrpo_jax.launch),
+    # or auto=True where jax.distributed finds the hosts itself (TPU pods; tpu_scripts/launch.sh).
+    c.distributed = dict(coordinator_address="", num_processes=0, process_id=-1, auto=False)
     return c
 
 
