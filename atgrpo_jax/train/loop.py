@@ -57,18 +57,21 @@ def update_policy(run: Run, policy, batch: dict) -> dict:
     o = run.config.optim
     params = policy.state.params
     put = lambda x: global_array(x, policy.mesh)  # every process holds the same mini-batch
-    old = np.concatenate([to_host(policy.logprobs_fn(params, put(mb["tokens"]), put(mb["valid"])))
-                          for mb in _minibatches(batch, o.mini_batch_size)])
+
+    def logprobs(params):
+        return np.concatenate([to_host(policy.logprobs_fn(params, put(mb["tokens"]), put(mb["valid"])))
+                               for mb in _minibatches(batch, o.mini_batch_size)])
+
+    old = logprobs(params)
     resp = batch["is_resp"]
     gap = float(np.abs(old - batch["sampler_logp"])[resp].mean()) if resp.any() else 0.0
-    batch = dict(batch, old_logp=old)
-    ref = run.ref_params.get(policy.name)
+    ref = run.ref_params.get(policy.name)  # the KL reference's log-probs, once per batch like old
+    batch = dict(batch, old_logp=old, **({} if ref is None else {"ref_logp": logprobs(ref)}))
     logs = []
     for _ in range(o.epochs):
         for mb in _minibatches(batch, o.mini_batch_size):
-            b = Batch(*(put(mb[k]) for k in ("tokens", "valid", "is_resp", "old_logp", "adv")))
-            if ref is not None:
-                b = b._replace(ref_logp=policy.logprobs_fn(ref, b.tokens, b.valid))
+            b = Batch(*(put(mb[k]) for k in ("tokens", "valid", "is_resp", "old_logp", "adv")),
+                      None if ref is None else put(mb["ref_logp"]))
             policy.state, m = policy.update_fn(policy.state, b)
             logs.append(jax.device_get(m))
     out = {k: float(np.mean([l[k] for l in logs])) for k in logs[0]}

@@ -29,13 +29,19 @@ class Policy:
     is_lora: bool = False
     mesh: Any = None  # where its weights live and its update runs
     local_mesh: Any = None  # with several processes: this process's part of `mesh` (it samples there)
+    _merged: Any = dataclasses.field(default=None, repr=False)  # (state, LoRA-merged model) cache
 
     def model(self) -> Qwen3:
         return nnx.merge(self.graphdef, self.state.params, self.frozen)
 
     def sampler_model(self) -> Qwen3:
-        """The model the sampler runs: adapters merged into the weights once."""
-        return merge_lora(self.model()) if self.is_lora else self.model()
+        """The model the sampler runs: adapters merged into the weights once per
+        update (the merge is cached until `state` changes)."""
+        if not self.is_lora:
+            return self.model()
+        if self._merged is None or self._merged[0] is not self.state:
+            self._merged = (self.state, merge_lora(self.model()))
+        return self._merged[1]
 
 
 def route(regime: str, num_agents: int) -> np.ndarray:

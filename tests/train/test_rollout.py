@@ -154,7 +154,10 @@ def test_lora_updates_change_only_adapters():
     base = [np.asarray(x) for x in jax.tree.leaves(run.policies[0].frozen)]
     adapters = param_leaves(run.policies[0])
     assert all(isinstance(v, LoRAParam) for _, v in nnx.to_flat_state(run.policies[0].state.params))
+    merged = run.policies[0].sampler_model()
+    assert run.policies[0].sampler_model() is merged  # merged once per update, not per sample call
     train_step(run, 1)
+    assert run.policies[0].sampler_model() is not merged
     assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(base, jax.tree.leaves(run.policies[0].frozen)))
     assert any(not np.array_equal(a, b) for a, b in zip(adapters, param_leaves(run.policies[0])))
     # both adapters share one base: no copy of the base weights per agent
@@ -181,3 +184,15 @@ def test_a_split_rollout_merges_into_the_whole_one(run):
     np.testing.assert_array_equal(e2.success, e1.success)
     np.testing.assert_array_equal(e2.turns, e1.turns)
     assert len({tuple(r) for g in s1.response for r in map(tuple, g)}) > 1  # not all branches alike
+
+
+def test_kl_reference_starts_at_zero_and_stays_small():
+    config = tiny_config()
+    config.loss.kl_coef = 0.1
+    config.optim.mini_batch_size = 512  # one mini-batch: scored before its only update
+    run = build_run(config)
+    assert set(run.ref_params) == {"policy"}
+    first = train_step(run, 1)
+    assert 0.0 <= first["kl_ref"] < 1e-5  # the policy is still the reference when it is scored
+    second = train_step(run, 2)
+    assert np.isfinite(second["kl_ref"]) and second["kl_ref"] > first["kl_ref"]
