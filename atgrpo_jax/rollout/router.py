@@ -44,7 +44,7 @@ def make_sample_fn(policies, policy_of_agent: np.ndarray, tokenizer, *, max_new_
         gen = generate(model, [list(map(int, p)) for p in prompts], max_new_tokens=max_new_tokens,
                        row_keys=branch_keys(keys, k), temperature=temperature, top_k=top_k, top_p=top_p,
                        stop_ids=tuple(stops), num_branches=k, pad_id=pad_id, buckets=prompt_buckets,
-                       batch_buckets=rows)
+                       batch_buckets=rows, vocab_limit=len(tokenizer))  # never ids the tokenizer lacks
         ids = [gen.tokens[i, :gen.lengths[i]] for i in range(len(gen.lengths))]
         logps = [gen.logprobs[i, :gen.lengths[i]] for i in range(len(gen.lengths))]
         texts = [tokenizer.decode([t for t in x if int(t) not in stops]) for x in ids]

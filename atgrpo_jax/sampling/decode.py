@@ -40,10 +40,11 @@ class DecodeSettings:
     num_branches: int = 1
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
-    top_p_cap: int = 256  # top-p candidates tried before the exact bisection fallback
+    top_p_cap: int = 256  # tokens sorted per row at the end of the exact top-p search
     pad_id: int = 0
     cache_dtype: str | None = None  # None: the model's compute dtype
     raw_logprobs: bool = False  # also keep log softmax(logits) of each sampled token
+    vocab_limit: int | None = None  # only ids < vocab_limit are sampled (None: all of the LM head's)
 
     def __post_init__(self):
         for name in ("max_new_tokens", "num_branches"):
@@ -53,6 +54,8 @@ class DecodeSettings:
             raise ValueError(f"top_k must be >= 0 and top_p_cap >= 1, got {self.top_k}, {self.top_p_cap}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.vocab_limit is not None and self.vocab_limit < 1:
+            raise ValueError(f"vocab_limit must be >= 1 or None, got {self.vocab_limit}")
 
 
 class SamplingParams(NamedTuple):
@@ -102,7 +105,8 @@ def _step_select(s: _Loop, row_keys, stop_ids, params: SamplingParams, settings:
     """Sample row tokens from s.logits and record them in live rows; returns (tokens to feed, s)."""
     col = s.out.steps
     sel = select(s.logits, row_uniforms(row_keys, col), params.temperature, top_k=settings.top_k,
-                 top_p=settings.top_p, top_p_cap=settings.top_p_cap, raw_logprobs=settings.raw_logprobs)
+                 top_p=settings.top_p, top_p_cap=settings.top_p_cap, raw_logprobs=settings.raw_logprobs,
+                 vocab_limit=settings.vocab_limit)
     live = ~s.done
     tok = jnp.where(live, sel.tokens, settings.pad_id)
 

@@ -94,7 +94,7 @@ def generate(model, prompts, *, max_new_tokens: int, key=None, row_keys=None, te
              top_k: int = 0, top_p: float = 1.0, stop_ids=(), num_branches: int = 1, pad_id: int = 0,
              buckets: Sequence[int] = DEFAULT_BUCKETS, batch_buckets: Sequence[int] | None = None,
              prompt_lengths=None, raw_logprobs: bool = False, cache_dtype: str | None = None,
-             top_p_cap: int = 256) -> Generation:
+             top_p_cap: int = 256, vocab_limit: int | None = None) -> Generation:
     """Sample `num_branches` continuations of each prompt.
 
     prompts: B sequences of token ids (ragged), or a [B, P] array whose row b
@@ -102,10 +102,14 @@ def generate(model, prompts, *, max_new_tokens: int, key=None, row_keys=None, te
     set for all prompts (ints) or one set per prompt; a row ends after
     emitting one of its stop tokens. key: one PRNG key, row r uses
     fold_in(key, r); or row_keys: [B*K] keys, one per output row.
-    temperature 0 is greedy. Log-probs are under the distribution sampled
-    from (after temperature, top-k, top-p); raw_logprobs adds temperature-1 ones.
-    Changing temperature reuses the compiled sampler; top_k, top_p and the
-    shapes (bucketed prompt length, batch, max_new_tokens, K) select one.
+    temperature 0 is greedy. vocab_limit: only ids < vocab_limit are ever
+    sampled (pass the tokenizer's size when the LM head has more rows than it
+    has ids, as Qwen3's 151,936 vs 151,669); None or >= the head's size: all.
+    Log-probs are under the distribution sampled from (after the limit,
+    temperature, top-k, top-p); raw_logprobs adds temperature-1 ones over the
+    whole head. Changing temperature reuses the compiled sampler; top_k, top_p,
+    vocab_limit and the shapes (bucketed prompt length, batch, max_new_tokens,
+    K) select one.
     """
     prompt_list = _as_prompt_list(prompts, prompt_lengths)
     b = len(prompt_list)
@@ -117,8 +121,10 @@ def generate(model, prompts, *, max_new_tokens: int, key=None, row_keys=None, te
             raise ValueError(f"prompt {i} is empty")
         if min(p) < 0 or max(p) >= vocab:
             raise ValueError(f"prompt {i} has token ids outside [0, {vocab})")
+    if vocab_limit is not None:  # >= the head's size: nothing to drop, the same sampler as without a limit
+        vocab_limit = int(vocab_limit) if vocab_limit < vocab else None
     settings = DecodeSettings(max_new_tokens, num_branches, top_k, top_p, top_p_cap, pad_id, cache_dtype,
-                              raw_logprobs)
+                              raw_logprobs, vocab_limit)
     params = sampling_params(temperature)
     b_padded = b if batch_buckets is None else bucket_for(b, batch_buckets)
     n, n_padded = b * num_branches, b_padded * num_branches

@@ -10,6 +10,7 @@ import pytest
 import torch
 from flax import nnx
 
+from atgrpo_jax.models import Qwen3
 from atgrpo_jax.models.hf_io import load_pretrained
 from atgrpo_jax.sampling import decode, generate, row_keys_for
 from hf_fixtures import make_hf_checkpoint
@@ -184,12 +185,42 @@ def test_no_recompilation_for_prompts_in_known_buckets(models):
     try:
         for seed, lengths in [(6, [3, 14, 8]), (7, [16, 1, 11])]:
             g = gen(ours, prompts(seed, lengths), key=jax.random.key(seed), temperature=seed / 10,
-                    stop_ids=[[1, 2], [3], [4, 5, 6]])
+                    stop_ids=[[1, 2], [3], [4, 5, 6]], vocab_limit=VOCAB + seed % 2)  # >= the head: no limit
             assert g.tokens.shape == (3, NEW)
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []
     assert (decode.prefill_jit._cache_size(), decode.decode_jit._cache_size()) == sizes
+
+
+LIMIT = 250  # as if the tokenizer had 250 ids for the head's VOCAB = 256 rows
+
+
+class PrefersUnusedRows(Qwen3):
+    """A checkpoint whose head puts +40 on every id >= LIMIT (like trained padding rows gone wrong)."""
+
+    def logits(self, h):
+        return super().logits(h) + jnp.where(jnp.arange(self.cfg.vocab_size) >= LIMIT, 40.0, 0.0)
+
+
+def test_vocab_limit_never_emits_ids_beyond_it(models):
+    _, ours = models
+    model = PrefersUnusedRows(ours.cfg, rngs=nnx.Rngs(0))
+    nnx.update(model, nnx.state(ours))
+    ps = prompts(10)
+    for temperature in (1.0, 0.0):  # one compiled sampler for both
+        g = gen(model, ps, temperature=temperature, vocab_limit=LIMIT)
+        assert g.tokens.max() < LIMIT and g.mask.all()
+        logits = teacher_forced_logits(model, g)  # the biased head's, every row of it
+        # without the limit the unused rows would win: they hold nearly all the mass at every step
+        assert (np.exp(logits - logits.max(-1, keepdims=True))[..., LIMIT:].sum(-1)
+                > 0.99 * np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)).all()
+        if temperature:  # log-probs normalize over the allowed ids only (NumPy reference)
+            np.testing.assert_allclose(g.logprobs, log_softmax_at(logits[..., :LIMIT], g.tokens), atol=1e-4)
+        else:
+            np.testing.assert_array_equal(g.tokens, logits[..., :LIMIT].argmax(-1))
+            assert (g.logprobs == 0).all()
+        np.testing.assert_allclose(g.raw_logprobs, log_softmax_at(logits, g.tokens), atol=1e-4)  # whole head
 
 
 def test_batch_buckets_and_padded_array_input_give_the_same_rows(models):
@@ -217,6 +248,7 @@ def test_batch_buckets_and_padded_array_input_give_the_same_rows(models):
     (dict(key=None), "key"),
     (dict(row_keys=jax.random.split(jax.random.key(0), 2), key=None), "row_keys"),
     (dict(num_branches=0), "num_branches"),
+    (dict(vocab_limit=0), "vocab_limit"),
 ])
 def test_bad_input_is_a_clear_error(models, kwargs, message):
     _, ours = models

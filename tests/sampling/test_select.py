@@ -1,10 +1,14 @@
 """Token selection on synthetic logits, against a sort-based NumPy reference."""
+import functools
+
 import jax
 import numpy as np
 import pytest
 from scipy import stats
 
-from atgrpo_jax.sampling.sample import block_layout, greedy, nucleus_floor, row_uniforms, select
+from atgrpo_jax.sampling.draw import block_layout
+from atgrpo_jax.sampling.nucleus import nucleus_mask
+from atgrpo_jax.sampling.sample import greedy, row_uniforms, select
 
 
 def reference_distribution(logits, temperature=1.0, top_k=0, top_p=1.0):
@@ -35,7 +39,7 @@ def nucleus_margins(logits, top_p, temperature=1.0):
 
 
 # temperature is traced: cases that differ only in it share a compilation
-jit_select = jax.jit(select, static_argnames=("top_k", "top_p", "top_p_cap", "raw_logprobs"))
+jit_select = jax.jit(select, static_argnames=("top_k", "top_p", "top_p_cap", "raw_logprobs", "vocab_limit"))
 
 
 @jax.jit
@@ -97,17 +101,89 @@ def test_top_p_draws_stay_in_the_nucleus(top_p, cap):
     np.testing.assert_allclose(np.asarray(sel.logprobs)[clear], np.log(chosen[clear]), atol=1e-4)
 
 
-def test_nucleus_floor_is_the_smallest_kept_weight():
-    rng = np.random.RandomState(3)
-    logits = (rng.standard_normal((16, 500)) * 2).astype(np.float32)
-    w = np.exp(logits - logits.max(-1, keepdims=True))
-    for top_p in (0.3, 0.75, 0.99):
-        clear = nucleus_margins(logits, top_p) > 1e-5  # rows whose cut float32 cannot blur
-        assert clear.mean() > 0.75
-        ref = reference_distribution(logits, top_p=top_p)
-        floor = np.asarray(jax.jit(nucleus_floor)(w, top_p))
-        expected = np.where(ref > 0, w, np.inf).min(-1).astype(np.float32)
-        np.testing.assert_array_equal(floor[clear], expected[clear])
+def row_shapes(vocab, seed):
+    """Rows of every kind the top-p search meets: smooth ones (flat to sharp, heavy-tailed) and ties."""
+    rng = np.random.RandomState(seed)
+    z = rng.standard_normal((5, vocab))
+    smooth = [z[0] * 0.5, z[1] * 2, z[2] * 6, -1.1 * np.log(rng.permutation(vocab) + 1.0), rng.gumbel(size=vocab) * 3]
+    tied = [np.zeros(vocab),  # all equal
+            rng.randint(0, 5, vocab),  # a few levels, each tied across many tokens
+            z[3] * 1e-6]  # near-equal: distinct logits, float32 weights tied in groups
+    bf16 = (z[4].astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32) * 2  # ties of a few
+    return np.array(smooth + [bf16], np.float32), np.array(tied, np.float32)
+
+
+TOP_P = 0.9001  # all-equal rows: 0.9001 * V is far from an integer, so float32 cuts where float64 does
+
+
+@functools.partial(jax.jit, static_argnames=("cap",))
+def jit_mask(logits, cap):
+    return nucleus_mask(logits, 1.0, TOP_P, cap)
+
+
+def test_nucleus_is_the_sorted_prefix_on_smooth_and_tied_rows(cap=16):
+    """nucleus_mask equals the stable-sort reference; tied rows take the logit-order search.
+
+    A small cap makes the search narrow its bracket further than the default.
+    """
+    smooth, tied = row_shapes(3000, seed=8)
+    mixed = np.concatenate([smooth[:5], tied])  # tied rows send the whole batch to the search on logits
+    for rows in (np.concatenate([smooth, smooth[:2]]), mixed):
+        assert (nucleus_margins(rows, TOP_P) > 1e-6).all()  # float32 cannot blur any cut
+        reference = reference_distribution(rows, top_p=TOP_P) > 0
+        got = np.asarray(jit_mask(rows, cap=cap))
+        np.testing.assert_array_equal(got, reference)
+        sizes = reference.sum(1)
+        assert sizes.min() < 10 and 1000 < sizes.max() < 3000  # narrow and wide nuclei, all real cuts
+
+
+def test_flat_rows_draw_from_the_reference_nucleus():
+    """All-equal logits keep the first ceil(top_p * V) ids; near-equal ones the highest logits."""
+    vocab, n = 600, 8_000  # more tokens than top_p_cap: the tied tokens are not all sorted
+    near = np.random.RandomState(9).standard_normal(vocab).astype(np.float32) * 1e-6
+    for logits in (np.zeros(vocab, np.float32), near):
+        ref = reference_distribution(logits[None], top_p=TOP_P)[0]
+        support = ref > 0
+        assert nucleus_margins(logits[None], TOP_P)[0] > 1e-6 and support.sum() == 541
+        if not logits.any():
+            np.testing.assert_array_equal(np.flatnonzero(support), np.arange(541))
+        sel = draw(logits, n, seed=10, top_p=TOP_P)
+        tokens = np.asarray(sel.tokens)
+        counts = np.bincount(tokens, minlength=vocab)
+        assert counts[~support].sum() == 0, "a token outside the nucleus was drawn"
+        chi2 = (((counts - n * ref) ** 2)[support] / (n * ref[support])).sum()
+        assert chi2 < stats.chi2.ppf(0.999, support.sum() - 1), chi2
+        np.testing.assert_allclose(np.asarray(sel.logprobs), np.log(ref[tokens]), atol=1e-5)
+
+
+LIMIT = 32  # ids >= LIMIT: rows of the LM head the tokenizer has no id for
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(temperature=0.7, top_k=4), dict(top_p=0.9)])
+def test_vocab_limit_draws_only_allowed_ids_from_their_renormalized_distribution(kw):
+    logits = np.linspace(2.0, -3.0, 40).astype(np.float32)[np.random.RandomState(11).permutation(40)]
+    logits[LIMIT:] = 8.0  # far above every allowed id
+    ref = reference_distribution(logits[None, :LIMIT], kw.get("temperature", 1.0), kw.get("top_k", 0),
+                                 kw.get("top_p", 1.0))[0]
+    n = 20_000
+    sel = draw(logits, n, vocab_limit=LIMIT, raw_logprobs=True, **kw)
+    tokens = np.asarray(sel.tokens)
+    assert tokens.max() < LIMIT
+    counts = np.bincount(tokens, minlength=LIMIT)
+    support = ref > 0
+    assert counts[~support].sum() == 0
+    chi2 = (((counts - n * ref) ** 2)[support] / (n * ref[support])).sum()
+    assert chi2 < stats.chi2.ppf(0.999, support.sum() - 1), chi2
+    # log-probs of the masked distribution (normalized over the allowed ids) ...
+    np.testing.assert_allclose(np.asarray(sel.logprobs), np.log(ref[tokens]), atol=1e-5)
+    # ... raw ones of the model's own, over the whole head
+    np.testing.assert_allclose(np.asarray(sel.raw_logprobs), np.log(reference_distribution(logits[None])[0, tokens]),
+                               atol=1e-5)
+    if not kw:  # the test has teeth: without the limit these rows draw ids >= LIMIT
+        assert (np.asarray(draw(logits, 1000).tokens) >= LIMIT).mean() > 0.9
+        greedy_sel = draw(logits, 4, vocab_limit=LIMIT, raw_logprobs=True, temperature=0.0)
+        np.testing.assert_array_equal(np.asarray(greedy_sel.tokens), logits[:LIMIT].argmax())
+        assert (np.asarray(greedy_sel.logprobs) == 0).all()
 
 
 def test_greedy_is_first_argmax_including_ties_and_padded_layouts():

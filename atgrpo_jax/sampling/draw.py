@@ -1,0 +1,75 @@
+"""Exact draws from unnormalized weights with two uniforms per row (inverse CDF in two stages).
+
+The vocabulary is cut into blocks; the first uniform picks a block from the
+block sums, the second a token inside it: P(token) = s_block / total * w / s_block.
+This costs a few passes over the logits instead of one random number per
+vocabulary entry (`jax.random.categorical` draws V Gumbels per row, which on
+a CPU costs more than the LM head itself).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def block_layout(vocab: int) -> tuple[int, int]:
+    """(block size, number of blocks) for the two-stage draw; blocks may overrun V.
+
+    A divisor of V near sqrt(V) avoids padding the logits; without one within
+    a factor 4 of sqrt(V), blocks of ceil(sqrt(V)) are used (logits padded).
+    """
+    limit = 4 * (math.isqrt(vocab) + 1)
+    for d in sorted(range(1, limit + 1), key=lambda d: abs(d - math.sqrt(vocab))):
+        if vocab % d == 0 and vocab // d <= limit:
+            return d, vocab // d
+    size = math.isqrt(vocab) + 1
+    return size, -(-vocab // size)
+
+
+def pick(weights: jax.Array, u: jax.Array) -> jax.Array:
+    """Inverse CDF over the last axis: the i with cum[i-1] <= u*total < cum[i].
+
+    weights [N, n] >= 0 with a positive entry in every row; u [N] in [0, 1).
+    Never returns a zero-weight index, even if rounding puts u*total past the end.
+    """
+    cum = jnp.cumsum(weights, axis=-1)
+    idx = jnp.sum(cum <= (u * cum[:, -1])[:, None], axis=-1)
+    last_positive = weights.shape[-1] - 1 - jnp.argmax((weights > 0)[:, ::-1], axis=-1)
+    return jnp.minimum(idx, last_positive).astype(jnp.int32)
+
+
+def blocked(x: jax.Array, fill) -> jax.Array:
+    """x [N, V] -> [N, blocks, block], padded with `fill` where blocks overrun V."""
+    n, v = x.shape
+    size, blocks = block_layout(v)
+    if size * blocks != v:
+        x = jnp.pad(x, ((0, 0), (0, size * blocks - v)), constant_values=fill)
+    return x.reshape(n, blocks, size)
+
+
+def block_sums(xs: tuple, weight: Callable, fills: tuple):
+    """(blocked xs, [N, blocks] sums of weight(*xs)); `weight` is elementwise, so XLA fuses it
+    into the sums and the [N, V] weights are never stored."""
+    xbs = [blocked(x, fill) for x, fill in zip(xs, fills)]
+    return xbs, jnp.sum(weight(*xbs), axis=-1)
+
+
+def draw_in_blocks(xbs: list, weight: Callable, sums: jax.Array, u0: jax.Array, u1: jax.Array):
+    """(tokens [N] int32, their weights): u0 picks a block by its sum, u1 a token inside it."""
+    block = pick(sums, u0)
+    inside = weight(*(jnp.take_along_axis(xb, block[:, None, None], axis=1) for xb in xbs))[:, 0]  # [N, size]
+    offset = pick(inside, u1)
+    chosen = jnp.take_along_axis(inside, offset[:, None], axis=1)[:, 0]
+    return (block * xbs[0].shape[-1] + offset).astype(jnp.int32), chosen
+
+
+def two_stage(xs: tuple, weight: Callable, u0: jax.Array, u1: jax.Array, fills: tuple):
+    """Exact draw with P(i) proportional to weight(*(x[:, i] for x in xs)).
+
+    Returns (tokens [N] int32, their weights, [N] total weights).
+    """
+    xbs, sums = block_sums(xs, weight, fills)
+    return *draw_in_blocks(xbs, weight, sums, u0, u1), jnp.sum(sums, axis=-1)
