@@ -85,7 +85,7 @@ def test_frequencies_match_the_renormalized_distribution(name):
 
 @pytest.mark.parametrize("top_p,cap", [(0.5, 256), (0.9, 256), (0.9, 1), (0.97, 1)])
 def test_top_p_draws_stay_in_the_nucleus(top_p, cap):
-    """Wide random rows: sharp ones fit the candidate cap, flat ones go through the bisection."""
+    """Wide random rows, sharp and flat, with a large and a tiny sorted finish (cap)."""
     rng = np.random.RandomState(1)
     scale = np.where(np.arange(48) % 2, 0.5, 6.0)[:, None]
     logits = (rng.standard_normal((48, 1000)) * scale).astype(np.float32)
