@@ -6,8 +6,8 @@ some right padding), same old log-probs and advantages.
 - Ours: `train.update.make_update_fns` (the trainer's update: chunked log-probs,
   clipped token-mean loss, global-norm clip 1.0, AdamW wd 0.01 from
   `train.config.base_config().optim`), jitted with donated state.
-- PyTorch: HF forward, full `log_softmax` over the vocabulary, gather, the same
-  clipped surrogate token-mean, backward, `clip_grad_norm_(1.0)`,
+- PyTorch (`bench.torch_baseline`): HF forward, full `log_softmax` over the vocabulary,
+  gather, the same clipped surrogate token-mean, backward, `clip_grad_norm_(1.0)`,
   `torch.optim.AdamW(weight_decay=0.01)` (verl/TRL style).
 Steps alternate (ours, theirs, ours, ...) after one warm-up each, so load from
 other processes hits both sides alike; the best step of each is reported, with the
@@ -20,19 +20,17 @@ LM-head chunks is not counted as useful.
 Memory of the log-prob computation (final hidden states [B, T-1, D] and head
 [D, V] in, loss of token log-probs, gradients of both out) is measured for
 ours (chunked), a full-logits `log_softmax` JAX version and the PyTorch
-baseline's code, two ways: XLA's compiled temp bytes (JAX only; inputs and
-outputs excluded) and the peak RSS rise over the call, sampled every 0.5 ms
-(all three; includes the [D, V] head gradient the call returns). The peak RSS
+baseline's code, two ways (`bench.memory`): XLA's compiled temp bytes (JAX only;
+inputs and outputs excluded) and the peak RSS rise over the call, sampled every
+0.5 ms (all three; includes the [D, V] head gradient the call returns). The peak RSS
 rise of one whole update step is reported for both sides too.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import resource
 import tempfile
-import threading
 import time
 
 import jax
@@ -40,9 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from atgrpo_jax.algo.logprobs import token_logprobs
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.bench.common import machine_notes, matmul_peak, print_json_last
+from atgrpo_jax.bench.memory import PeakRSS, logprob_memory, rss_follows_live_buffers
+from atgrpo_jax.bench.torch_baseline import load_hf_model, torch_batch, torch_optimizer, torch_step
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.config import Qwen3Config
 from atgrpo_jax.models.hf_io import save_pretrained
@@ -65,67 +64,6 @@ def update_flops(cfg: Qwen3Config, batch: int, seq: int) -> float:
     return batch * (6 * (layers + head) * seq + attention)
 
 
-@contextlib.contextmanager
-def rss_follows_live_buffers():
-    """Within the block, glibc serves every allocation >= 64 KiB by mmap (so `free` unmaps
-    it) and the heap is trimmed: RSS then follows live buffers instead of what the allocator
-    keeps for reuse (also when MALLOC_* variables told it to keep everything). Only for
-    memory measurements (it slows allocation); glibc's defaults are restored after.
-    Yields False if this is not glibc."""
-    import ctypes
-    m_trim_threshold, m_mmap_threshold, m_mmap_max, default = -1, -3, -4, 128 * 1024
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        ok = bool(libc.mallopt(m_mmap_threshold, 1 << 16) and libc.mallopt(m_trim_threshold, 0)
-                  and libc.mallopt(m_mmap_max, 65536))  # undoes a MALLOC_MMAP_MAX_=0 setting
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        libc, ok = None, False
-    try:
-        yield ok
-    finally:
-        if libc is not None:
-            libc.mallopt(m_mmap_threshold, default)
-            libc.mallopt(m_trim_threshold, default)
-
-
-class PeakRSS:
-    """Peak resident-set rise (bytes) over a `with` block, sampled by a thread."""
-
-    def __init__(self, interval: float = 5e-4):
-        self.interval, self.peak, self._stop = interval, 0, threading.Event()
-        self._page = os.sysconf("SC_PAGE_SIZE")
-
-    def _rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * self._page
-
-    def _watch(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._rss() - self.base)
-            time.sleep(self.interval)
-
-    def __enter__(self):
-        # Buffers of a finished JAX call are freed a few ms after it returns: wait until the
-        # RSS stops falling, so the base is not inflated by them.
-        self.base = self._rss()
-        for _ in range(40):
-            time.sleep(0.05)
-            now = self._rss()
-            if now >= self.base - (1 << 20):
-                break
-            self.base = now
-        self.base = min(self.base, self._rss())
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._rss() - self.base)
-
-
 # ---------------------------------------------------------------- inputs
 
 def make_batch(vocab: int, batch: int, seq: int, seed: int = 0) -> dict:
@@ -146,12 +84,9 @@ def make_batch(vocab: int, batch: int, seq: int, seed: int = 0) -> dict:
 
 def make_models(cfg: Qwen3Config, seed: int, path: str):
     """Our random model, and the same weights loaded by `transformers` from `path`."""
-    import torch
-    import transformers
     ours = nnx.jit(lambda: Qwen3(cfg, rngs=nnx.Rngs(seed)))()
     save_pretrained(ours, path)
-    theirs = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return ours, theirs.train()
+    return ours, load_hf_model(path).train()
 
 
 def optim_config(lr: float | None = None):
@@ -179,113 +114,9 @@ def old_logprobs(logprobs_fn, params, data: dict, noise: float = 0.3, seed: int 
     return np.where(data["is_resp"], logp + noise * jitter, 0.0).astype(np.float32)
 
 
-def torch_optimizer(model, optim):
-    import torch
-    return torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=(optim.b1, optim.b2), eps=1e-8,
-                             weight_decay=optim.weight_decay)
-
-
-def torch_token_logprobs(logits, tokens):
-    """The baseline's log-probs: full log_softmax over V, then gather. [B, T, V] -> [B, T]
-    (column 0 is 0, like ours)."""
-    import torch
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    logp = logp.gather(-1, tokens[:, 1:, None])[..., 0]
-    return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1)
-
-
-def torch_loss(cfg: LossConfig, logp, old_logp, adv, mask):
-    import torch
-    ratio = torch.exp(logp - old_logp)
-    adv = adv[:, None]
-    pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high))
-    return (pg * mask).sum() / mask.sum().clamp(min=1)
-
-
-def torch_step(model, opt, loss_cfg: LossConfig, tb: dict, clip: float) -> tuple[float, float]:
-    """One baseline update; returns (loss, grad norm before clipping)."""
-    import torch
-    opt.zero_grad(set_to_none=True)
-    logits = model(input_ids=tb["tokens"], attention_mask=tb["valid"]).logits
-    logp = torch_token_logprobs(logits, tb["tokens"])
-    loss = torch_loss(loss_cfg, logp, tb["old_logp"], tb["adv"], tb["is_resp"])
-    loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    opt.step()
-    return loss.item(), norm.item()
-
-
-def torch_batch(data: dict, old_logp: np.ndarray) -> dict:
-    import torch
-    return {"tokens": torch.tensor(data["tokens"], dtype=torch.long),
-            "valid": torch.tensor(data["valid"], dtype=torch.long),
-            "is_resp": torch.tensor(data["is_resp"], dtype=torch.float32),
-            "adv": torch.tensor(data["adv"]), "old_logp": torch.tensor(old_logp)}
-
-
 def jax_batch(data: dict, old_logp: np.ndarray) -> Batch:
     return Batch(jnp.asarray(data["tokens"]), jnp.asarray(data["valid"]), jnp.asarray(data["is_resp"]),
                  jnp.asarray(old_logp), jnp.asarray(data["adv"]))
-
-
-# ---------------------------------------------------------------- log-prob memory
-
-def full_token_logprobs(hidden, head, targets):
-    """Log-probs and entropies through the whole [N, V] logits (what we avoid)."""
-    logits = jnp.einsum("btd,dv->btv", hidden, head, preferred_element_type=jnp.float32)
-    logp_all = jax.nn.log_softmax(logits, axis=-1)
-    logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
-    return logp, -(jnp.exp(logp_all) * logp_all).sum(-1)
-
-
-def logprob_grad_fn(logprob_fn):
-    """jit of (hidden, head, targets, weights) -> (loss, mean entropy), (d hidden, d head)."""
-    def loss(hidden, head, targets, weights):
-        logp, ent = logprob_fn(hidden, head, targets)
-        return (weights * logp).sum(), ent.mean()
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
-
-
-def logprob_memory(cfg: Qwen3Config, batch: int, seq: int, chunks: list[int]) -> dict:
-    """Temp bytes (XLA) and peak RSS rise of the log-prob forward+backward, per implementation."""
-    import torch
-    rng = np.random.RandomState(0)
-    shape = (batch, seq - 1)
-    hidden = rng.randn(*shape, cfg.hidden_size).astype(np.float32)
-    head = (0.02 * rng.randn(cfg.hidden_size, cfg.vocab_size)).astype(np.float32)
-    targets = rng.randint(0, cfg.vocab_size, shape).astype(np.int32)
-    weights = rng.randn(*shape).astype(np.float32)
-    args = [jnp.asarray(x) for x in (hidden, head, targets, weights)]
-    impls = {f"jax_chunk_{c}": lambda h, w, y, c=c: token_logprobs(h, w, y, c) for c in chunks}
-    impls["jax_full_logits"] = full_token_logprobs
-    out = {}
-    for name, impl in impls.items():
-        fn = logprob_grad_fn(impl)
-        temp = fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
-        jax.block_until_ready(fn(*args))
-        with PeakRSS() as rss:
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            seconds = time.perf_counter() - start
-        out[name] = {"xla_temp_bytes": int(temp), "peak_rss_rise_bytes": rss.peak, "seconds": seconds}
-
-    h = torch.tensor(hidden, requires_grad=True)
-    w = torch.tensor(head.T.copy(), requires_grad=True)  # torch Linear layout [V, D]
-    y, c = torch.tensor(targets, dtype=torch.long), torch.tensor(weights)
-
-    def torch_call():
-        h.grad = w.grad = None
-        logits = torch.nn.functional.linear(h, w)
-        logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, y[..., None])[..., 0]
-        (c * logp).sum().backward()
-
-    torch_call()
-    with PeakRSS() as rss:
-        start = time.perf_counter()
-        torch_call()
-        seconds = time.perf_counter() - start
-    out["torch_full_logits"] = {"peak_rss_rise_bytes": rss.peak, "seconds": seconds}
-    return out
 
 
 # ---------------------------------------------------------------- the benchmark

@@ -9,6 +9,7 @@ import torch
 
 from atgrpo_jax.algo.logprobs import token_logprobs
 from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.bench import memory, torch_baseline
 from atgrpo_jax.bench import train as bench
 from atgrpo_jax.models import get_preset
 
@@ -28,7 +29,7 @@ def sides(tmp_path_factory):
     logprobs_fn, update_fn, state = bench.jax_update(ours, optim, loss_cfg, chunk=16)  # 69 rows: 5 chunks, padded
     old = bench.old_logprobs(logprobs_fn, state.params, data)
     return dict(data=data, old=old, logprobs_fn=logprobs_fn, update_fn=update_fn, state=state,
-                theirs=theirs, opt=bench.torch_optimizer(theirs, optim), loss_cfg=loss_cfg, optim=optim)
+                theirs=theirs, opt=torch_baseline.torch_optimizer(theirs, optim), loss_cfg=loss_cfg, optim=optim)
 
 
 def test_batch_layout():
@@ -46,19 +47,19 @@ def test_same_logprobs_loss_and_grad_norm_for_three_steps(sides):
     tokens = torch.tensor(s["data"]["tokens"], dtype=torch.long)
     with torch.no_grad():
         logits = s["theirs"](input_ids=tokens, attention_mask=torch.tensor(s["data"]["valid"])).logits
-        torch_logp = bench.torch_token_logprobs(logits, tokens).numpy()
+        torch_logp = torch_baseline.torch_token_logprobs(logits, tokens).numpy()
     ours = np.asarray(s["logprobs_fn"](s["state"].params, s["data"]["tokens"], s["data"]["valid"]))
     resp = s["data"]["is_resp"]
     np.testing.assert_allclose(ours[resp], torch_logp[resp], rtol=1e-5, atol=1e-5)
     assert np.abs(s["old"][resp] - ours[resp]).mean() > 0.1  # old log-probs are off-policy
 
-    jb, tb = bench.jax_batch(s["data"], s["old"]), bench.torch_batch(s["data"], s["old"])
+    jb, tb = bench.jax_batch(s["data"], s["old"]), torch_baseline.torch_batch(s["data"], s["old"])
     theirs_before = {n: p.detach().clone() for n, p in s["theirs"].named_parameters()}
     state, losses = s["state"], []
     before = {k: np.array(state.params[k][...]) for k in ("embed", "lm_head")}
     for _ in range(3):  # step 1: same weights; steps 2-3: after the same clip + AdamW updates
         state, m = s["update_fn"](state, jb)
-        t_loss, t_norm = bench.torch_step(s["theirs"], s["opt"], s["loss_cfg"], tb, s["optim"].grad_clip)
+        t_loss, t_norm = torch_baseline.torch_step(s["theirs"], s["opt"], s["loss_cfg"], tb, s["optim"].grad_clip)
         assert float(m["skipped"]) == 0.0
         np.testing.assert_allclose(float(m["loss"]), t_loss, rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(float(m["grad_norm"]), t_norm, rtol=1e-4)
@@ -90,8 +91,8 @@ def test_full_logits_version_agrees_and_chunked_needs_4x_less_temp_memory():
     d, v, shape = 32, 4096, (2, 64)
     args = (rng.randn(*shape, d).astype(np.float32), (0.1 * rng.randn(d, v)).astype(np.float32),
             rng.randint(0, v, shape).astype(np.int32), rng.randn(*shape).astype(np.float32))
-    full = bench.logprob_grad_fn(bench.full_token_logprobs)
-    chunked = bench.logprob_grad_fn(lambda h, w, y: token_logprobs(h, w, y, 16))
+    full = memory.logprob_grad_fn(memory.full_token_logprobs)
+    chunked = memory.logprob_grad_fn(lambda h, w, y: token_logprobs(h, w, y, 16))
     (loss_f, ent_f), grads_f = full(*args)
     (loss_c, ent_c), grads_c = chunked(*args)
     np.testing.assert_allclose(loss_c, loss_f, rtol=1e-5)
@@ -104,8 +105,8 @@ def test_full_logits_version_agrees_and_chunked_needs_4x_less_temp_memory():
 
 
 def test_peak_rss_sees_a_buffer_that_is_freed_inside_the_block():
-    with bench.rss_follows_live_buffers():
-        with bench.PeakRSS() as rss:
+    with memory.rss_follows_live_buffers():
+        with memory.PeakRSS() as rss:
             x = np.ones(50_000_000 // 8)  # 50 MB, touched
             x.sum()
             del x
