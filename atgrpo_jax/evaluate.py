@@ -3,15 +3,17 @@
 Restores the policies of a checkpoint (the run's latest, or a given step),
 runs independent episodes on held-out tasks and prints and writes
 `eval.json` (avg@k success: grid success, math accuracy, code pass@1), plus
-`learning_curve.png` from the run's metrics.jsonl.
+`learning_curve.png` from the run's metrics.jsonl. WORKDIR and --out may be
+object-store URLs (`gs://bucket/run`; needs `pip install gcsfs google-cloud-storage`).
 """
 from __future__ import annotations
 
 import json
-import os
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from atgrpo_jax.train import workdir as wd
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file", lock_config=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "a run's workdir, or WORKDIR/checkpoints/STEP")
@@ -22,22 +24,16 @@ _OUT = flags.DEFINE_string("out", "", "directory for eval.json and the PNG (defa
 flags.mark_flags_as_required(["config", "checkpoint"])
 
 
-def locate(checkpoint: str) -> tuple[str, str, int | None]:
-    """(workdir, checkpoint directory, step or None for the latest)."""
-    path = os.path.abspath(checkpoint.rstrip("/"))
-    if os.path.basename(os.path.dirname(path)) == "checkpoints" and os.path.basename(path).isdigit():
-        return os.path.dirname(os.path.dirname(path)), os.path.dirname(path), int(os.path.basename(path))
-    return path, os.path.join(path, "checkpoints"), None
-
-
 def run_evaluation(config, checkpoint: str, tasks: int = 0, k: int = 0, temperature: float | None = None,
                    out: str = "") -> dict:
     from atgrpo_jax.train.checkpoint import Checkpointer
     from atgrpo_jax.train.loop import evaluate, policy_states, set_policy_states
-    from atgrpo_jax.train.plots import plot_learning_curves
     from atgrpo_jax.train.setup import build_run
 
-    workdir, ckpt_dir, step = locate(checkpoint)
+    workdir, ckpt_dir, step = wd.locate_checkpoint(checkpoint)
+    out = out or workdir
+    wd.require_support(ckpt_dir, checkpoints=True)  # missing gs:// packages: fail before compiling
+    wd.require_support(out)
     run = build_run(config)
     ckpt = Checkpointer(ckpt_dir, keep_last=0, read_only=True)
     step = ckpt.latest_step() if step is None else step
@@ -49,13 +45,7 @@ def run_evaluation(config, checkpoint: str, tasks: int = 0, k: int = 0, temperat
     result = evaluate(run, tasks, k, temperature)
     result = {"step": step, "tasks": tasks, "k": k, "workflow": config.env.workflow,
               "regime": config.regime, f"avg@{k}_success": result["eval_success"], **result}
-    out = out or workdir
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "eval.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
-        plot_learning_curves({config.regime: workdir}, os.path.join(out, "learning_curve.png"),
-                             metric="eval_success", title=f"{config.env.workflow}: held-out success")
+    wd.write_eval_outputs(result, workdir, out, regime=config.regime, title=f"{config.env.workflow}: held-out success")
     print(json.dumps(result))
     return result
 

@@ -9,7 +9,7 @@ Usage: tpu_scripts/setup.sh --name NAME --zone ZONE (--repo URL [--ref REF] | --
 
 On every worker (gcloud ... ssh --worker=all): puts the project in ~/DIR (a git
 clone, or a copy of a local directory), makes a Python venv with uv, and
-installs the project with jax[tpu] and gcsfs (TensorBoard on gs://).
+installs the project with jax[tpu], gcsfs and google-cloud-storage (gs:// workdirs).
 
   --name NAME          TPU name
   --zone ZONE          its zone
@@ -69,11 +69,11 @@ else
  && git -C $DIR fetch --depth=1 origin $(quote "$REF") && git -C $DIR checkout --detach FETCH_HEAD"
 fi
 
-# 2. A venv with the project, jax[tpu] (libtpu) and gcsfs.
+# 2. A venv with the project, jax[tpu] (libtpu) gcsfs and google-cloud-storage (epath and orbax on gs://).
 on_workers all "cd $DIR && python3 -m pip install --user --upgrade uv\
  && ([ -x .venv/bin/python ] || python3 -m uv venv --seed --python $(quote "$PYTHON") .venv)\
  && .venv/bin/python -m pip install --upgrade pip\
- && .venv/bin/python -m pip install -e . $(quote "jax[tpu]==$JAX_VERSION") gcsfs -f $LIBTPU_LINKS"
+ && .venv/bin/python -m pip install -e . $(quote "jax[tpu]==$JAX_VERSION") gcsfs google-cloud-storage -f $LIBTPU_LINKS"
 
 # 3. Every worker sees the whole slice (JAX finds the other hosts by itself on TPU).
 on_workers all "cd $DIR && .venv/bin/python -c 'import jax; print(jax.process_index(), jax.local_device_count(), jax.device_count())'"

@@ -24,19 +24,26 @@ is older than the last `keep_last`. `keep_last` of 0 or None keeps every step.
 Multi-host: every process calls every method (orbax coordinates them); only
 the primary process writes the JSON item. A state with a NaN or inf leaf is
 refused on all processes alike (the check reduces over the global arrays).
+
+`directory` may be an object-store URL (`gs://bucket/run/checkpoints`): it is
+passed to orbax unchanged (a relative local path is made absolute). On
+`gs://` orbax commits a step with a marker file instead of a rename, writes
+arrays through tensorstore, and needs `gcsfs` and `google-cloud-storage`
+installed (checked here, with an error that names them).
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
-import os
 from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from atgrpo_jax.train import workdir as wd
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +145,8 @@ class Checkpointer:
             raise ValueError(f"keep_last must be >= 0 (0 keeps all), got {keep_last}")
         if save_every < 1:
             raise ValueError(f"save_every must be >= 1, got {save_every}")
-        self.directory = os.path.abspath(directory)
+        wd.require_support(directory, checkpoints=True)
+        self.directory = wd.absolute(directory)
         self.best_metric = best_metric
         self.best_mode = best_mode
         self.read_only = read_only

@@ -23,6 +23,15 @@ keeps them until it restarts.
 Only the TensorBoard package is used (no TensorFlow): events are built with
 `tensorboard.plugins.scalar.summary_v2.scalar_pb` and written by
 `tensorboard.summary.writer.event_file_writer.EventFileWriter`.
+
+Object-store workdirs (`gs://bucket/run`; see `workdir.py`): both files are
+written exactly as above in a local staging directory, and the changed ones
+are uploaded whole (an atomic object write) at most every `sync_every_s`
+seconds, at `sync()` (the trainer calls it before each checkpoint, so the
+store holds every row a resume keeps) and at `close()`. Resuming downloads
+the files first, truncates them locally and uploads the rewritten ones.
+TensorBoard's own writer is not pointed at the store: its fsspec layer
+appends per record, and gcsfs turns an append into an overwrite.
 """
 from __future__ import annotations
 
@@ -36,11 +45,14 @@ from typing import Any, Callable, Mapping, Sequence, TextIO
 
 import numpy as np
 
+from atgrpo_jax.train import workdir as wd
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
 _EVENTS_PREFIX = "events.out.tfevents."
+SYNC_EVERY_S = 30.0  # object stores: upload period (GCS allows ~1 write/s per object)
 
 
 def _scalar(key: str, value: Any) -> int | float | None:
@@ -66,9 +78,9 @@ def _scalar(key: str, value: Any) -> int | float | None:
 
 
 def _parse_lines(path: str) -> list[dict]:
-    """The complete JSON lines of `path`; a torn (unparsable) line is skipped."""
+    """The complete JSON lines of `path` (local or a URL); a torn (unparsable) line is skipped."""
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with (wd.as_epath(path).open("r") if wd.is_remote(path) else open(path, encoding="utf-8")) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -83,9 +95,9 @@ def _parse_lines(path: str) -> list[dict]:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-    """All rows of `workdir/metrics.jsonl` (or of a .jsonl path), in file order."""
+    """All rows of `workdir/metrics.jsonl` (or of a .jsonl path; local or a URL), in file order."""
     workdir = os.fspath(workdir)
-    path = workdir if workdir.endswith(".jsonl") else os.path.join(workdir, METRICS_FILE)
+    path = workdir if workdir.endswith(".jsonl") else wd.join(workdir, METRICS_FILE)
     return _parse_lines(path)
 
 
@@ -150,29 +162,46 @@ class MetricsWriter:
     """Appends scalars to metrics.jsonl and TensorBoard; see the module docstring."""
 
     def __init__(self, workdir: str, *, enabled: bool = True, resume_step: int | None = None,
-                 tensorboard: bool = True):
-        self.workdir = workdir
+                 tensorboard: bool = True, sync_every_s: float = SYNC_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.workdir = workdir = os.fspath(workdir)
         self.enabled = enabled
-        self.path = os.path.join(workdir, METRICS_FILE)
-        self.tb_dir = os.path.join(workdir, TB_DIR)
+        self.path = wd.join(workdir, METRICS_FILE)
+        self.tb_dir = wd.join(workdir, TB_DIR)
+        self.sync_every_s = sync_every_s
+        self._clock = clock
         self._file: TextIO | None = None
         self._events = None
+        self._mirror: wd.Mirror | None = None
         if not enabled:  # e.g. processes other than 0 in a multi-host run
             return
-        os.makedirs(workdir, exist_ok=True)
+        local = workdir
+        if wd.is_remote(workdir):
+            wd.require_support(workdir)
+            self._mirror = wd.Mirror(workdir)
+            local = self._mirror.local
+            self._mirror.pull(METRICS_FILE)  # appended to, or truncated
+            if resume_step is not None and tensorboard:
+                self._mirror.pull_dir(TB_DIR, _EVENTS_PREFIX)  # only to be truncated
+        else:
+            os.makedirs(workdir, exist_ok=True)
+        self._local_path = os.path.join(local, METRICS_FILE)
+        self._local_tb = os.path.join(local, TB_DIR)
         if resume_step is not None:
-            dropped = truncate_metrics(self.path, resume_step)
-            dropped_events = truncate_events(self.tb_dir, resume_step) if tensorboard else 0
+            dropped = truncate_metrics(self._local_path, resume_step)
+            dropped_events = truncate_events(self._local_tb, resume_step) if tensorboard else 0
             if dropped or dropped_events:
                 log.info("run resumed at step %d: dropped %d metrics lines and %d events written after it",
                          resume_step, dropped, dropped_events)
-        self._file = open(self.path, "a", encoding="utf-8")
-        if self._file.tell() and not _ends_with_newline(self.path):
+        self._file = open(self._local_path, "a", encoding="utf-8")
+        if self._file.tell() and not _ends_with_newline(self._local_path):
             self._file.write("\n")  # end a torn line so it does not swallow the next one
         if tensorboard:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-            self._events = EventFileWriter(self.tb_dir)
+            self._events = EventFileWriter(self._local_tb)
+        self._last_sync = -math.inf
+        self.sync()  # the store holds the truncated files (or an empty metrics.jsonl) from the start
 
     def write(self, step: int, scalars: Mapping[str, Any]):
         """One jsonl line and one TensorBoard event for `step` (flushed before returning)."""
@@ -197,14 +226,38 @@ class MetricsWriter:
             if event.summary.value:
                 self._events.add_event(event)
                 self._events.flush()
+        if self._mirror is not None and self._clock() - self._last_sync >= self.sync_every_s:
+            self.sync()
+
+    def sync(self) -> list[str]:
+        """Upload the changed files to an object-store workdir now (local workdirs: nothing to do).
+
+        Returns the uploaded paths relative to the workdir.
+        """
+        if self._mirror is None or self._file is None:
+            return []
+        self._file.flush()
+        if self._events is not None:
+            self._events.flush()
+        self._last_sync = self._clock()
+        return self._mirror.push()
 
     def close(self):
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Close both files and, for an object-store workdir, upload them a last time."""
+        if self._file is None:  # disabled, or closed already
+            return
+        self._file.close()
+        self._file = None
         if self._events is not None:
             self._events.close()
             self._events = None
+        if self._mirror is not None:
+            try:
+                self._mirror.push()
+            except Exception:
+                log.error("upload to %s failed; the files are kept in %s", self.workdir, self._mirror.local)
+                raise
+            self._mirror.close()
 
     def __enter__(self):
         return self
@@ -216,12 +269,15 @@ class MetricsWriter:
 def read_tb_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     """Scalars as TensorBoard's own event reader sees them: {tag: [(step, value), ...]}.
 
-    `logdir` is a workdir (its `tb/` is read) or an event directory.
+    `logdir` is a workdir (its `tb/` is read) or an event directory, local or
+    a URL (read through TensorBoard's own fsspec layer, as `tensorboard
+    --logdir gs://...` would).
     """
     from tensorboard.backend.event_processing import event_accumulator as ea
     from tensorboard.util import tensor_util
 
-    tb_dir = os.path.join(logdir, TB_DIR) if os.path.isdir(os.path.join(logdir, TB_DIR)) else logdir
+    logdir = os.fspath(logdir)
+    tb_dir = wd.join(logdir, TB_DIR) if wd.isdir(wd.join(logdir, TB_DIR)) else logdir
     acc = ea.EventAccumulator(tb_dir, size_guidance={ea.TENSORS: 0, ea.SCALARS: 0})
     acc.Reload()
     out: dict[str, list[tuple[int, float]]] = {}

@@ -1,9 +1,12 @@
 """Learning curves: one PNG, one line per run (e.g. AT-GRPO vs plain GRPO vs single agent)."""
 from __future__ import annotations
 
+import io
 import math
 import os
 from typing import Mapping, Sequence
+
+from atgrpo_jax.train import workdir as wd
 
 AXIS_LABELS = {"step": "training step", "time_s": "wall-clock time (s)", "eval_success": "success rate (held out)"}
 
@@ -25,10 +28,11 @@ def plot_learning_curves(runs: Mapping[str, str | os.PathLike | Sequence[Mapping
                          dpi: int = 100) -> str:
     """Write `out_png` with one curve of `metric` against `x` per named run; returns the path.
 
-    A run is a workdir (its metrics.jsonl is read), a .jsonl path, or a list of
-    metric rows. Rows without the metric (e.g. steps without evaluation) or with
-    a null value are skipped; a run with no point at all is named "(no data)"
-    in the legend. The image is `figsize * dpi` pixels.
+    A run is a workdir (its metrics.jsonl is read), a .jsonl path (either may
+    be a gs:// URL, as may `out_png`), or a list of metric rows. Rows without
+    the metric (e.g. steps without evaluation) or with a null value are
+    skipped; a run with no point at all is named "(no data)" in the legend.
+    The image is `figsize * dpi` pixels.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -59,6 +63,9 @@ def plot_learning_curves(runs: Mapping[str, str | os.PathLike | Sequence[Mapping
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
-    fig.savefig(out_png, dpi=dpi)
+    out_png = os.fspath(out_png)
+    wd.makedirs(wd.dirname(wd.absolute(out_png)))
+    image = io.BytesIO()
+    fig.savefig(image, format=os.path.splitext(out_png)[1][1:] or "png", dpi=dpi)  # .svg, .pdf work too
+    wd.write_bytes(out_png, image.getvalue())  # one whole write: also an object-store upload
     return out_png

@@ -220,6 +220,18 @@ def test_save_refusals_interval_and_force(tmp_path):
         Checkpointer(str(tmp_path / "x"), keep_last=1, best_mode="best")
 
 
+def test_relative_directory_is_made_absolute_and_urls_are_checked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with Checkpointer("run/checkpoints", keep_last=1, async_save=False) as ckpt:
+        assert ckpt.directory == str(tmp_path / "run" / "checkpoints")
+        assert ckpt.save(1, {"x": jnp.arange(3.0)}, meta={"step": 1})
+    monkeypatch.chdir(tmp_path / "run")  # the saved path does not depend on the working directory
+    state, meta = Checkpointer(str(tmp_path / "run" / "checkpoints"), keep_last=1, read_only=True).restore()
+    assert meta == {"step": 1} and np.array_equal(np.asarray(state["x"]), np.arange(3.0))
+    with pytest.raises(ValueError, match="unsupported URL scheme ftp://"):
+        Checkpointer("ftp://host/run/checkpoints", keep_last=1)
+
+
 def test_async_save_survives_deleting_the_arrays(tmp_path):
     """save() returns once arrays are off the device: the trainer may donate them right away."""
     state = {"w": jnp.asarray(np.random.default_rng(3).standard_normal((256, 256)), jnp.float32)}

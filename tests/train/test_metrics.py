@@ -116,6 +116,20 @@ def test_appending_after_a_torn_line_keeps_the_next_line_whole(tmp_path):
     assert read_metrics(str(tmp_path)) == [{"step": 1, "a": 1.0}, {"step": 2, "a": 2.0}]
 
 
+def test_local_workdir_is_written_in_place_without_uploads(tmp_path):
+    """A local (pathlib) workdir: every write is on disk at once; sync() has nothing to upload."""
+    w = MetricsWriter(tmp_path / "run", sync_every_s=0.0)
+    w.write(1, {"loss": 0.5})
+    assert read_metrics(str(tmp_path / "run")) == [{"step": 1, "loss": 0.5}]  # before close
+    assert read_tb_scalars(tmp_path / "run") == {"loss": [(1, 0.5)]}
+    assert w.sync() == [] and w.path == str(tmp_path / "run" / "metrics.jsonl")
+    w.close()
+    w.close()  # idempotent
+    assert sorted(os.listdir(tmp_path / "run")) == ["metrics.jsonl", "tb"]
+    with pytest.raises(RuntimeError, match="closed"):
+        w.write(2, {"loss": 0.4})
+
+
 def test_disabled_writer_writes_nothing(tmp_path):
     workdir = tmp_path / "proc1"
     w = MetricsWriter(str(workdir), enabled=False, resume_step=3)

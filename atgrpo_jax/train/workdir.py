@@ -1,0 +1,221 @@
+"""Run directories that are local paths or object-store URLs (`gs://bucket/run`, `s3://...`).
+
+Local paths are handled with `os` as before (relative ones made absolute
+where orbax needs it). URLs go through `etils.epath` (the layer orbax uses)
+and are never passed to `os.path.abspath`.
+
+Object stores have no append, no fsync and no atomic rename, but writing a
+whole object is atomic: a reader sees the old object or the new one, never a
+mix, and an interrupted upload leaves the old object. So files that grow
+(metrics.jsonl, TensorBoard event files) are kept in a local staging
+directory and uploaded whole by `Mirror.push` (only the files that changed).
+
+Packages: epath reaches `gs://` through fsspec's `gcsfs` (or through
+TensorFlow when it is installed); orbax's `gs://` checkpoints also need
+`google-cloud-storage` (it lists steps through it). `require_support` names
+what is missing before anything is compiled.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+
+from etils import epath
+
+# epath's URL schemes -> the fsspec protocol epath uses for each.
+FSSPEC_PROTOCOLS = {"gs": "gcs", "s3": "s3", "az": "az", "hf": "hf"}
+
+
+def scheme(path) -> str | None:
+    """The URL scheme of `path` ("gs" for gs://bucket/x), None for a local path."""
+    path = os.fspath(path)
+    head, sep, _ = path.partition("://")
+    return head if sep else None
+
+
+def is_remote(path) -> bool:
+    return scheme(path) is not None
+
+
+def as_epath(path) -> epath.Path:
+    """An epath.Path; a clear error for a URL scheme epath cannot open."""
+    s = scheme(path)
+    if s is not None and s not in FSSPEC_PROTOCOLS:
+        raise ValueError(f"{os.fspath(path)!r}: unsupported URL scheme {s}:// "
+                         f"(supported: {', '.join(k + '://' for k in FSSPEC_PROTOCOLS)} or a local path)")
+    return epath.Path(path)
+
+
+def absolute(path) -> str:
+    """A local path made absolute (orbax wants one); a URL unchanged."""
+    path = os.fspath(path)
+    return path if is_remote(path) else os.path.abspath(path)
+
+
+def join(path, *parts: str) -> str:
+    path = os.fspath(path)
+    return str(as_epath(path).joinpath(*parts)) if is_remote(path) else os.path.join(path, *parts)
+
+
+def dirname(path) -> str:
+    path = os.fspath(path)
+    return str(as_epath(path).parent) if is_remote(path) else os.path.dirname(path)
+
+
+def basename(path) -> str:
+    return os.path.basename(os.fspath(path).rstrip("/"))
+
+
+def _module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a missing parent package (google.cloud)
+        return False
+
+
+def missing_packages(path, *, checkpoints: bool = False) -> list[str]:
+    """Why `path` cannot be used from this Python environment (empty when it can)."""
+    s = scheme(path)
+    if s is None:
+        return []
+    as_epath(path)  # unsupported scheme: ValueError
+    missing = []
+    epath_uses_tf = (os.environ.get("EPATH_USE_TF", "").lower() not in ("false", "no", "f", "0")
+                     and _module_available("tensorflow"))  # epath's rule: then tf.io.gfile, not fsspec
+    if not epath_uses_tf:
+        import fsspec
+
+        try:
+            fsspec.get_filesystem_class(FSSPEC_PROTOCOLS[s])
+        except (ImportError, ValueError) as e:
+            missing.append(f"fsspec has no {s}:// filesystem ({e})")
+    if checkpoints and s == "gs" and not _module_available("google.cloud.storage"):
+        missing.append("orbax lists gs:// checkpoints with google-cloud-storage, which is not installed")
+    return missing
+
+
+def require_support(path, *, checkpoints: bool = False):
+    """Raise ImportError naming the packages `path` needs (gs://: `pip install gcsfs google-cloud-storage`)."""
+    missing = missing_packages(path, checkpoints=checkpoints)
+    if missing:
+        hint = {"gs": "gcsfs google-cloud-storage", "s3": "s3fs", "az": "adlfs", "hf": "huggingface_hub"}
+        raise ImportError(f"cannot use {os.fspath(path)}: " + "; ".join(missing)
+                          + f". Install: pip install {hint[scheme(path)]}")
+
+
+def makedirs(path):
+    as_epath(path).mkdir(parents=True, exist_ok=True)
+
+
+def exists(path) -> bool:
+    return as_epath(path).exists()
+
+
+def isdir(path) -> bool:
+    return as_epath(path).is_dir()
+
+
+def write_text(path, text: str):
+    """Write a whole file (one object on a store; local files as with open(path, "w"))."""
+    as_epath(path).write_text(text, encoding="utf-8")
+
+
+def write_bytes(path, data: bytes):
+    as_epath(path).write_bytes(data)
+
+
+def prepare(config, workdir: str, *, lead: bool) -> str:
+    """Create a run's `workdir`, write its config.json (lead process only); returns its checkpoint directory."""
+    makedirs(workdir)
+    if lead:
+        write_text(join(workdir, "config.json"), config.to_json_best_effort(indent=2))
+    return join(absolute(workdir), "checkpoints")  # orbax wants an absolute local path
+
+
+def locate_checkpoint(checkpoint: str) -> tuple[str, str, int | None]:
+    """(workdir, checkpoint directory, step or None for the latest) of `WORKDIR` or `WORKDIR/checkpoints/STEP`."""
+    path = absolute(checkpoint.rstrip("/"))
+    parent, name = dirname(path), basename(path)
+    if basename(parent) == "checkpoints" and name.isdigit():
+        return dirname(parent), parent, int(name)
+    return path, join(path, "checkpoints"), None
+
+
+def write_eval_outputs(result: dict, workdir: str, out: str, *, regime: str, title: str) -> list[str]:
+    """Write `out/eval.json` and, when the run has metrics, `out/learning_curve.png`; returns the paths."""
+    from atgrpo_jax.train.plots import plot_learning_curves
+
+    makedirs(out)
+    written = [join(out, "eval.json")]
+    write_text(written[0], json.dumps(result, indent=2))
+    if exists(join(workdir, "metrics.jsonl")):
+        written.append(plot_learning_curves({regime: workdir}, join(out, "learning_curve.png"),
+                                            metric="eval_success", title=title))
+    return written
+
+
+class Mirror:
+    """A local staging directory whose files are uploaded whole to a remote directory.
+
+    `pull` downloads remote files before local code edits them; `push` uploads
+    every local file whose size or modification time changed since it was
+    pulled or last pushed. `close` removes the staging directory.
+    """
+
+    def __init__(self, remote: str):
+        self.remote = os.fspath(remote)
+        self.local = tempfile.mkdtemp(prefix="atgrpo-workdir-")
+        self._seen: dict[str, tuple[int, int]] = {}  # relative path -> (size, mtime_ns) on the remote
+        self._made: set[str] = set()
+
+    def _stamp(self, rel: str) -> tuple[int, int]:
+        st = os.stat(os.path.join(self.local, rel))
+        return st.st_size, st.st_mtime_ns
+
+    def pull(self, rel: str) -> bool:
+        """Download remote `rel` (a path under the remote directory); False if it does not exist."""
+        src = as_epath(join(self.remote, rel))
+        if not src.exists():
+            return False
+        dst = os.path.join(self.local, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        with open(dst, "wb") as f:
+            f.write(src.read_bytes())
+        self._seen[rel] = self._stamp(rel)
+        return True
+
+    def pull_dir(self, rel_dir: str, prefix: str = "") -> int:
+        """Download the files of remote `rel_dir` whose names start with `prefix`; returns how many."""
+        src = as_epath(join(self.remote, rel_dir))
+        if not src.is_dir():
+            return 0
+        names = sorted(p.name for p in src.iterdir() if p.name.startswith(prefix))
+        return sum(self.pull(f"{rel_dir}/{name}") for name in names)
+
+    def push(self) -> list[str]:
+        """Upload the changed local files whole; returns their relative paths."""
+        pushed = []
+        for root, _, files in os.walk(self.local):
+            for name in sorted(files):
+                if name.endswith(".tmp"):  # a local atomic rewrite in progress
+                    continue
+                rel = os.path.relpath(os.path.join(root, name), self.local).replace(os.sep, "/")
+                stamp = self._stamp(rel)
+                if self._seen.get(rel) == stamp:
+                    continue
+                with open(os.path.join(self.local, rel), "rb") as f:
+                    data = f.read()
+                parent = dirname(join(self.remote, rel))
+                if parent not in self._made:
+                    makedirs(parent)
+                    self._made.add(parent)
+                write_bytes(join(self.remote, rel), data)
+                self._seen[rel] = stamp
+                pushed.append(rel)
+        return pushed
+
+    def close(self):
+        shutil.rmtree(self.local, ignore_errors=True)
