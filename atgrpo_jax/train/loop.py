@@ -56,22 +56,21 @@ def update_policy(run: Run, policy, batch: dict) -> dict:
     """Old log-probs, then epochs x mini-batches of clipped updates. Returns mean metrics."""
     o = run.config.optim
     params = policy.state.params
-    put = lambda x: global_array(x, policy.mesh)  # every process holds the same mini-batch
-
-    def logprobs(params):
-        return np.concatenate([to_host(policy.logprobs_fn(params, put(mb["tokens"]), put(mb["valid"])))
-                               for mb in _minibatches(batch, o.mini_batch_size)])
-
+    # Each mini-batch is placed on the policy's mesh once (every process holds the same
+    # batch); old and reference log-probs stay there for the updates.
+    placed = [{k: global_array(mb[k], policy.mesh) for k in ("tokens", "valid", "is_resp", "adv")}
+              for mb in _minibatches(batch, o.mini_batch_size)]
+    logprobs = lambda params: [policy.logprobs_fn(params, mb["tokens"], mb["valid"]) for mb in placed]
     old = logprobs(params)
     resp = batch["is_resp"]
-    gap = float(np.abs(old - batch["sampler_logp"])[resp].mean()) if resp.any() else 0.0
+    old_host = np.concatenate([to_host(x) for x in old])
+    gap = float(np.abs(old_host - batch["sampler_logp"])[resp].mean()) if resp.any() else 0.0
     ref = run.ref_params.get(policy.name)  # the KL reference's log-probs, once per batch like old
-    batch = dict(batch, old_logp=old, **({} if ref is None else {"ref_logp": logprobs(ref)}))
+    ref_logp = [None] * len(placed) if ref is None else logprobs(ref)
     logs = []
     for _ in range(o.epochs):
-        for mb in _minibatches(batch, o.mini_batch_size):
-            b = Batch(*(put(mb[k]) for k in ("tokens", "valid", "is_resp", "old_logp", "adv")),
-                      None if ref is None else put(mb["ref_logp"]))
+        for mb, old_mb, ref_mb in zip(placed, old, ref_logp):
+            b = Batch(mb["tokens"], mb["valid"], mb["is_resp"], old_mb, mb["adv"], ref_mb)
             policy.state, m = policy.update_fn(policy.state, b)
             logs.append(jax.device_get(m))
     out = {k: float(np.mean([l[k] for l in logs])) for k in logs[0]}
