@@ -146,6 +146,11 @@ def logical_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None,
     return P(*spec)
 
 
+def batch_shards(mesh: Mesh) -> int:
+    """How many pieces the logical "batch" axis is split into on `mesh`."""
+    return math.prod(mesh.shape[a] for a in RULES["batch"] if a in mesh.shape)
+
+
 def logical_sharding(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int]) -> NamedSharding:
     return NamedSharding(mesh, logical_spec(axes, shape, mesh))
 

@@ -1,4 +1,10 @@
-"""From rollout samples to fixed-shape training batches, one set per policy."""
+"""From rollout samples to fixed-shape training batches, one set per policy.
+
+`policy_batches` lays samples out one per row (the PyTorch baseline eats that);
+`pack_minibatch` turns a mini-batch of those rows into the trainer's `Packed`
+layout (train/update.py), where the samples that share a prompt (a tree group's
+K branches) share one copy of it.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -14,21 +20,30 @@ def length_bucket(n: int, multiple: int = 32) -> int:
     return size
 
 
+def fine_bucket(n: int, minimum: int = 8) -> int:
+    """n rounded up to one of 8 sizes per octave (at most 12.5% padding, few static shapes)."""
+    if n <= minimum:
+        return minimum
+    step = max(1 << ((n - 1).bit_length() - 4), 8)  # multiples of 8 at least
+    return -(-n // step) * step
+
+
 def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_of_agent: np.ndarray,
                    num_policies: int, mini_batch: int, rng: np.random.Generator) -> list[dict | None]:
     """Per policy: arrays tokens/valid/is_resp/sampler_logp [N, L], adv [N], with N a
-    multiple of `mini_batch` (the last mini-batch padded with empty rows) and rows
-    shuffled. A policy with no kept sample gets None.
+    multiple of `mini_batch` (the last mini-batch padded with empty rows). Groups are
+    shuffled and each group's samples stay together, so a mini-batch holds whole groups
+    (as verl's, and so `pack_minibatch` can share their prompt). A policy with no kept
+    sample gets None.
     """
     out: list[dict | None] = []
     for p in range(num_policies):
-        rows = [(g, k) for g in np.flatnonzero(keep & (policy_of_agent[samples.agent] == p))
-                for k in np.flatnonzero(samples.mask[g])]
-        rows = [(g, k) for g, k in rows if len(samples.response[g][k])]
+        groups = np.flatnonzero(keep & (policy_of_agent[samples.agent] == p))
+        rows = [(g, k) for g in groups[rng.permutation(len(groups))]
+                for k in np.flatnonzero(samples.mask[g]) if len(samples.response[g][k])]
         if not rows:
             out.append(None)
             continue
-        rows = [rows[i] for i in rng.permutation(len(rows))]
         n = -(-len(rows) // mini_batch) * mini_batch
         lengths = [len(samples.prompt[g][k]) + len(samples.response[g][k]) for g, k in rows]
         width = length_bucket(max(lengths))
@@ -48,4 +63,73 @@ def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_o
             a[i] = adv[g, k]
         out.append(dict(tokens=tokens, valid=valid, is_resp=is_resp, sampler_logp=logp, adv=a,
                         num_samples=len(rows)))
+    return out
+
+
+def _rows_of_shared_prompts(mb: dict, share: bool, slots: int | None) -> list[list[int]]:
+    """Sample indices per packed row: a prompt with at most `slots` of its responses,
+    as many as fit in twice the longest sample (so rows stay about as long as unshared
+    ones)."""
+    is_resp, valid = mb["is_resp"], mb["valid"]
+    live = np.flatnonzero(is_resp.any(1))
+    start, end = is_resp.argmax(1), valid.sum(1)
+    if np.any(start[live] == 0):
+        raise ValueError("a sample has an empty prompt: its first response token has nothing to be scored from")
+    cap = 2 * fine_bucket(int(end[live].max()))
+    by_prompt: dict = {}
+    for i in live:
+        by_prompt.setdefault(mb["tokens"][i, :start[i]].tobytes() if share else i, []).append(i)
+    rows = []
+    for members in by_prompt.values():
+        row, used = [], start[members[0]]
+        for i in members:
+            if row and (used + end[i] - start[i] > cap or len(row) == slots):
+                rows.append(row)
+                row, used = [], start[i]
+            row.append(i)
+            used += end[i] - start[i]
+        rows.append(row)
+    return rows
+
+
+def pack_minibatch(mb: dict, shards: int = 1, share_prompts: bool = True, slots: int | None = None) -> dict:
+    """A mini-batch of `policy_batches` rows in the `Packed` layout (train/update.py), as
+    NumPy arrays, plus `sampler_logp` [R, J, T] and `sample` [R, J] (the mini-batch row
+    of each slot, -1 if empty). Samples with one prompt share a row
+    (unless not `share_prompts`), at most `slots` per row (the trainer passes K, so J
+    stays K even when two groups have one prompt); the row count R is padded to a power
+    of two and a multiple of `shards` (the devices the batch is split over), W and T to
+    `fine_bucket`.
+    """
+    rows = _rows_of_shared_prompts(mb, share_prompts, slots)
+    start, end = mb["is_resp"].argmax(1), mb["valid"].sum(1)
+    r = length_bucket(len(rows), 1)
+    r = -(-max(r, shards) // shards) * shards
+    j = slots or length_bucket(max(len(row) for row in rows), 1)  # K: one shape for every mini-batch
+    t = fine_bucket(int(max(end[i] - start[i] for row in rows for i in row)))
+    w = fine_bucket(max(int(start[row[0]] + sum(end[i] - start[i] for i in row)) for row in rows), 32)
+    out = dict(tokens=np.zeros((r, w), np.int32), positions=np.zeros((r, w), np.int32),
+               segment=np.full((r, w), -1, np.int32), pred=np.zeros((r, j, t), np.int32),
+               target=np.zeros((r, j, t), np.int32), scored=np.zeros((r, j, t), bool),
+               adv=np.zeros((r, j), np.float32), sampler_logp=np.zeros((r, j, t), np.float32),
+               sample=np.full((r, j), -1, np.int32))
+    for ri, row in enumerate(rows):
+        p = start[row[0]]
+        out["tokens"][ri, :p] = mb["tokens"][row[0], :p]
+        out["positions"][ri, :p] = np.arange(p)
+        out["segment"][ri, :p] = 0
+        col = p
+        for s, i in enumerate(row):
+            n = end[i] - p
+            cols = slice(col, col + n)
+            out["tokens"][ri, cols] = mb["tokens"][i, p:end[i]]
+            out["positions"][ri, cols] = np.arange(p, end[i])
+            out["segment"][ri, cols] = s + 1
+            out["pred"][ri, s, :n] = np.r_[p - 1, np.arange(col, col + n - 1)]
+            out["target"][ri, s, :n] = mb["tokens"][i, p:end[i]]
+            out["scored"][ri, s, :n] = True
+            out["adv"][ri, s] = mb["adv"][i]
+            out["sample"][ri, s] = i
+            out["sampler_logp"][ri, s, :n] = mb["sampler_logp"][i, p:end[i]]
+            col += n
     return out

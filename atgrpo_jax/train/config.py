@@ -29,7 +29,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.loss = dict(eps_low=0.2, eps_high=0.2, dual_clip=0.0, aggregation="token-mean",
                   kl_coef=0.0, entropy_coef=0.0, logprob_chunk=512)
     c.optim = dict(lr=1e-6, schedule="constant", warmup_steps=0, weight_decay=0.01, grad_clip=1.0,
-                   b1=0.9, b2=0.999, mini_batch_size=16, epochs=1)
+                   b1=0.9, b2=0.999, mini_batch_size=16, epochs=1,
+                   share_prompts=True)  # a group's samples share one forward pass of their prompt
     c.lora = dict(rank=16, alpha=32.0)
     c.train = dict(steps=200, seed=0, eval_every=10, eval_tasks=100, eval_k=1, log_every=1,
                    checkpoint_every=10, keep_last=2, time_budget_s=0.0)

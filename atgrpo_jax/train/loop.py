@@ -15,9 +15,10 @@ from atgrpo_jax.algo.advantages import group_advantages, group_filter
 from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_host
 from atgrpo_jax.rollout.router import make_sample_fn
 from atgrpo_jax.rollout.tree import merge_rollouts, plain_rollout, tree_rollout
-from atgrpo_jax.train.batch import policy_batches
+from atgrpo_jax.sharding import batch_shards
+from atgrpo_jax.train.batch import pack_minibatch, policy_batches
 from atgrpo_jax.train.setup import Run
-from atgrpo_jax.train.update import Batch, TrainState
+from atgrpo_jax.train.update import Packed, TrainState
 
 TRAIN_TASK_STRIDE = 1_000_003  # task ids of step s: s * stride + [0, B); test ids are another split
 
@@ -56,22 +57,24 @@ def update_policy(run: Run, policy, batch: dict) -> dict:
     """Old log-probs, then epochs x mini-batches of clipped updates. Returns mean metrics."""
     o = run.config.optim
     params = policy.state.params
-    # Each mini-batch is placed on the policy's mesh once (every process holds the same
-    # batch); old and reference log-probs stay there for the updates.
-    placed = [{k: global_array(mb[k], policy.mesh) for k in ("tokens", "valid", "is_resp", "adv")}
+    # Each mini-batch is packed (a group's prompt once) and placed on the policy's mesh
+    # once (every process holds the same batch); old and reference log-probs stay there.
+    shards = batch_shards(policy.mesh)
+    packed = [pack_minibatch(mb, shards, o.share_prompts, run.config.rollout.k)
               for mb in _minibatches(batch, o.mini_batch_size)]
-    logprobs = lambda params: [policy.logprobs_fn(params, mb["tokens"], mb["valid"]) for mb in placed]
+    placed = [Packed(*(global_array(mb[f], policy.mesh) for f in Packed._fields[:7])) for mb in packed]
+    logprobs = lambda params: [policy.logprobs_fn(params, mb) for mb in placed]
     old = logprobs(params)
-    resp = batch["is_resp"]
-    old_host = np.concatenate([to_host(x) for x in old])
-    gap = float(np.abs(old_host - batch["sampler_logp"])[resp].mean()) if resp.any() else 0.0
+    scored = np.concatenate([mb["scored"].ravel() for mb in packed])
+    old_host = np.concatenate([to_host(x).ravel() for x in old])
+    sampler = np.concatenate([mb["sampler_logp"].ravel() for mb in packed])
+    gap = float(np.abs(old_host - sampler)[scored].mean()) if scored.any() else 0.0
     ref = run.ref_params.get(policy.name)  # the KL reference's log-probs, once per batch like old
     ref_logp = [None] * len(placed) if ref is None else logprobs(ref)
     logs = []
     for _ in range(o.epochs):
         for mb, old_mb, ref_mb in zip(placed, old, ref_logp):
-            b = Batch(mb["tokens"], mb["valid"], mb["is_resp"], old_mb, mb["adv"], ref_mb)
-            policy.state, m = policy.update_fn(policy.state, b)
+            policy.state, m = policy.update_fn(policy.state, mb._replace(old_logp=old_mb, ref_logp=ref_mb))
             logs.append(jax.device_get(m))
     out = {k: float(np.mean([l[k] for l in logs])) for k in logs[0]}
     out["skipped"] = float(np.sum([l["skipped"] for l in logs]))
