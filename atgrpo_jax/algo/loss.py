@@ -27,15 +27,19 @@ class LossConfig:
                              f"got {self.eps_low}, {self.eps_high}")
 
 
-def aggregation_weights(mask: jax.Array, how: str) -> jax.Array:
-    """w [B, T] such that the aggregate of x over mask is (w * x).sum(): 1/n_tokens
-    per masked token (token-mean), or 1/(n_seq * len(seq)) (seq-mean-token-mean)."""
+def aggregation_weights(mask: jax.Array, how: str, sample_len: jax.Array | None = None) -> jax.Array:
+    """w (mask's shape) such that the aggregate of x over mask is (w * x).sum(): 1/n_tokens
+    per masked token (token-mean), or 1/(n_seq * len(seq)) (seq-mean-token-mean).
+
+    Rows of mask [B, T] are the sequences, unless `sample_len` gives, per token, the
+    number of masked tokens of the sequence it belongs to (packed layouts)."""
     m = mask.astype(jnp.float32)
     if how == "token-mean":
         return m / jnp.maximum(m.sum(), 1.0)
-    n = m.sum(1, keepdims=True)
-    has = (n > 0).astype(jnp.float32)
-    return m / jnp.maximum(n, 1.0) * has / jnp.maximum(has.sum(), 1.0)
+    if sample_len is None:
+        sample_len = jnp.broadcast_to(m.sum(-1, keepdims=True), m.shape)
+    per_seq = m / jnp.maximum(sample_len, 1.0)  # sums to 1 over each sequence with a token
+    return per_seq / jnp.maximum(per_seq.sum(), 1.0)
 
 
 def aggregate(x: jax.Array, mask: jax.Array, how: str) -> jax.Array:
@@ -80,17 +84,22 @@ def policy_loss(cfg: LossConfig, logp, old_logp, advantages, mask, ref_logp=None
     sample, spread over its tokens) or [B, T].
     """
     adv = advantages[:, None] if advantages.ndim == 1 else advantages
-    adv = jnp.broadcast_to(adv, logp.shape)
+    return weighted_policy_loss(cfg, aggregation_weights(mask, cfg.aggregation), logp, old_logp,
+                                jnp.broadcast_to(adv, logp.shape), ref_logp, entropy)
+
+
+def weighted_policy_loss(cfg: LossConfig, w, logp, old_logp, adv, ref_logp=None, entropy=None):
+    """policy_loss with its aggregation given as per-token weights w (`aggregation_weights`);
+    every argument has one shape (any layout of the tokens)."""
     log_ratio = logp - old_logp
-    ratio = jnp.exp(log_ratio)
     pg, is_clipped = clipped_surrogate(cfg, logp, old_logp, adv)
-    loss = aggregate(pg, mask, cfg.aggregation)
-    f = lambda x: aggregate(x, mask, cfg.aggregation)
+    f = lambda x: (w * x).sum()
+    loss = f(pg)
     metrics = {
         "pg_loss": loss,
         "clip_frac": f(is_clipped.astype(jnp.float32)),
         "approx_kl": f(0.5 * log_ratio**2),
-        "ratio_mean": f(ratio),
+        "ratio_mean": f(jnp.exp(log_ratio)),
     }
     if cfg.kl_coef:
         metrics["kl_ref"] = f(k3_kl(ref_logp, logp))

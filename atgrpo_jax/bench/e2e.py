@@ -57,7 +57,7 @@ from atgrpo_jax.models.tokenizer import QWEN3_TOKENIZER_SIZE
 from atgrpo_jax.rollout.tree import SampleFn, tree_rollout
 from atgrpo_jax.train.batch import policy_batches
 from atgrpo_jax.train.config import base_config, validate
-from atgrpo_jax.train.loop import TRAIN_TASK_STRIDE, sample_fn_for, update_policy
+from atgrpo_jax.train.loop import TRAIN_TASK_STRIDE, packed_minibatches, sample_fn_for, update_policy
 from atgrpo_jax.train.setup import Run, build_run
 
 TARGET_SPEEDUP = 3.0
@@ -168,10 +168,18 @@ def run_step(run: Run, side: Side, step: int) -> dict:
     return {"total": t2 - t0, "rollout": t1 - t0, "sample": sample_s[0], "update": t2 - t1, "model_update": model_s,
             "cpu": cpu, "sampled_tokens": int(sum(len(samples.response[g][j]) for g, j in live)),
             "samples": len(live), "update_tokens": int(sum(b["valid"].sum() for b in real)),
-            "update_padded_tokens": int(sum(b["valid"].size for b in real)),
+            **packed_token_counts(run, batches),
             "loss": float(metrics.get("loss", np.nan)),
             "groups": [[int(samples.task[g]), int(samples.agent[g]), int(samples.turn[g]), int(samples.mask[g].sum())]
                        for g in range(len(samples.response))]}
+
+
+def packed_token_counts(run: Run, batches: list) -> dict:
+    """Tokens our update runs the model on: each group's prompt once (real and padded)."""
+    packed = [mb for p, b in enumerate(batches) if b is not None
+              for mb in packed_minibatches(run, run.policies[p], b)]
+    return {"update_packed_tokens": int(sum((mb["segment"] >= 0).sum() for mb in packed)),
+            "update_packed_padded_tokens": int(sum(mb["segment"].size for mb in packed))}
 
 
 @contextlib.contextmanager
@@ -244,9 +252,11 @@ def report(r: dict) -> None:
           f"{c['tokenizer']} tokenizer), {c['workflow']}, B={c['tasks']} K={c['k']} T={c['turns']}, "
           f"{c['max_new_tokens']} new tokens, temperature {c['temperature']}, mini-batch {c['mini_batch']}")
     o, p = r["ours"], r["pytorch"]
-    print(f"  samples/step {o['steps'][-1]['samples']} (both sides), sampled tokens/step ours "
-          f"{o['sampled_tokens_per_step']:.0f} pytorch {p['sampled_tokens_per_step']:.0f}; update tokens/step "
-          f"{o['steps'][-1]['update_tokens']} (ours pads to {o['steps'][-1]['update_padded_tokens']})")
+    last = o["steps"][-1]
+    print(f"  samples/step {last['samples']} (both sides), sampled tokens/step ours "
+          f"{o['sampled_tokens_per_step']:.0f} pytorch {p['sampled_tokens_per_step']:.0f}; update tokens/step: "
+          f"pytorch {last['update_tokens']} (one row per sample), ours {last['update_packed_tokens']} "
+          f"(a group's prompt once; {last['update_packed_padded_tokens']} with padding)")
     print(f"  {'seconds per step':28s} {'ours best':>10s} {'median':>8s} {'pytorch best':>13s} {'median':>8s} "
           f"{'ratio best':>11s} {'median':>7s}")
     labels = {"total": "step", "rollout": "rollout", "sample": "  in the sample function",

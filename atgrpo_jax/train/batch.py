@@ -66,16 +66,14 @@ def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_o
     return out
 
 
-def _rows_of_shared_prompts(mb: dict, share: bool, slots: int | None) -> list[list[int]]:
+def _rows_of_shared_prompts(mb: dict, share: bool, slots: int | None, max_width: int) -> list[list[int]]:
     """Sample indices per packed row: a prompt with at most `slots` of its responses,
-    as many as fit in twice the longest sample (so rows stay about as long as unshared
-    ones)."""
+    as many as fit in `max_width` tokens."""
     is_resp, valid = mb["is_resp"], mb["valid"]
     live = np.flatnonzero(is_resp.any(1))
     start, end = is_resp.argmax(1), valid.sum(1)
     if np.any(start[live] == 0):
         raise ValueError("a sample has an empty prompt: its first response token has nothing to be scored from")
-    cap = 2 * fine_bucket(int(end[live].max()))
     by_prompt: dict = {}
     for i in live:
         by_prompt.setdefault(mb["tokens"][i, :start[i]].tobytes() if share else i, []).append(i)
@@ -83,7 +81,7 @@ def _rows_of_shared_prompts(mb: dict, share: bool, slots: int | None) -> list[li
     for members in by_prompt.values():
         row, used = [], start[members[0]]
         for i in members:
-            if row and (used + end[i] - start[i] > cap or len(row) == slots):
+            if row and (used + end[i] - start[i] > max_width or len(row) == slots):
                 rows.append(row)
                 row, used = [], start[i]
             row.append(i)
@@ -92,44 +90,49 @@ def _rows_of_shared_prompts(mb: dict, share: bool, slots: int | None) -> list[li
     return rows
 
 
-def pack_minibatch(mb: dict, shards: int = 1, share_prompts: bool = True, slots: int | None = None) -> dict:
+def pack_minibatch(mb: dict, shards: int = 1, share_prompts: bool = True, slots: int | None = None,
+                   max_width: int | None = None) -> dict:
     """A mini-batch of `policy_batches` rows in the `Packed` layout (train/update.py), as
-    NumPy arrays, plus `sampler_logp` [R, J, T] and `sample` [R, J] (the mini-batch row
-    of each slot, -1 if empty). Samples with one prompt share a row
-    (unless not `share_prompts`), at most `slots` per row (the trainer passes K, so J
-    stays K even when two groups have one prompt); the row count R is padded to a power
-    of two and a multiple of `shards` (the devices the batch is split over), W and T to
-    `fine_bucket`.
+    NumPy arrays, plus `sampler_logp` [R, M] and `sample` [R, M] (the mini-batch row of
+    each scored token, -1 if none). Samples with one prompt share a row (unless not
+    `share_prompts`), at most `slots` per row (the trainer passes K) and as many as fit
+    in `max_width` tokens (default: the rows' width; the trainer passes the widest a row
+    can be under its config, so a packed mini-batch never needs more memory than one
+    sample per row, which is what the planner assumes); R is padded to a
+    power of two and a multiple of `shards` (the devices the batch is split over), W to
+    `fine_bucket` and M (the most response tokens in a row) to a power of two.
     """
-    rows = _rows_of_shared_prompts(mb, share_prompts, slots)
+    max_width = max(max_width or 0, mb["tokens"].shape[1])  # a single sample always fits
+    rows = _rows_of_shared_prompts(mb, share_prompts, slots, max_width)
     start, end = mb["is_resp"].argmax(1), mb["valid"].sum(1)
+    resp_len = lambda row: int(sum(end[i] - start[i] for i in row))
     r = length_bucket(len(rows), 1)
     r = -(-max(r, shards) // shards) * shards
-    j = slots or length_bucket(max(len(row) for row in rows), 1)  # K: one shape for every mini-batch
-    t = fine_bucket(int(max(end[i] - start[i] for row in rows for i in row)))
-    w = fine_bucket(max(int(start[row[0]] + sum(end[i] - start[i] for i in row)) for row in rows), 32)
+    m = length_bucket(max(resp_len(row) for row in rows), 8)  # power of two: few shapes across steps
+    w = min(fine_bucket(max(int(start[row[0]]) + resp_len(row) for row in rows), 32), max_width)
     out = dict(tokens=np.zeros((r, w), np.int32), positions=np.zeros((r, w), np.int32),
-               segment=np.full((r, w), -1, np.int32), pred=np.zeros((r, j, t), np.int32),
-               target=np.zeros((r, j, t), np.int32), scored=np.zeros((r, j, t), bool),
-               adv=np.zeros((r, j), np.float32), sampler_logp=np.zeros((r, j, t), np.float32),
-               sample=np.full((r, j), -1, np.int32))
+               segment=np.full((r, w), -1, np.int32), pred=np.zeros((r, m), np.int32),
+               target=np.zeros((r, m), np.int32), scored=np.zeros((r, m), bool),
+               sample_len=np.zeros((r, m), np.int32), adv=np.zeros((r, m), np.float32),
+               sampler_logp=np.zeros((r, m), np.float32), sample=np.full((r, m), -1, np.int32))
     for ri, row in enumerate(rows):
         p = start[row[0]]
         out["tokens"][ri, :p] = mb["tokens"][row[0], :p]
         out["positions"][ri, :p] = np.arange(p)
         out["segment"][ri, :p] = 0
-        col = p
+        col = p  # next free column of the row; also the next scored entry's index + p
         for s, i in enumerate(row):
             n = end[i] - p
-            cols = slice(col, col + n)
+            cols, entries = slice(col, col + n), slice(col - p, col - p + n)
             out["tokens"][ri, cols] = mb["tokens"][i, p:end[i]]
             out["positions"][ri, cols] = np.arange(p, end[i])
             out["segment"][ri, cols] = s + 1
-            out["pred"][ri, s, :n] = np.r_[p - 1, np.arange(col, col + n - 1)]
-            out["target"][ri, s, :n] = mb["tokens"][i, p:end[i]]
-            out["scored"][ri, s, :n] = True
-            out["adv"][ri, s] = mb["adv"][i]
-            out["sample"][ri, s] = i
-            out["sampler_logp"][ri, s, :n] = mb["sampler_logp"][i, p:end[i]]
+            out["pred"][ri, entries] = np.r_[p - 1, np.arange(col, col + n - 1)]
+            out["target"][ri, entries] = mb["tokens"][i, p:end[i]]
+            out["scored"][ri, entries] = True
+            out["sample_len"][ri, entries] = n
+            out["adv"][ri, entries] = mb["adv"][i]
+            out["sampler_logp"][ri, entries] = mb["sampler_logp"][i, p:end[i]]
+            out["sample"][ri, entries] = i
             col += n
     return out

@@ -16,7 +16,7 @@ from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_
 from atgrpo_jax.rollout.router import make_sample_fn
 from atgrpo_jax.rollout.tree import merge_rollouts, plain_rollout, tree_rollout
 from atgrpo_jax.sharding import batch_shards
-from atgrpo_jax.train.batch import pack_minibatch, policy_batches
+from atgrpo_jax.train.batch import length_bucket, pack_minibatch, policy_batches
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.train.update import Packed, TrainState
 
@@ -53,16 +53,22 @@ def _minibatches(batch: dict, size: int):
         yield {k: v[i:i + size] for k, v in batch.items() if k != "num_samples"}
 
 
+def packed_minibatches(run: Run, policy, batch: dict) -> list[dict]:
+    """The policy batch's mini-batches in the update's packed layout (a group's prompt once)."""
+    o, r = run.config.optim, run.config.rollout
+    widest = length_bucket(r.max_prompt_len + r.max_new_tokens)  # an unshared row's, as the planner's
+    return [pack_minibatch(mb, batch_shards(policy.mesh), o.share_prompts, r.k, widest)
+            for mb in _minibatches(batch, o.mini_batch_size)]
+
+
 def update_policy(run: Run, policy, batch: dict) -> dict:
     """Old log-probs, then epochs x mini-batches of clipped updates. Returns mean metrics."""
     o = run.config.optim
     params = policy.state.params
     # Each mini-batch is packed (a group's prompt once) and placed on the policy's mesh
     # once (every process holds the same batch); old and reference log-probs stay there.
-    shards = batch_shards(policy.mesh)
-    packed = [pack_minibatch(mb, shards, o.share_prompts, run.config.rollout.k)
-              for mb in _minibatches(batch, o.mini_batch_size)]
-    placed = [Packed(*(global_array(mb[f], policy.mesh) for f in Packed._fields[:7])) for mb in packed]
+    packed = packed_minibatches(run, policy, batch)
+    placed = [Packed.from_arrays(mb, lambda x: global_array(x, policy.mesh)) for mb in packed]
     logprobs = lambda params: [policy.logprobs_fn(params, mb) for mb in placed]
     old = logprobs(params)
     scored = np.concatenate([mb["scored"].ravel() for mb in packed])

@@ -9,11 +9,13 @@ Two batch layouts:
   response), valid, is_resp (the tokens trained on), old_logp, adv [N],
   ref_logp. Log-probs at column j score token j (column 0 never is a response).
 - `Packed` (what the trainer feeds, built by `train.batch.pack_minibatch`): each
-  row [R, W] holds one prompt once, then the responses to it (J slots), so a
-  group's K samples share one forward pass of their prompt. Scored tokens are
-  laid out [R, J, T] (slot j's t-th response token): `pred` is the column whose
-  hidden state predicts it, `target` its id, `scored` marks real ones.
-A `Batch` is converted to a `Packed` one (J = 1) inside the jitted functions.
+  row [R, W] holds one prompt once, then the responses to it, so a group's K
+  samples share one forward pass of their prompt. The scored (response) tokens
+  of a row are listed compactly, [R, M]: `pred` is the column whose hidden state
+  predicts the token, `target` its id, `scored` marks real entries; only these
+  go through the LM head.
+A `Batch` is converted to a `Packed` one (one sample per row) inside the jitted
+functions.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from atgrpo_jax.algo.logprobs import fused_head_loss, token_logprobs
-from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, policy_loss, token_loss_terms
+from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, token_loss_terms, weighted_policy_loss
 
 
 class TrainState(NamedTuple):
@@ -47,28 +49,34 @@ class Batch(NamedTuple):
 class Packed(NamedTuple):
     tokens: jax.Array  # [R, W] int
     positions: jax.Array  # [R, W] int: a response continues its prompt's positions
-    segment: jax.Array  # [R, W] int: 0 prompt, j + 1 response slot j, -1 padding
-    pred: jax.Array  # [R, J, T] int: column of the hidden state that scores the token
-    target: jax.Array  # [R, J, T] int
-    scored: jax.Array  # [R, J, T] bool
-    adv: jax.Array  # [R, J] (or [R, J, T])
-    old_logp: jax.Array | None = None  # [R, J, T]
+    segment: jax.Array  # [R, W] int: 0 prompt, s + 1 the row's s-th response, -1 padding
+    pred: jax.Array  # [R, M] int: column of the hidden state that scores the token
+    target: jax.Array  # [R, M] int
+    scored: jax.Array  # [R, M] bool
+    sample_len: jax.Array  # [R, M] int: scored tokens of the token's sample (seq-mean weights)
+    adv: jax.Array  # [R, M] float32: the token's advantage
+    old_logp: jax.Array | None = None  # [R, M]
     ref_logp: jax.Array | None = None
+
+    @classmethod
+    def from_arrays(cls, arrays: dict, place: Callable = jnp.asarray) -> "Packed":
+        """The inputs (all but the log-probs) from `pack_minibatch`'s dict, each `place`d."""
+        return cls(*(place(arrays[f]) for f in cls._fields[:-2]))
 
 
 def packed_from_rows(b: Batch) -> Packed:
-    """A one-sample-per-row batch as a Packed one: J = 1, the prompt unshared."""
+    """A one-sample-per-row batch as a Packed one (column j + 1 scored from column j)."""
     n, l = b.tokens.shape
-    scored_cols = lambda x: None if x is None else x[:, None, 1:]  # column j scores token j
+    scored_cols = lambda x: None if x is None else x[:, 1:]  # column j scores token j
+    adv = jnp.broadcast_to(b.adv[:, None] if b.adv.ndim == 1 else b.adv, (n, l))
     return Packed(b.tokens, jnp.maximum(jnp.cumsum(b.valid, axis=1) - 1, 0), jnp.where(b.valid, 0, -1),
-                  jnp.broadcast_to(jnp.arange(l - 1, dtype=jnp.int32), (n, 1, l - 1)), scored_cols(b.tokens),
-                  scored_cols(b.is_resp), b.adv[:, None] if b.adv.ndim == 1 else scored_cols(b.adv),
-                  scored_cols(b.old_logp), scored_cols(b.ref_logp))
+                  jnp.broadcast_to(jnp.arange(l - 1, dtype=jnp.int32), (n, l - 1)), b.tokens[:, 1:],
+                  b.is_resp[:, 1:], jnp.broadcast_to(b.is_resp.sum(1, keepdims=True), (n, l - 1)),
+                  adv[:, 1:], scored_cols(b.old_logp), scored_cols(b.ref_logp))
 
 
 def rows_from_packed(x: jax.Array) -> jax.Array:
-    """[N, 1, L - 1] scored values of `packed_from_rows` back to [N, L] (column 0 is 0)."""
-    x = x[:, 0]
+    """[N, L - 1] scored values of `packed_from_rows` back to [N, L] (column 0 is 0)."""
     return jnp.concatenate([jnp.zeros((x.shape[0], 1), x.dtype), x], axis=1)
 
 
@@ -96,18 +104,15 @@ def sequence_logprobs(model, tokens, valid, chunk: int):
 
 
 def scoring_states(model, p: Packed) -> jax.Array:
-    """[R, J * T, D]: the hidden state that predicts each scored token (a gather
+    """[R, M, D]: the hidden state that predicts each scored token (a gather
     within each row, so rows sharded over devices stay where they are)."""
     h, _ = model.hidden_states(p.tokens, p.positions, segments=p.segment)
-    r, j, t = p.pred.shape
-    return jnp.take_along_axis(h, p.pred.reshape(r, j * t, 1), axis=1)
+    return jnp.take_along_axis(h, p.pred[..., None], axis=1)
 
 
 def packed_logprobs(model, p: Packed, chunk: int) -> jax.Array:
-    """log p of every scored slot, [R, J, T] (unscored slots hold junk)."""
-    r, j, t = p.pred.shape
-    logp, _ = token_logprobs(scoring_states(model, p), model.head_weight(), p.target.reshape(r, j * t), chunk)
-    return logp.reshape(r, j, t)
+    """log p of every scored entry, [R, M] (unscored entries hold junk)."""
+    return token_logprobs(scoring_states(model, p), model.head_weight(), p.target, chunk)[0]
 
 
 def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int):
@@ -115,7 +120,7 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int):
 
     `graphdef` and `frozen` (the non-trainable part of the model state, e.g. a
     LoRA base; may be empty) come from `nnx.split`. logprobs_fn(params, packed)
-    -> logp [R, J, T], or logprobs_fn(params, tokens, valid) -> [N, L] for
+    -> logp [R, M], or logprobs_fn(params, tokens, valid) -> [N, L] for
     rows; update_fn(state, batch: Packed | Batch) -> (state, metrics), which
     skips the step (and says so in metrics["skipped"]) when the loss or the
     gradient is not finite, so a NaN never reaches the params.
@@ -130,11 +135,11 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int):
 
     @jax.jit
     def rows_logprobs_fn(params, tokens, valid):
-        return rows_from_packed(packed_logprobs(model_of(params), packed_from_rows(
-            Batch(tokens, valid, valid, None, jnp.zeros(tokens.shape[0]))), chunk))
+        rows = Batch(tokens, valid, valid, None, jnp.zeros(tokens.shape[0]))
+        return rows_from_packed(packed_logprobs(model_of(params), packed_from_rows(rows), chunk))
 
     def logprobs_fn(params, batch, valid=None):
-        """[R, J, T] for a Packed batch; [N, L] for (tokens, valid) rows."""
+        """[R, M] for a Packed batch; [N, L] for (tokens, valid) rows."""
         return packed_logprobs_fn(params, batch) if isinstance(batch, Packed) else \
             rows_logprobs_fn(params, batch, valid)
 
@@ -146,20 +151,14 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int):
         chunked log-prob pass (the loss is a weighted sum of per-token terms)."""
         p = batch if isinstance(batch, Packed) else packed_from_rows(batch)
         model = model_of(params)
-        r, j, t = p.pred.shape
-        seqs = lambda x: x.reshape(r * j, *x.shape[2:])  # one row per sample, for policy_loss
-        adv = p.adv[..., None] if p.adv.ndim == 2 else p.adv
-        per_token = {"old": p.old_logp, "adv": jnp.broadcast_to(adv, p.pred.shape),
-                     "w": aggregation_weights(seqs(p.scored), loss_cfg.aggregation)}
+        w = aggregation_weights(p.scored, loss_cfg.aggregation, p.sample_len)
+        per_token = {"old": p.old_logp, "adv": p.adv, "w": w}
         if loss_cfg.kl_coef:
             per_token["ref"] = p.ref_logp
-        per_token = {k: v.reshape(r, j * t) for k, v in per_token.items()}
         loss, (logp, ent) = fused_head_loss(
-            scoring_states(model, p), model.head_weight(), p.target.reshape(r, j * t), per_token,
+            scoring_states(model, p), model.head_weight(), p.target, per_token,
             lambda lp, en, x: token_loss_terms(loss_cfg, lp, en, x), chunk, head_grad=train_head)
-        ref = None if p.ref_logp is None else seqs(p.ref_logp)
-        _, metrics = policy_loss(loss_cfg, logp.reshape(r * j, t), seqs(p.old_logp), seqs(p.adv), seqs(p.scored),
-                                 ref, ent.reshape(r * j, t))  # diagnostics (not differentiated)
+        _, metrics = weighted_policy_loss(loss_cfg, w, logp, p.old_logp, p.adv, p.ref_logp, ent)  # diagnostics
         return loss, dict(metrics, loss=loss)
 
     @jax.jit

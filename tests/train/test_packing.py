@@ -34,41 +34,52 @@ def minibatch(groups=GROUPS, vocab=512, pad_rows=2, seed=0):
     return mb
 
 
+def entries(out, i):
+    """Packed row and scored entries of mini-batch row i."""
+    (r,) = np.flatnonzero((out["sample"] == i).any(1))  # exactly one row
+    return r, np.flatnonzero(out["sample"][r] == i)
+
+
 def test_each_prompt_once_then_its_responses():
     mb = minibatch()
-    out = pack_minibatch(mb, shards=2)
+    out = pack_minibatch(mb, shards=2)  # max_width: the rows' 32
     assert out["tokens"].shape[0] % 2 == 0 and out["tokens"].shape[0] >= 3  # 3 prompts, padded rows
-    assert (out["sample"] >= 0).sum() == 6 and sorted(out["sample"][out["sample"] >= 0]) == list(range(6))
-    assert out["pred"].shape[1] == 4  # the largest group (3) rounded up to a power of two
-    for ri, si in zip(*np.nonzero(out["sample"] >= 0)):
-        i = out["sample"][ri, si]
+    assert sorted(set(out["sample"][out["sample"] >= 0])) == list(range(6))
+    assert out["pred"].shape[1] == 8  # the most response tokens in a row (3 + 4 + 1)
+    for i in range(6):
+        r, e = entries(out, i)
         p, end = mb["is_resp"][i].argmax(), mb["valid"][i].sum()
-        n = out["scored"][ri, si].sum()
-        assert n == end - p
-        np.testing.assert_array_equal(out["tokens"][ri, :p], mb["tokens"][i, :p])  # the shared prompt
-        np.testing.assert_array_equal(out["target"][ri, si, :n], mb["tokens"][i, p:end])
-        pred = out["pred"][ri, si, :n]
+        assert len(e) == end - p and np.all(np.diff(e) == 1) and out["scored"][r, e].all()
+        np.testing.assert_array_equal(out["tokens"][r, :p], mb["tokens"][i, :p])  # the shared prompt
+        np.testing.assert_array_equal(out["target"][r, e], mb["tokens"][i, p:end])
+        pred = out["pred"][r, e]
         assert pred[0] == p - 1 and np.all(np.diff(pred[1:]) == 1)  # last prompt token, then its own
-        np.testing.assert_array_equal(out["tokens"][ri, pred[1:] + 1], mb["tokens"][i, p + 1:end])
-        np.testing.assert_array_equal(out["segment"][ri, pred[1:] + 1], si + 1)
-        np.testing.assert_array_equal(out["positions"][ri, pred[1:] + 1], np.arange(p + 1, end))
-        assert out["adv"][ri, si] == mb["adv"][i]
-        np.testing.assert_array_equal(out["sampler_logp"][ri, si, :n], mb["sampler_logp"][i, p:end])
+        np.testing.assert_array_equal(out["tokens"][r, pred[1:] + 1], mb["tokens"][i, p + 1:end])
+        assert len(set(out["segment"][r, pred[1:] + 1])) <= 1 and out["segment"][r, pred[-1] + 1] > 0
+        np.testing.assert_array_equal(out["positions"][r, pred[1:] + 1], np.arange(p + 1, end))
+        assert (out["adv"][r, e] == mb["adv"][i]).all() and (out["sample_len"][r, e] == end - p).all()
+        np.testing.assert_array_equal(out["sampler_logp"][r, e], mb["sampler_logp"][i, p:end])
+    assert out["scored"].sum() == 3 + 4 + 1 + 2 + 2 + 2
     real = out["segment"] >= 0
     assert real.sum() == 5 + 7 + 5 + (3 + 4 + 1) + 2 + (2 + 2)  # no prompt token twice
 
 
 def test_unshared_gives_one_sample_per_row():
     out = pack_minibatch(minibatch(), share_prompts=False)
-    assert out["pred"].shape[1] == 1 and (out["sample"] >= 0).sum() == 6
+    assert all(len(set(row[row >= 0])) == 1 for row in out["sample"] if (row >= 0).any())
     assert (out["segment"] >= 0).sum() == 5 * 3 + 3 + 4 + 1 + 7 + 2 + 2 * (5 + 2)
 
 
 def test_long_groups_are_split_over_rows():
-    """A row holds at most twice the longest sample (rounded up): 4 + 10 + 10 <= 32 < 4 + 3 * 10."""
-    out = pack_minibatch(minibatch([(0, 4, [10] * 6)], pad_rows=0))
+    """A row holds at most max_width tokens: 4 + 10 + 10 <= 32 < 4 + 3 * 10."""
+    out = pack_minibatch(minibatch([(0, 4, [10] * 6)], pad_rows=0), max_width=32)
     assert (out["segment"] == 0).sum(1).tolist()[:3] == [4, 4, 4]
-    assert ((out["sample"] >= 0).sum(1)[:3] == 2).all()
+    assert [len(set(row[row >= 0])) for row in out["sample"][:3]] == [2, 2, 2]
+
+
+def test_slots_cap_responses_per_row():
+    out = pack_minibatch(minibatch([(0, 4, [1] * 6)], pad_rows=0), slots=4)  # 4 + 6 * 1 fit in 32
+    assert [len(set(row[row >= 0])) for row in out["sample"][:2]] == [4, 2]
 
 
 def test_empty_prompt_is_an_error():
@@ -85,7 +96,7 @@ def tiny():
 
 
 def as_packed(out):
-    return Packed(*(jnp.asarray(out[f]) for f in Packed._fields[:7]))
+    return Packed.from_arrays(out)
 
 
 def test_packed_logprobs_equal_unshared_rows(tiny):
@@ -97,10 +108,9 @@ def test_packed_logprobs_equal_unshared_rows(tiny):
     packed = np.asarray(logprobs_fn(params, as_packed(out)))
     want, _ = sequence_logprobs(nnx.merge(graphdef, params), jnp.asarray(mb["tokens"]), jnp.asarray(mb["valid"]), 16)
     want = np.asarray(want)
-    for ri, si in zip(*np.nonzero(out["sample"] >= 0)):
-        i = out["sample"][ri, si]
-        np.testing.assert_allclose(packed[ri, si][out["scored"][ri, si]], want[i][mb["is_resp"][i]],
-                                   rtol=1e-5, atol=1e-5)
+    for i in range(6):
+        r, e = entries(out, i)
+        np.testing.assert_allclose(packed[r, e], want[i][mb["is_resp"][i]], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("cfg", [LossConfig(), LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1)], ids=str)
@@ -115,11 +125,10 @@ def test_packed_update_equals_unshared_rows(tiny, cfg):
     ref = old + 0.1 * rng.normal(size=old.shape).astype(np.float32) * mb["is_resp"]
     rows = Batch(*(jnp.asarray(x) for x in (mb["tokens"], mb["valid"], mb["is_resp"], old, mb["adv"], ref)))
 
-    def slots(x):  # a [N, L] per-token array in the packed [R, J, T] layout
+    def slots(x):  # a [N, L] per-token array in the packed [R, M] layout
         y = np.zeros(out["pred"].shape, np.float32)
-        for ri, si in zip(*np.nonzero(out["sample"] >= 0)):
-            i = out["sample"][ri, si]
-            y[ri, si][out["scored"][ri, si]] = x[i][mb["is_resp"][i]]
+        for i in range(6):
+            y[entries(out, i)] = x[i][mb["is_resp"][i]]
         return jnp.asarray(y)
 
     packed = as_packed(out)._replace(old_logp=slots(old), ref_logp=slots(ref))
@@ -132,8 +141,3 @@ def test_packed_update_equals_unshared_rows(tiny, cfg):
     for a, b in zip(jax.tree.leaves(s_rows.params), jax.tree.leaves(s_packed.params)):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
-
-def test_slots_cap_responses_per_row():
-    out = pack_minibatch(minibatch([(0, 4, [1] * 6)], pad_rows=0), slots=4)
-    assert out["pred"].shape[1] == 4 and ((out["sample"] >= 0).sum(1)[:2] == [4, 2]).all()
-    assert pack_minibatch(minibatch([(0, 4, [1, 1])], pad_rows=0), slots=4)["pred"].shape[1] == 4
