@@ -55,7 +55,7 @@ from atgrpo_jax.models import get_preset
 from atgrpo_jax.models.hf_io import save_pretrained
 from atgrpo_jax.models.tokenizer import QWEN3_TOKENIZER_SIZE
 from atgrpo_jax.rollout.tree import SampleFn, tree_rollout
-from atgrpo_jax.train.batch import policy_batches
+from atgrpo_jax.train.batch import fine_bucket, policy_batches
 from atgrpo_jax.train.config import base_config, validate
 from atgrpo_jax.train.loop import TRAIN_TASK_STRIDE, packed_minibatches, sample_fn_for, update_policy
 from atgrpo_jax.train.setup import Run, build_run
@@ -89,7 +89,8 @@ def e2e_config(preset: str = "bench-small", workflow: str = "plan_path_direct", 
     c.mesh = dict(data=1, fsdp=1, tensor=1)
     c.env.workflow = workflow
     c.regime = "shared"
-    buckets = tuple(sorted({min(2 ** i, max_prompt_len) for i in range(5, 16)}))
+    # 8 prompt lengths per octave (at most 12.5% padding in prefill), as the update's rows
+    buckets = tuple(sorted({min(fine_bucket(n, 32), max_prompt_len) for n in range(1, max_prompt_len + 1)}))
     c.rollout.update(num_tasks=num_tasks, k=k, max_turns=turns, max_new_tokens=max_new_tokens,
                      temperature=temperature, max_prompt_len=max_prompt_len, prompt_buckets=buckets)
     c.algo.update(drop_low_mean_frac=0.0, drop_zero_variance=False)
