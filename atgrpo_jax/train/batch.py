@@ -20,11 +20,12 @@ def length_bucket(n: int, multiple: int = 32) -> int:
     return size
 
 
-def fine_bucket(n: int, minimum: int = 8) -> int:
-    """n rounded up to one of 8 sizes per octave (at most 12.5% padding, few static shapes)."""
+def fine_bucket(n: int, minimum: int = 8, per_octave: int = 8) -> int:
+    """n rounded up to one of `per_octave` sizes per octave (a power of two: at most
+    100/per_octave % padding, few static shapes)."""
     if n <= minimum:
         return minimum
-    step = max(1 << ((n - 1).bit_length() - 4), 8)  # multiples of 8 at least
+    step = max(1 << ((n - 1).bit_length() - per_octave.bit_length()), 8)  # multiples of 8 at least
     return -(-n // step) * step
 
 
@@ -108,7 +109,7 @@ def pack_minibatch(mb: dict, shards: int = 1, share_prompts: bool = True, slots:
     resp_len = lambda row: int(sum(end[i] - start[i] for i in row))
     r = length_bucket(len(rows), 1)
     r = -(-max(r, shards) // shards) * shards
-    m = length_bucket(max(resp_len(row) for row in rows), 8)  # power of two: few shapes across steps
+    m = fine_bucket(max(resp_len(row) for row in rows), 8, per_octave=4)  # few shapes across steps
     w = min(fine_bucket(max(int(start[row[0]]) + resp_len(row) for row in rows), 32), max_width)
     out = dict(tokens=np.zeros((r, w), np.int32), positions=np.zeros((r, w), np.int32),
                segment=np.full((r, w), -1, np.int32), pred=np.zeros((r, m), np.int32),

@@ -8,7 +8,7 @@ from flax import nnx
 
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.train.batch import pack_minibatch
+from atgrpo_jax.train.batch import fine_bucket, pack_minibatch
 from atgrpo_jax.train.config import base_config
 from atgrpo_jax.train.update import Batch, Packed, init_state, make_optimizer, make_update_fns, sequence_logprobs
 
@@ -141,3 +141,14 @@ def test_packed_update_equals_unshared_rows(tiny, cfg):
     for a, b in zip(jax.tree.leaves(s_rows.params), jax.tree.leaves(s_packed.params)):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
+
+
+@pytest.mark.parametrize("per_octave", [1, 4, 8])
+def test_fine_buckets_bound_padding_and_shapes(per_octave):
+    sizes = [fine_bucket(n, 8, per_octave) for n in range(1, 4097)]
+    for n, size in enumerate(sizes, start=1):
+        assert size >= n and size % 8 == 0
+        if n > 64:  # past the multiples-of-8 floor
+            assert size - n < n / per_octave, (n, size)
+    for octave in range(7, 12):  # sizes in (2^octave, 2^(octave+1)]
+        assert len({s for n, s in enumerate(sizes, start=1) if 2 ** octave < n <= 2 ** (octave + 1)}) == per_octave
