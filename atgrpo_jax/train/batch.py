@@ -21,8 +21,8 @@ def length_bucket(n: int, multiple: int = 32) -> int:
 
 
 def fine_bucket(n: int, minimum: int = 8, per_octave: int = 8) -> int:
-    """n rounded up to one of `per_octave` sizes per octave (a power of two: at most
-    100/per_octave % padding, few static shapes)."""
+    """n rounded up to one of `per_octave` evenly spaced sizes per octave (padding under
+    n / per_octave, few static shapes)."""
     if n <= minimum:
         return minimum
     step = max(1 << ((n - 1).bit_length() - per_octave.bit_length()), 8)  # multiples of 8 at least
