@@ -129,3 +129,11 @@ def test_main_runs_both_sides_on_the_same_rollout_structure(capsys):
     assert a["update_packed_tokens"] < a["update_tokens"]
     assert out["speedup"] == pytest.approx(theirs["total"]["best"] / ours["total"]["best"])
     assert out["ratios"]["rollout_median"] == pytest.approx(theirs["rollout"]["median"] / ours["rollout"]["median"])
+
+
+def test_keep_heap_sets_glibc_malloc_in_a_fresh_process():
+    import subprocess
+    import sys
+    code = "from atgrpo_jax.bench.common import keep_heap; keep_heap(); print('kept')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "kept", proc.stderr[-2000:]
