@@ -42,11 +42,6 @@ def aggregation_weights(mask: jax.Array, how: str, sample_len: jax.Array | None 
     return per_seq / jnp.maximum(per_seq.sum(), 1.0)
 
 
-def aggregate(x: jax.Array, mask: jax.Array, how: str) -> jax.Array:
-    """Mean of x [B, T] over the masked tokens, by token or by sequence first."""
-    return (aggregation_weights(mask, how) * x).sum()
-
-
 def clipped_surrogate(cfg: LossConfig, logp, old_logp, adv):
     """Per-token clipped policy-gradient loss and where a clip is active."""
     ratio = jnp.exp(logp - old_logp)

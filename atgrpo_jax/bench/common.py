@@ -36,10 +36,13 @@ def matmul_peak(dtype: str = "float32", size: int = 1024, repeats: int = 10) -> 
     return 2 * size ** 3 / min(timed(mm, a, b, repeats=repeats, warmup=2))
 
 
-def machine_notes() -> dict:
-    """Cores and load: benchmarks on a shared machine are only comparable within one run."""
+def machine_notes(heap_kept: bool = False) -> dict:
+    """Cores and load: benchmarks on a shared machine are only comparable within one run.
+    heap_kept: apply `keep_heap` first (the --keep-heap flag) and say so in the notes."""
+    if heap_kept:
+        keep_heap()
     notes = {"cpu_count": os.cpu_count(), "jax_backend": jax.default_backend(),
-             "jax_devices": jax.device_count()}
+             "jax_devices": jax.device_count(), "keep_heap": heap_kept}
     if hasattr(os, "getloadavg"):
         notes["load_average_1min"] = round(os.getloadavg()[0], 2)
     return notes

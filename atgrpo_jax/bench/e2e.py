@@ -49,7 +49,7 @@ import numpy as np
 
 from atgrpo_jax.algo.advantages import group_advantages, group_filter
 from atgrpo_jax.algo.loss import LossConfig
-from atgrpo_jax.bench.common import KEEP_HEAP_HELP, keep_heap, machine_notes, print_json_last
+from atgrpo_jax.bench.common import KEEP_HEAP_HELP, machine_notes, print_json_last
 from atgrpo_jax.bench.torch_baseline import hf_sample_fn, load_hf_model, torch_optimizer, torch_update_policy
 from atgrpo_jax.models import get_preset
 from atgrpo_jax.models.hf_io import save_pretrained
@@ -304,10 +304,7 @@ def main(argv: list[str]) -> int:
     if min(args.tasks, args.turns, args.max_new_tokens, args.mini_batch, args.steps) < 1 or args.k < 2 \
             or args.warmup < 0:
         parser.error("need --tasks, --turns, --max-new-tokens, --mini-batch, --steps >= 1, -k >= 2, --warmup >= 0")
-    if args.keep_heap:
-        keep_heap()
-    notes = machine_notes()
-    notes["keep_heap"] = args.keep_heap
+    notes = machine_notes(args.keep_heap)
     print(f"machine: {notes} (shared machine: figures are comparable within this run only)")
     result = bench(args)
     result["load_average_1min_after"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None

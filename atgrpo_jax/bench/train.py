@@ -39,7 +39,7 @@ import numpy as np
 from flax import nnx
 
 from atgrpo_jax.algo.loss import LossConfig
-from atgrpo_jax.bench.common import KEEP_HEAP_HELP, keep_heap, machine_notes, matmul_peak, print_json_last
+from atgrpo_jax.bench.common import KEEP_HEAP_HELP, machine_notes, matmul_peak, print_json_last
 from atgrpo_jax.bench.memory import PeakRSS, logprob_memory, rss_follows_live_buffers
 from atgrpo_jax.bench.torch_baseline import load_hf_model, torch_batch, torch_optimizer, torch_step
 from atgrpo_jax.models import Qwen3, get_preset
@@ -248,10 +248,7 @@ def main(argv: list[str]) -> int:
     if args.seq < 8 or args.batch < 1 or args.steps < 1 or args.chunk < 1:
         parser.error("need --seq >= 8, --batch >= 1, --steps >= 1, --chunk >= 1")
 
-    if args.keep_heap:
-        keep_heap()
-    notes = machine_notes()
-    notes["keep_heap"] = args.keep_heap
+    notes = machine_notes(args.keep_heap)
     peak = matmul_peak("float32")
     print(f"machine: {notes}; float32 matmul peak {peak / 1e9:.1f} GFLOP/s "
           "(shared machine: figures are comparable within this run only)")

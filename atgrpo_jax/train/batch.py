@@ -67,12 +67,12 @@ def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_o
     return out
 
 
-def _rows_of_shared_prompts(mb: dict, share: bool, slots: int | None, max_width: int) -> list[list[int]]:
+def _rows_of_shared_prompts(mb: dict, start: np.ndarray, end: np.ndarray, share: bool, slots: int | None,
+                            max_width: int) -> list[list[int]]:
     """Sample indices per packed row: a prompt with at most `slots` of its responses,
-    as many as fit in `max_width` tokens."""
-    is_resp, valid = mb["is_resp"], mb["valid"]
-    live = np.flatnonzero(is_resp.any(1))
-    start, end = is_resp.argmax(1), valid.sum(1)
+    as many as fit in `max_width` tokens. start, end: each sample's first response
+    column and the column after its last token."""
+    live = np.flatnonzero(mb["is_resp"].any(1))
     if np.any(start[live] == 0):
         raise ValueError("a sample has an empty prompt: its first response token has nothing to be scored from")
     by_prompt: dict = {}
@@ -101,11 +101,12 @@ def pack_minibatch(mb: dict, shards: int = 1, share_prompts: bool = True, slots:
     can be under its config, so a packed mini-batch never needs more memory than one
     sample per row, which is what the planner assumes); R is padded to a
     power of two and a multiple of `shards` (the devices the batch is split over), W to
-    `fine_bucket` and M (the most response tokens in a row) to a power of two.
+    `fine_bucket` and M (the most response tokens in a row) to `fine_bucket` at 4
+    sizes per octave.
     """
     max_width = max(max_width or 0, mb["tokens"].shape[1])  # a single sample always fits
-    rows = _rows_of_shared_prompts(mb, share_prompts, slots, max_width)
     start, end = mb["is_resp"].argmax(1), mb["valid"].sum(1)
+    rows = _rows_of_shared_prompts(mb, start, end, share_prompts, slots, max_width)
     resp_len = lambda row: int(sum(end[i] - start[i] for i in row))
     r = length_bucket(len(rows), 1)
     r = -(-max(r, shards) // shards) * shards
