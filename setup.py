@@ -25,6 +25,7 @@ INSTALL_REQUIRES = [
     "ml-collections==1.1.0",
     "tensorboard==2.21.*",
     "transformers>=5,<6",
+    "jinja2",  # chat templates (transformers imports it only when a template is rendered)
     "tokenizers",
     "sentencepiece",
     "safetensors",
