@@ -14,6 +14,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from atgrpo_jax.train import workdir as wd
+from atgrpo_jax.train.metrics import METRICS_FILE
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file", lock_config=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "a run's workdir, or WORKDIR/checkpoints/STEP")
@@ -24,10 +25,23 @@ _OUT = flags.DEFINE_string("out", "", "directory for eval.json and the PNG (defa
 flags.mark_flags_as_required(["config", "checkpoint"])
 
 
+def write_eval_outputs(result: dict, workdir: str, out: str, *, label: str, title: str) -> list[str]:
+    """Write `out/eval.json` and, when the run has metrics, `out/learning_curve.png`; returns the paths."""
+    from atgrpo_jax.train.plots import plot_learning_curves
+
+    wd.makedirs(out)
+    written = [wd.join(out, "eval.json")]
+    wd.write_text(written[0], json.dumps(result, indent=2))
+    if wd.exists(wd.join(workdir, METRICS_FILE)):
+        written.append(plot_learning_curves({label: workdir}, wd.join(out, "learning_curve.png"),
+                                            metric="eval_success", title=title))
+    return written
+
+
 def run_evaluation(config, checkpoint: str, tasks: int = 0, k: int = 0, temperature: float | None = None,
                    out: str = "") -> dict:
     from atgrpo_jax.train.checkpoint import Checkpointer
-    from atgrpo_jax.train.loop import evaluate, policy_states, set_policy_states
+    from atgrpo_jax.train.step import evaluate, policy_states, set_policy_states
     from atgrpo_jax.train.setup import build_run
 
     workdir, ckpt_dir, step = wd.locate_checkpoint(checkpoint)
@@ -44,8 +58,8 @@ def run_evaluation(config, checkpoint: str, tasks: int = 0, k: int = 0, temperat
     tasks, k = tasks or config.train.eval_tasks, k or config.train.eval_k
     result = evaluate(run, tasks, k, temperature)
     result = {"step": step, "tasks": tasks, "k": k, "workflow": config.env.workflow,
-              "regime": config.regime, f"avg@{k}_success": result["eval_success"], **result}
-    wd.write_eval_outputs(result, workdir, out, regime=config.regime, title=f"{config.env.workflow}: held-out success")
+              "sharing": config.policy.sharing, f"avg@{k}_success": result["eval_success"], **result}
+    write_eval_outputs(result, workdir, out, label=config.policy.sharing, title=f"{config.env.workflow}: held-out success")
     print(json.dumps(result))
     return result
 

@@ -3,7 +3,7 @@
 Flags: --device=v5p|v4|v5e|v6e|gpu or an accelerator type (v5p-32, v5litepod-8,
 v6e-16); --num-devices=N (default: the chips of that slice, or of one host);
 --gpu-memory-gb=80 with --device=gpu; --policies=N (default 2 for
-regime=per_role, else 1); --json for a machine-readable plan.
+policy.sharing=per_role, else 1); --json for a machine-readable plan.
 
 Prints the per-device bytes of parameters, optimizer state, gradients,
 update activations (with and without remat) and the sampler's KV cache,
@@ -20,7 +20,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from atgrpo_jax.plan_memory import GiB, Advice, Device, Plan, parse_device, plan
-from atgrpo_jax.train.config import ConfigError, validate
+from atgrpo_jax.train.config import ConfigError, resolve, validate
 
 EXIT_USAGE = 2
 
@@ -62,7 +62,7 @@ def _candidates(config, device: Device, num_devices: int, policies: int) -> list
         best = None
         for overrides, devices in steps:
             try:
-                p = plan(validate(with_overrides(config, overrides)), device, devices, policies)
+                p = plan(validate(with_overrides(config, overrides), weights=False), device, devices, policies)
             except (ConfigError, ValueError):
                 continue  # this change cannot work here (e.g. the mesh does not divide)
             if best is None or p.fits or p.peak < best[2].peak:
@@ -208,7 +208,7 @@ def main(argv: list[str]) -> int:
     flags.DEFINE_integer("num-devices", None, "devices in the run (default: chips of the slice)",
                          flag_values=fv)
     flags.DEFINE_float("gpu-memory-gb", 80.0, "memory per GPU in GiB (with --device=gpu)", flag_values=fv)
-    flags.DEFINE_integer("policies", None, "policy pools (default: 2 for regime=per_role, else 1)",
+    flags.DEFINE_integer("policies", None, "policy pools (default: 2 for policy.sharing=per_role, else 1)",
                          flag_values=fv)
     flags.DEFINE_boolean("json", False, "print the plan as JSON", flag_values=fv)
     try:
@@ -217,7 +217,7 @@ def main(argv: list[str]) -> int:
             raise flags.Error(f"unexpected arguments: {extra[1:]}")
         if fv.config is None:
             raise flags.Error("--config=configs/X.py is required")
-        config = validate(fv.config)
+        config = resolve(fv.config, weights=False)
         device, chips = parse_device(fv.device, fv["gpu-memory-gb"].value)
         num_devices = fv["num-devices"].value or chips
         p = plan(config, device, num_devices, fv.policies)

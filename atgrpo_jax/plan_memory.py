@@ -37,6 +37,7 @@ from jax.sharding import AbstractMesh, AxisType
 from atgrpo_jax.models.config import DTYPES, Qwen3Config, get_preset
 from atgrpo_jax.models.qwen3 import LAYER_PARAMS, LORA_TARGETS, KVCache
 from atgrpo_jax.sharding import MESH_AXES, RULES, MeshConfig, logical_spec, pool_sizes
+from atgrpo_jax.train.config import sharing
 
 GiB = 1024**3
 
@@ -262,7 +263,8 @@ def model_config(config) -> Qwen3Config:
     """The architecture a training config names (preset, or the HF checkpoint's config.json)."""
     m = config.model
     kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=bool(m.remat))
-    if config.regime == "lora":
+    layout = sharing(config)
+    if layout.lora:
         kw.update(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha)
     if m.hf_path:
         from atgrpo_jax.models.hf_io import config_from_hf
@@ -280,7 +282,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
 
     cfg = model_config(config)
     if policies is None:
-        policies = AGENTS if config.regime == "per_role" else 1
+        policies = AGENTS if sharing(config).per_agent and not sharing(config).lora else 1
     sizes = pool_mesh_sizes(dict(config.mesh), num_devices, policies)
     mesh = abstract_mesh(sizes)
     params = model_params(cfg)
@@ -288,8 +290,9 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     notes = []
     base = [p for p in params if not p[3]]
     adapters = [p for p in params if p[3]]
-    trainable = adapters if config.regime == "lora" else base
-    copies = AGENTS if config.regime == "lora" else 1  # one adapter set per agent on the shared base
+    lora = sharing(config).lora
+    trainable = adapters if lora else base
+    copies = AGENTS if lora else 1  # one adapter set per agent on the shared base
     p_bytes = param_bytes(base, mesh) + copies * param_bytes(adapters, mesh)
     optimizer = copies * 2 * param_bytes(trainable, mesh)  # optax.adamw: mu and nu in the params' dtype
     reference = copies * param_bytes(trainable, mesh) if lo.kl_coef else 0  # the starting policy

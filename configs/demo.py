@@ -20,7 +20,6 @@ def get_config():
     c.mesh = dict(data=1, fsdp=1, tensor=1)
     c.env.workflow = "plan_path_demo"
     c.env.kwargs = dict(view="local", lenient=True, plan_len=2, exec_len=2)
-    c.regime = "shared"
     c.rollout.update(num_tasks=8, k=8, max_turns=4, temperature=1.0, max_prompt_len=64,
                      prompt_buckets=(64,), max_new_tokens=2, eval_temperature=0.0)
     c.algo.update(alpha=1.0, drop_low_mean_frac=0.0)

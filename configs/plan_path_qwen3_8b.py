@@ -1,12 +1,6 @@
-"""AT-GRPO on plan_path with qwen3-8b as in the paper's system.
-
-Set model.hf_path to the Qwen3 checkpoint directory; the regime is one field
-(shared, per_role, lora, single_agent, plain_grpo), e.g. --config.regime=per_role.
-"""
+"""Plan-Path with Qwen3-8B, the paper's run (settings: atgrpo_jax/train/config.py paper_config; weights: --config.model.hf_path)."""
 from atgrpo_jax.train.config import paper_config
 
 
 def get_config():
-    c = paper_config("plan_path", "qwen3-8b")
-    c.regime = "shared"
-    return c
+    return paper_config("plan_path", "qwen3-8b")

@@ -1,12 +1,6 @@
-"""AT-GRPO on sokoban with qwen3-1.7b as in the paper's system.
-
-Set model.hf_path to the Qwen3 checkpoint directory; the regime is one field
-(shared, per_role, lora, single_agent, plain_grpo), e.g. --config.regime=per_role.
-"""
+"""Sokoban with Qwen3-1.7B, the paper's run (settings: atgrpo_jax/train/config.py paper_config; weights: --config.model.hf_path)."""
 from atgrpo_jax.train.config import paper_config
 
 
 def get_config():
-    c = paper_config("sokoban", "qwen3-1.7b")
-    c.regime = "shared"
-    return c
+    return paper_config("sokoban", "qwen3-1.7b")

@@ -235,3 +235,33 @@ def pad_actions(rows: Sequence[Sequence[int] | None], length: int) -> np.ndarray
 def letters_of(moves: Sequence[int]) -> str:
     """Move codes -> 'UDLR' letters ('?' for invalid codes, pads skipped)."""
     return "".join(LETTERS[m] if 0 <= m <= 3 else "?" for m in moves if m != NOOP)
+
+
+# ---------------------------------------------------------------- what the moving games share
+
+MOVES_ANSWER_FORMAT = 'a list of moves such as ["U", "R", "D", "L"]'
+MOVES_EXAMPLE = '["U", "R", "D", "L"]'
+
+
+def show_moves(codes: Sequence[int] | None) -> str:
+    """Move codes as the model writes them: '["U", "R"]'."""
+    if codes is None:
+        return "none (nothing parsed)"
+    return "[" + ", ".join(f'"{LETTERS[a]}"' if 0 <= a <= 3 else '"?"' for a in codes) + "]"
+
+
+def direct_moves(text: str, max_len: int) -> list[int] | None:
+    """A short direct answer: 1..max_len letters of UDLR (spaces and commas allowed), or None."""
+    if not isinstance(text, str) or len(text) > 64:
+        return None
+    return moves_from_letters(text.strip(), max_len)
+
+
+def lenient_moves(text: str, max_len: int) -> list[int] | None:
+    """The UDLR letters among the first max_len characters (a model learning from scratch)."""
+    moves = [LETTERS.index(ch) for ch in text[:max_len] if ch in LETTERS[:4]]
+    return moves or None
+
+
+def direct_moves_format(max_len: int) -> str:
+    return f"1-{max_len} moves UDLR"

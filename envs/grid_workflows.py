@@ -1,31 +1,29 @@
-"""Workflows for the grid games (Plan-Path, Sokoban, Sudoku); contract in `workflow.py`.
+"""Workflows for the grid games (envs/games.py); contract in `workflow.py`.
 
-Four workflows over one base (`make_grid_workflow(kind, game)`):
+Four workflows over one base (`make_grid_workflow(kind, game)`), their roles in `KINDS`:
 
 - "tool_plan" (the paper's): a **tool** agent writes one Python block that
   prints `**Actions List**: [...]`; the block runs in the sandbox (stdin = the
   rendered grid) and the printed list is simulated on a copy of the state.
-  Tool local reward = that simulated step reward, `tool_penalty` (-2) when no
-  list parses (no code block, crash before printing, malformed or empty list); its team
-  reward is 0 because the environment does not move. Then a **plan** agent sees
-  the code, its output and the parsed actions, and ends with a line
-  `#### [actions]` (the last `####` line outside code blocks; the list may also
-  be on the next non-blank line). Those actions step the real environment:
-  plan local reward = `plan_scale` (2) x step reward, `plan_penalty` (-2) when
-  the answer is missing, unparsable or empty; team reward = step reward.
+  Then a **plan** agent sees the code, its output and the parsed actions, and
+  ends with a line `#### [actions]` (the last `####` line outside code blocks;
+  the list may also be on the next non-blank line). Those actions step the
+  real environment.
 - "tool_plan_single": one **solver** agent with the plan agent's format and rewards.
 - "direct" (for a tiny model trained from scratch with a character tokenizer):
   a **planner** proposes 1..`plan_len` moves (letters UDLR; Sudoku: one
-  placement "rcd"), simulated on a copy for its local reward; an **executor**
-  sees the proposal and answers 1..`exec_len` moves that are applied (local =
-  team = step reward; letters may be lower case or spaced). Any other answer
-  gets `format_penalty` (-1) and changes nothing. Prompts are one short line of
-  printable ASCII, the grid as rows joined by '/'.
+  placement "rcd"), simulated on a copy; an **executor** sees the proposal and
+  answers 1..`exec_len` moves that are applied (letters may be lower case or
+  spaced). Prompts are one short line of printable ASCII, the grid as rows
+  joined by '/' (or, for Plan-Path with view="local", the agent's surroundings).
 - "direct_single": one **actor** with the executor's format and rewards.
 
-A "step reward" is the sum of the game's per-move rewards over the answer's
-actions (cut to `game.max_actions`). Turns after the environment is done get
-zero rewards and no sandbox runs. State: the game state (JAX arrays) plus NumPy
+Rewards (`ROLES`, one row per role): a role's local reward is `scale` x its
+step reward when its answer parses, else its `penalty`; its team reward is the
+step reward of the real environment when its actions move it, else 0. A "step
+reward" is the sum of the game's per-move rewards over the answer's actions
+(cut to `game.max_actions`). Turns after the environment is done get zero
+rewards and no sandbox runs. State: the game state (JAX arrays) plus NumPy
 object arrays of text (history of earlier turns, this turn's hand-over).
 `reset(task_ids, split)`: task i is the level drawn from key
 fold_in(PRNGKey(seed), i), restricted to the split's level-hash buckets
@@ -40,21 +38,49 @@ test asserts < 20%).
 from __future__ import annotations
 
 import dataclasses
-import re
 import functools
+import re
 from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from atgrpo_jax.envs import grid, plan_path, sudoku
-from atgrpo_jax.envs.grid_tasks import GridGame, make_game
-from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, branch
+from atgrpo_jax.envs import grid, plan_path
+from atgrpo_jax.envs.games import GridGame, make_game
+from atgrpo_jax.envs.workflow import Agent, StepOut, branch
 
-KINDS = ("tool_plan", "tool_plan_single", "direct", "direct_single")
 ACTIONS_MARKER = "**Actions List**:"
 _HISTORY_CHARS = 1500
+
+
+@dataclasses.dataclass(frozen=True)
+class Role:
+    """How one role answers and is rewarded (penalty and scale name WorkflowConfig fields)."""
+
+    answer: str  # "code" (a program prints the actions), "direct" (a few letters), "list" (#### [...])
+    moves_env: bool  # its actions step the real environment (else they are simulated on a copy)
+    penalty: str  # its local reward when nothing parses
+    scale: str | None = None  # its step reward is multiplied by this (None: 1)
+    length: str | None = None  # direct answers: the field holding their maximal length
+    system: str = ""  # the system prompt of long prompts
+
+
+ROLES = {
+    "tool": Role("code", moves_env=False, penalty="tool_penalty", system=(
+        "You are the tool agent of a two-agent team. You solve puzzles by writing Python "
+        "code; a plan agent checks your result and makes the final move.")),
+    "plan": Role("list", moves_env=True, penalty="plan_penalty", scale="plan_scale", system=(
+        "You are the plan agent of a two-agent team. A tool agent wrote code for the task; "
+        "check its actions against the state, correct them if needed, and give the final actions.")),
+    "solver": Role("list", moves_env=True, penalty="plan_penalty", scale="plan_scale",
+                   system="You solve grid puzzles step by step."),
+    "planner": Role("direct", moves_env=False, penalty="format_penalty", length="plan_len"),
+    "executor": Role("direct", moves_env=True, penalty="format_penalty", length="exec_len"),
+    "actor": Role("direct", moves_env=True, penalty="format_penalty", length="exec_len"),
+}
+KINDS = {"tool_plan": ("tool", "plan"), "tool_plan_single": ("solver",),
+         "direct": ("planner", "executor"), "direct_single": ("actor",)}
 
 
 class GridState(NamedTuple):
@@ -75,7 +101,7 @@ class WorkflowConfig:
     exec_len: int = 2
     sandbox_limits: Any = None  # sandbox.Limits; None = its defaults (20 s wall clock)
     sandbox_workers: int | None = None
-    view: str = "grid"  # direct prompts: "grid" (rows joined by '/') or "local" (Plan-Path only)
+    view: str = "grid"  # direct prompts: "grid" (rows joined by '/') or "local" (games with local_view)
     lenient: bool = False  # direct answers: the UDLR letters among the first max_len characters
 
 
@@ -117,28 +143,23 @@ class GridWorkflow:
 
     def __init__(self, kind: str, game: GridGame | str = "plan_path", config: WorkflowConfig | None = None):
         if kind not in KINDS:
-            raise ValueError(f"unknown grid workflow {kind!r}; choose from {KINDS}")
+            raise ValueError(f"unknown grid workflow {kind!r}; choose from {tuple(KINDS)}")
         self.kind = kind
         self.game = make_game(game) if isinstance(game, str) else game
         self.config = config or WorkflowConfig()
-        if self.config.view not in ("grid", "local") or (self.config.view == "local" and self.game.name != "plan_path"):
-            raise ValueError(f"view must be 'grid', or 'local' for plan_path; got {self.config.view!r} "
-                             f"for {self.game.name}")
+        local_ok = hasattr(self.game.module, "local_view")
+        if self.config.view not in ("grid", "local") or (self.config.view == "local" and not local_ok):
+            raise ValueError(f"view must be 'grid', or 'local' for a game with a local view (plan_path); got "
+                             f"{self.config.view!r} for {self.game.name}")
         self.max_turns = self.config.max_turns
         self.name = f"{self.game.name}_{kind}"
-        roles = {"tool_plan": ("tool", "plan"), "tool_plan_single": ("solver",),
-                 "direct": ("planner", "executor"), "direct_single": ("actor",)}[kind]
-        self.agents = tuple(Agent(role, self._parser(role)) for role in roles)
+        self.roles = tuple(ROLES[name] for name in KINDS[kind])
+        self.agents = tuple(Agent(name, functools.partial(self._parse, ROLES[name])) for name in KINDS[kind])
         limits = {"max_turns": 10_000, "plan_len": self.game.max_actions, "exec_len": self.game.max_actions}
         for key, top in limits.items():
             value = getattr(self.config, key)
             if not 1 <= value <= top:
                 raise ValueError(f"grid workflow config: {key}={value} must be in 1..{top}")
-        self._compile()
-
-    # ------------------------------------------------------------ jitted pieces
-
-    def _compile(self) -> None:
         self._reset, self._step = _compiled(self.game, self.config.seed)
 
     def compiled_step_count(self) -> int:
@@ -154,8 +175,7 @@ class GridWorkflow:
         ok = ids.ndim == 1 and ids.size > 0 and np.issubdtype(ids.dtype, np.integer)
         if not ok or ids.min() < 0 or ids.max() >= 2**32:
             raise ValueError("task_ids must be a non-empty 1-D sequence of integers in [0, 2**32)")
-        ids = jnp.asarray(ids.astype(np.uint32))
-        env = self._reset[split](ids)
+        env = self._reset[split](jnp.asarray(ids.astype(np.uint32)))
         return GridState(env, _texts(len(ids)), _texts(len(ids)))
 
     def done(self, state: GridState) -> np.ndarray:
@@ -164,17 +184,23 @@ class GridWorkflow:
     def success(self, state: GridState) -> np.ndarray:
         return np.asarray(state.env.success)
 
-    def prompts(self, state: GridState, agent: int, turn: int) -> list[Messages]:
-        role = self.agents[agent].name
+    def prompts(self, state: GridState, agent: int, turn: int) -> list:
+        role = self.roles[agent]
+        handoff_shown = agent > 0  # what this turn's earlier agent passed on (a proposal, a program's result)
         envs = jax.device_get(state.env)
         out = []
         for b in range(len(state.history)):
             env_b = jax.tree.map(lambda x: x[b], envs)
-            out.append(self._prompt(role, env_b, str(state.history[b]), str(state.handoff[b]), turn))
+            history, handoff = str(state.history[b]), str(state.handoff[b]) if handoff_shown else ""
+            if role.answer == "direct":
+                content = self._direct_prompt(role, env_b, handoff, history, handoff_shown)
+                out.append([{"role": "user", "content": content}])
+            else:
+                out.append(self._long_prompt(role, env_b, history, handoff))
         return out
 
     def step(self, state: GridState, agent: int, turn: int, responses: Sequence[Sequence[str]]) -> StepOut:
-        role = self.agents[agent].name
+        role = self.roles[agent]
         n_tasks = len(state.history)
         if len(responses) != n_tasks or len({len(r) for r in responses}) != 1:
             raise ValueError("responses must be [B][K] with the state's B tasks")
@@ -182,30 +208,24 @@ class GridWorkflow:
         active = ~self.done(state)
         texts = [[r if isinstance(r, str) else "" for r in row] for row in responses]
         history, handoff = branch(state.history, k), _texts((n_tasks, k))
-        if role == "tool":
+        if role.answer == "code":
             actions, handoff = self._run_tools(state, texts, active)
-            penalty, applies = self.config.tool_penalty, False
-        elif role == "planner":
-            actions = [[self._parse_direct(t, self.config.plan_len) for t in row] for row in texts]
-            penalty, applies = self.config.format_penalty, False
-            for b in range(n_tasks):
-                for j in range(k):
-                    handoff[b, j] = self._short(actions[b][j])
-        elif role in ("executor", "actor"):
-            actions = [[self._parse_direct(t, self.config.exec_len) for t in row] for row in texts]
-            penalty, applies = self.config.format_penalty, True
-        else:  # plan, solver
-            actions = [[actions_from_answer(t, self.game) for t in row] for row in texts]
-            penalty, applies = self.config.plan_penalty, True
+        else:
+            actions = [[self._parse(role, t) for t in row] for row in texts]
+            if role.answer == "direct" and not role.moves_env:  # a proposal the next agent sees
+                for b in range(n_tasks):
+                    for j in range(k):
+                        handoff[b, j] = self.game.module.short(actions[b][j]) if actions[b][j] else "?"
 
         parsed = np.array([[a is not None and len(a) > 0 for a in row] for row in actions]) & active[:, None]
         rows = [a if (a and active[b]) else None for b, row in enumerate(actions) for a in row]
         padded = grid.pad_actions(rows, self.game.max_actions).reshape(n_tasks, k, -1)
         new_env, reward, done, success = self._step(state.env, jnp.asarray(padded))
         reward = np.asarray(reward, np.float32) * parsed
-        scale = self.config.plan_scale if role in ("plan", "solver") else 1.0
-        local = np.where(parsed, scale * reward, np.float32(penalty)) * active[:, None]
-        if applies:
+        scale = getattr(self.config, role.scale) if role.scale else 1.0
+        penalty = np.float32(getattr(self.config, role.penalty))
+        local = np.where(parsed, scale * reward, penalty) * active[:, None]
+        if role.moves_env:
             team = reward
             for b in range(n_tasks):
                 for j in range(k):
@@ -216,36 +236,29 @@ class GridWorkflow:
         else:  # proposals are only simulated: the environment stays as it was
             new_env, team = branch(state.env, k), np.zeros_like(reward)
             done, success = branch(state.env.done, k), branch(state.env.success, k)
-        return StepOut(
-            state=GridState(new_env, history, handoff),
-            local_reward=local.astype(np.float32),
-            team_reward=team.astype(np.float32),
-            done=np.asarray(done),
-            success=np.asarray(success),
-            info={"parsed": parsed},
-        )
+        return StepOut(state=GridState(new_env, history, handoff), local_reward=local.astype(np.float32),
+                       team_reward=team.astype(np.float32), done=np.asarray(done), success=np.asarray(success),
+                       info={"parsed": parsed})
 
-    # ------------------------------------------------------------ pieces
+    # ------------------------------------------------------------ answers
 
-    def _parser(self, role: str):
-        if role in ("plan", "solver"):
-            return lambda text: actions_from_answer(text, self.game)
-        if role == "tool":
+    def _parse(self, role: Role, text: str) -> Any:
+        """A role's answer -> action codes (None when nothing parses); the tool's -> its code block."""
+        if role.answer == "list":
+            return actions_from_answer(text, self.game)
+        if role.answer == "code":
             from atgrpo_jax.envs.parsers import extract_code_block
 
-            return extract_code_block
-        length = self.config.plan_len if role == "planner" else self.config.exec_len
-        return lambda text: self._parse_direct(text, length)
+            return extract_code_block(text)
+        return self._parse_direct(text, getattr(self.config, role.length))
 
     def _parse_direct(self, text: str, max_len: int) -> list[int] | None:
-        """Strict: exactly 1..max_len move letters. Lenient (a model learning from
-        scratch): the move letters among the first max_len characters, if any."""
-        if not self.config.lenient or self.game.name == "sudoku":
+        """Strict: the game's direct format. Lenient (a model learning from scratch; games with
+        `parse_lenient`): e.g. the move letters among the first max_len characters, if any."""
+        lenient = getattr(self.game.module, "parse_lenient", None)
+        if not self.config.lenient or lenient is None:
             return self.game.parse_direct(text, max_len)
-        if not isinstance(text, str):
-            return None
-        moves = [grid.LETTERS.index(ch) for ch in text[:max_len] if ch in grid.LETTERS[:4]]
-        return moves or None
+        return lenient(text, max_len) if isinstance(text, str) else None
 
     def _run_tools(self, state: GridState, texts, active):
         """Extract, run (sandbox) and parse the tool agent's programs."""
@@ -272,56 +285,35 @@ class GridWorkflow:
                              f"Actions parsed from it: {self.game.show_actions(actions[b][j])}")
         return actions, handoff
 
-    def _prompt(self, role: str, env, history: str, handoff: str, turn: int) -> Messages:
-        game = self.game
-        if role in ("planner", "executor", "actor"):
-            return [{"role": "user", "content": self._direct_prompt(role, env, handoff, history)}]
-        board = f"Current state:\n```\n{game.render(env)}\n```\n{game.status(env)}\n"
+    # ------------------------------------------------------------ prompts
+
+    def _long_prompt(self, role: Role, env, history: str, handoff: str) -> list:
+        game = self.game.module
+        board = f"Current state:\n```\n{self.game.render(env)}\n```\n{game.status(env)}\n"
         past = f"Earlier turns:\n{history}" if history else ""
-        if role == "tool":
-            example = "[[0, 1, 3], [2, 2, 4]]" if game.name == "sudoku" else '["U", "R", "D", "L"]'
-            system = ("You are the tool agent of a two-agent team. You solve puzzles by writing Python "
-                      "code; a plan agent checks your result and makes the final move.")
+        if role.answer == "code":
             ask = (f"Write one Python program in a ```python block that computes a solution (for example "
-                   f"with BFS or A*) and prints it as {game.answer_format()} on one line:\n"
-                   f"{ACTIONS_MARKER} {example}\nThe state above is also given on standard input. "
+                   f"with BFS or A*) and prints it as {game.ANSWER_FORMAT} on one line:\n"
+                   f"{ACTIONS_MARKER} {game.ANSWER_EXAMPLE}\nThe state above is also given on standard input. "
                    "If you cannot solve it completely, print a short sequence that makes progress.")
-            return [{"role": "system", "content": system},
-                    {"role": "user", "content": f"{game.rules()}\n\n{board}{past}\n{ask}"}]
-        example = "#### [[0, 1, 3], [2, 2, 4]]" if game.name == "sudoku" else '#### ["U", "R", "D"]'
-        if role == "plan":
-            system = ("You are the plan agent of a two-agent team. A tool agent wrote code for the task; "
-                      "check its actions against the state, correct them if needed, and give the final actions.")
-            body = f"{handoff}\n\n"
-        else:
-            system = "You solve grid puzzles step by step."
             body = ""
-        ask = (f"Reason briefly, then end your answer with one line holding {game.answer_format()}:\n"
-               f"{example}\nThese actions are applied from the current state.")
-        return [{"role": "system", "content": system},
-                {"role": "user", "content": f"{game.rules()}\n\n{board}{past}\n{body}{ask}"}]
-
-    def _short(self, actions: list[int] | None) -> str:
-        """A direct answer as the model writes it ('?' when nothing parsed)."""
-        if not actions:
-            return "?"
-        if self.game.name == "sudoku":
-            return "".join(str(x) for x in sudoku.decode(actions[0]))
-        return grid.letters_of(actions)
-
-    def _direct_prompt(self, role: str, env, proposal: str, history: str = "") -> str:
-        if self.config.view == "local":
-            return _local_view(env, history) + (f" P:{proposal or '?'}" if role == "executor" else "")
-        rows = self.game.render(env, row_sep="/")
-        title = {"plan_path": "Path S to G, # wall", "sokoban": "Sokoban", "sudoku": "Sudoku"}[self.game.name]
-        if self.game.name == "sudoku":
-            want = "1 move rcd"
         else:
-            n = self.config.plan_len if role == "planner" else self.config.exec_len
-            want = f"1-{n} moves UDLR"
-        if role == "executor":
-            return f"{title}. {rows} Plan:{proposal or '?'} Act, {want}:"
-        return f"{title}. {rows} {'Plan' if role == 'planner' else 'Act'}, {want}:"
+            ask = (f"Reason briefly, then end your answer with one line holding {game.ANSWER_FORMAT}:\n"
+                   f"#### {game.ANSWER_EXAMPLE}\nThese actions are applied from the current state.")
+            body = f"{handoff}\n\n" if handoff else ""
+        return [{"role": "system", "content": role.system},
+                {"role": "user", "content": f"{game.RULES}\n\n{board}{past}\n{body}{ask}"}]
+
+    def _direct_prompt(self, role: Role, env, proposal: str, history: str, shows_proposal: bool) -> str:
+        if self.config.view == "local":
+            played = re.findall(r'"([UDLR])"', history.strip().splitlines()[-1]) if history.strip() else []
+            view = self.game.module.local_view(env, played[-1] if played else "-")
+            return view + (f" P:{proposal or '?'}" if shows_proposal else "")
+        rows = self.game.render(env, row_sep="/")
+        want = self.game.module.direct_format(getattr(self.config, role.length))
+        if shows_proposal:
+            return f"{self.game.module.TITLE}. {rows} Plan:{proposal or '?'} Act, {want}:"
+        return f"{self.game.module.TITLE}. {rows} {'Act' if role.moves_env else 'Plan'}, {want}:"
 
 
 @functools.lru_cache(maxsize=None)
@@ -342,27 +334,6 @@ def _compiled(game: GridGame, seed: int):
         return new, reward, done, new.success
 
     return {"train": make_reset(False), "test": make_reset(True)}, jax.jit(branch_step)
-
-
-def _local_view(env, history: str = "") -> str:
-    """Plan-Path seen from the agent: goal offset, the four neighbours, the last move.
-
-    'G+0-1 U# D. LG R. >R' = the goal is 1 column left; up is a wall or the
-    edge, down and right are free, left is the goal; the last move played was
-    R ('-' before the first).
-    """
-    walls, (r, c), (gr, gc) = np.asarray(env.walls), np.asarray(env.pos).tolist(), np.asarray(env.goal).tolist()
-    h, w = walls.shape
-
-    def cell(dr, dc):
-        y, x = r + dr, c + dc
-        if not (0 <= y < h and 0 <= x < w) or walls[y, x]:
-            return "#"
-        return "G" if (y, x) == (gr, gc) else "."
-
-    near = " ".join(f"{name}{cell(dr, dc)}" for name, (dr, dc) in zip("UDLR", ((-1, 0), (1, 0), (0, -1), (0, 1))))
-    played = re.findall(r'"([UDLR])"', history.strip().splitlines()[-1]) if history.strip() else []
-    return f"G{gr - r:+d}{gc - c:+d} {near} >{played[-1] if played else '-'}"
 
 
 def make_grid_workflow(kind: str, game: GridGame | str = "plan_path", params: Any = None,

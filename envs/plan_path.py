@@ -206,6 +206,32 @@ def from_ascii(text: str, params: Params = Params()) -> State:
     return jax.device_put(State(walls, start, goal_pos, start, np.int32(optimal), zero, zero, on_goal, on_goal))
 
 
+def status(state: State) -> str:
+    """One line of facts that the rendering leaves implicit."""
+    pos, goal = np.asarray(state.pos).tolist(), np.asarray(state.goal).tolist()
+    return f"You are at (row {pos[0]}, col {pos[1]}); the goal is at (row {goal[0]}, col {goal[1]})."
+
+
+def local_view(state: State, last_move: str = "-") -> str:
+    """Plan-Path seen from the agent: goal offset, the four neighbours, the last move.
+
+    'G+0-1 U# D. LG R. >R' = the goal is 1 column left; up is a wall or the
+    edge, down and right are free, left is the goal; the last move played was
+    R ('-' before the first).
+    """
+    walls, (r, c), (gr, gc) = np.asarray(state.walls), np.asarray(state.pos).tolist(), np.asarray(state.goal).tolist()
+    h, w = walls.shape
+
+    def cell(dr, dc):
+        y, x = r + dr, c + dc
+        if not (0 <= y < h and 0 <= x < w) or walls[y, x]:
+            return "#"
+        return "G" if (y, x) == (gr, gc) else "."
+
+    near = " ".join(f"{name}{cell(dr, dc)}" for name, (dr, dc) in zip("UDLR", ((-1, 0), (1, 0), (0, -1), (0, 1))))
+    return f"G{gr - r:+d}{gc - c:+d} {near} >{last_move}"
+
+
 def render(state: State, row_sep: str = "\n") -> str:
     """The notation above for one (unbatched) state."""
     walls = np.asarray(state.walls)
@@ -222,3 +248,18 @@ def render(state: State, row_sep: str = "\n") -> str:
                 chars.append("#" if walls[r, c] else ".")
         rows.append("".join(chars))
     return row_sep.join(rows)
+
+
+# ---------------------------------------------------------------- what the workflows need (envs/games.py)
+
+TITLE = "Path S to G, # wall"
+RULES = (
+    "Path planning on a grid. Legend: '#' wall, '.' free cell, 'S' you, 'G' goal "
+    "('*' you on the goal). Rows are numbered from 0 at the top, columns from 0 at the left.\n"
+    "Moves: 'U' (row - 1), 'D' (row + 1), 'L' (col - 1), 'R' (col + 1). A move into a wall "
+    "or off the grid is wasted. Reach G; a shortest path earns a bonus."
+)
+MAX_ACTIONS = 64
+ANSWER_FORMAT, ANSWER_EXAMPLE = grid.MOVES_ANSWER_FORMAT, grid.MOVES_EXAMPLE
+parse_list, parse_direct, parse_lenient = grid.moves_from_list_text, grid.direct_moves, grid.lenient_moves
+show_actions, short, direct_format = grid.show_moves, grid.letters_of, grid.direct_moves_format

@@ -1,45 +1,97 @@
 """Workflows by name, for configs: `make_workflow(name, single_agent, **kwargs)`.
 
-Grid names are `<game>_<kind>` with game in plan_path, sokoban, sudoku and kind
-in tool_plan (the paper's tool agent + plan agent) or direct (short direct
-actions for tiny models); `plan_path_demo` is the CPU demo. `math` and `code`
-are the paper's text workflows. single_agent picks each one's one-agent variant.
+A name is one of:
+- a registered workflow: `math`, `code`, `plan_path_demo` (the CPU demo), or one of yours
+  (`@WORKFLOWS.register("my_task")` on a factory);
+- `<game>_<kind>` for every game in envs/games.py and every kind of grid workflow:
+  tool_plan (the paper's tool agent + plan agent) or direct (short direct actions for tiny
+  models), e.g. `sokoban_tool_plan`;
+- `"package.module:factory"`: any importable factory, so a task of your own needs no
+  change to this package.
+A factory is called as `factory(single_agent=..., **config.env.kwargs)` and returns an
+object with the `Workflow` protocol of envs/workflow.py; `single_agent` picks its
+one-agent variant.
 """
 from __future__ import annotations
 
 import importlib
 from typing import Any, Callable
 
-_GAMES = ("plan_path", "sokoban", "sudoku")
+from atgrpo_jax.registry import Registry, closest
+
+WORKFLOWS: Registry = Registry("env.workflow")
+GRID_KINDS = ("tool_plan", "direct")  # `<game>_<kind>`; single_agent picks `<kind>_single`
 
 
-def _grid(game: str, kind: str) -> Callable[..., Any]:
-    def make(single_agent: bool = False, **kwargs):
-        from atgrpo_jax.envs.grid_workflows import make_grid_workflow
-        return make_grid_workflow(kind + ("_single" if single_agent else ""), game, **kwargs)
-    return make
+@WORKFLOWS.register("math")
+def _math(single_agent: bool = False, **kwargs):
+    from atgrpo_jax.envs.math_workflow import make_math_workflow
+    return make_math_workflow(single_agent=single_agent, **kwargs)
 
 
+@WORKFLOWS.register("code")
+def _code(single_agent: bool = False, **kwargs):
+    from atgrpo_jax.envs.code_workflow import make_code_workflow
+    return make_code_workflow(single_agent=single_agent, **kwargs)
+
+
+@WORKFLOWS.register("plan_path_demo")
 def _demo(single_agent: bool = False, **kwargs):
     from atgrpo_jax.envs.grid_workflows import plan_path_demo
     return plan_path_demo("direct_single" if single_agent else "direct", **kwargs)
 
 
-def _text(module: str, factory: str) -> Callable[..., Any]:
-    def make(single_agent: bool = False, **kwargs):
-        return getattr(importlib.import_module(module), factory)(single_agent=single_agent, **kwargs)
-    return make
+def _grid_factory(name: str) -> Callable[..., Any] | None:
+    from atgrpo_jax.envs.games import GAMES
+
+    for kind in GRID_KINDS:
+        game = name[:-len(kind) - 1] if name.endswith("_" + kind) else None
+        if game in GAMES:
+            def make(single_agent: bool = False, **kwargs):
+                from atgrpo_jax.envs.grid_workflows import make_grid_workflow
+                return make_grid_workflow(kind + ("_single" if single_agent else ""), game, **kwargs)
+            return make
+    return None
 
 
-WORKFLOWS: dict[str, Callable[..., Any]] = {
-    **{f"{g}_{k}": _grid(g, k) for g in _GAMES for k in ("tool_plan", "direct")},
-    "plan_path_demo": _demo,
-    "math": _text("atgrpo_jax.envs.math_workflow", "make_math_workflow"),
-    "code": _text("atgrpo_jax.envs.code_workflow", "make_code_workflow"),
-}
+def _imported_factory(spec: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"env.workflow={spec!r}: cannot import {module_name!r}: {e}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"env.workflow={spec!r}: {module_name} has no callable {attr!r}")
+    return factory
+
+
+def known_names() -> list[str]:
+    from atgrpo_jax.envs.games import GAMES
+    return sorted(WORKFLOWS.names()) + [f"{g}_{k}" for g in GAMES for k in GRID_KINDS]
+
+
+def factory_of(name: str) -> Callable[..., Any]:
+    """The factory a workflow name stands for; an unknown name is a ValueError naming the choices."""
+    if ":" in name:
+        return _imported_factory(name)
+    if name in WORKFLOWS:
+        return WORKFLOWS[name]
+    grid = _grid_factory(name)
+    if grid is None:
+        names = known_names()
+        raise ValueError(f"env.workflow: unknown {name!r}{closest(name, names)}; known: {', '.join(names)}, "
+                         "or 'package.module:factory'")
+    return grid
 
 
 def make_workflow(name: str, single_agent: bool = False, **kwargs):
-    if name not in WORKFLOWS:
-        raise ValueError(f"unknown workflow {name!r}; known: {sorted(WORKFLOWS)}")
-    return WORKFLOWS[name](single_agent=single_agent, **kwargs)
+    """The workflow `name` (see the module docstring) built with the factory's keyword arguments;
+    an unknown keyword is a ValueError naming the factory's arguments."""
+    factory = factory_of(name)
+    try:
+        return factory(single_agent=single_agent, **kwargs)
+    except TypeError as e:
+        if "unexpected keyword argument" not in str(e):
+            raise
+        raise ValueError(f"env.kwargs: {e} (workflow {name!r})") from None

@@ -298,7 +298,7 @@ def from_ascii(text: str, params: Params = Params()) -> State:
     return jax.device_put(_make_state(cells[..., 0], cells[..., 1], cells[..., 2], players[0], xp=np))
 
 
-def render(state: State) -> str:
+def render(state: State, row_sep: str = "\n") -> str:
     """XSB text of one (unbatched) state."""
     walls, goals, boxes = (np.asarray(x) for x in (state.walls, state.goals, state.boxes))
     player = tuple(np.asarray(state.player).tolist())
@@ -315,7 +315,13 @@ def render(state: State) -> str:
             else:
                 chars.append("." if goals[r, c] else " ")
         rows.append("".join(chars))
-    return "\n".join(rows)
+    return row_sep.join(rows)
+
+
+def status(state: State) -> str:
+    """One line of facts that the rendering leaves implicit."""
+    boxes, goals = np.asarray(state.boxes), np.asarray(state.goals)
+    return f"Boxes on goals: {int((boxes & goals).sum())}/{int(boxes.sum())}."
 
 
 def load_boxoban(which: str = "medium_valid") -> list[str]:
@@ -335,3 +341,19 @@ def load_boxoban(which: str = "medium_valid") -> list[str]:
     if current:
         levels.append("\n".join(current))
     return levels
+
+
+# ---------------------------------------------------------------- what the workflows need (envs/games.py)
+
+TITLE = "Sokoban"
+RULES = (
+    "Sokoban. Legend: '#' wall, ' ' floor, '.' goal, '$' box, '*' box on goal, '@' you, "
+    "'+' you on a goal. Rows are numbered from 0 at the top.\n"
+    "Moves: 'U', 'D', 'L', 'R'. Walking into a box pushes it one cell if the cell behind it "
+    "is free (not a wall or box); boxes cannot be pulled. Put every box on a goal; "
+    "avoid pushing a box into a corner that is not a goal."
+)
+MAX_ACTIONS = 100
+ANSWER_FORMAT, ANSWER_EXAMPLE = grid.MOVES_ANSWER_FORMAT, grid.MOVES_EXAMPLE
+parse_list, parse_direct, parse_lenient = grid.moves_from_list_text, grid.direct_moves, grid.lenient_moves
+show_actions, short, direct_format = grid.show_moves, grid.letters_of, grid.direct_moves_format

@@ -25,6 +25,7 @@ grids that agree with the givens.
 from __future__ import annotations
 
 import itertools
+import re
 from typing import NamedTuple
 
 import jax
@@ -210,3 +211,71 @@ def render(state: State, which: str = "grid", row_sep: str = "\n") -> str:
     """Current grid (or `which="puzzle"`: the givens) of one unbatched state."""
     cells = np.asarray(state.grid if which == "grid" else state.puzzle)
     return row_sep.join("".join(str(v) if v else "." for v in row) for row in cells)
+
+
+def status(state: State) -> str:
+    """What the rendering leaves implicit: empty cells and which digits are givens."""
+    empty = int((np.asarray(state.grid) == 0).sum())
+    return f"Empty cells: {empty}. Puzzle givens:\n{render(state, which='puzzle')}"
+
+
+# ---------------------------------------------------------------- answers (never raise)
+
+
+def _is_int_row(item, n: int) -> bool:
+    return isinstance(item, (list, tuple)) and len(item) == n and all(
+        isinstance(x, int) and not isinstance(x, bool) for x in item)
+
+
+def _placement(r: int, c: int, v: int) -> int:
+    if 0 <= r < SIZE and 0 <= c < SIZE and 1 <= v <= SIZE:
+        return encode(r, c, v)
+    return NUM_ACTIONS  # an invalid placement (penalized by the game)
+
+
+def parse_list(text: str, max_actions: int) -> list[int] | None:
+    """'[[row, col, digit], ...]' or a full grid '[[1,2,3,4], ...]' -> placement codes, or None."""
+    value = grid.literal_list(text)
+    if not value:
+        return None
+    if len(value) == SIZE and all(_is_int_row(row, SIZE) for row in value):
+        cells = [(r, c, v) for r, row in enumerate(value) for c, v in enumerate(row) if v != 0]
+        return [_placement(*cell) for cell in cells][:max_actions]
+    return [_placement(*item) if _is_int_row(item, 3) else NUM_ACTIONS for item in value[:max_actions]]
+
+
+def parse_direct(text: str, max_len: int) -> list[int] | None:
+    """One placement written 'rcd' (row, column, digit), e.g. '013'."""
+    if not isinstance(text, str) or len(text) > 64:
+        return None
+    digits = re.sub(r"[\s,]", "", text)
+    if not re.fullmatch(r"[0-3][0-3][1-4]", digits):
+        return None
+    return [encode(int(digits[0]), int(digits[1]), int(digits[2]))]
+
+
+def show_actions(codes: list[int] | None) -> str:
+    if codes is None:
+        return "none (nothing parsed)"
+    return str([list(decode(a)) if 0 <= a < NUM_ACTIONS else "invalid" for a in codes])
+
+
+def short(codes: list[int]) -> str:
+    return "".join(str(x) for x in decode(codes[0]))
+
+
+def direct_format(max_len: int) -> str:
+    return "1 move rcd"
+
+
+# ---------------------------------------------------------------- what the workflows need (envs/games.py)
+
+TITLE = "Sudoku"
+RULES = (
+    "Sudoku 4x4. Fill the grid with digits 1-4 so every row, column and 2x2 box holds each "
+    "digit once. '.' is an empty cell; the givens cannot change. Rows and columns are numbered "
+    "0-3. A placement is [row, col, digit]."
+)
+MAX_ACTIONS = 16
+ANSWER_FORMAT = "a list of placements [[row, col, digit], ...] or the full grid [[1,2,3,4], ...]"
+ANSWER_EXAMPLE = "[[0, 1, 3], [2, 2, 4]]"

@@ -60,7 +60,7 @@ def small_config(**model):
     c.rollout.update(num_tasks=4, k=2, max_prompt_len=64, prompt_buckets=(64,), max_new_tokens=32)
     c.optim.mini_batch_size = 8
     c.mesh.update(data=1, fsdp=-1, tensor=1)
-    return validate(c)
+    return validate(c, weights=False)
 
 
 # --- sizes against real arrays -------------------------------------------------------------
@@ -225,7 +225,7 @@ def test_remat_batch_and_devices_move_activations_the_right_way():
 
 def test_per_role_pools_halve_the_devices_per_policy():
     shared, per_role = small_config(), small_config()
-    per_role.regime = "per_role"
+    per_role.policy.sharing = "per_role"
     a, b = plan(shared, TPUS["v5p"], 8), plan(per_role, TPUS["v5p"], 8)
     assert (a.pool_mesh, b.pool_mesh) == ({"data": 1, "fsdp": 8, "tensor": 1}, {"data": 1, "fsdp": 4, "tensor": 1})
     on_four = plan(shared, TPUS["v5p"], 4)  # one pool of a per-role run is a shared run on 4 devices
@@ -239,7 +239,7 @@ def test_kl_reference_and_lora_change_what_is_resident():
     p = plan(c, TPUS["v5p"], 1)
     assert p.reference == p.params
     c = small_config()
-    c.regime, c.lora.rank = "lora", 2
+    c.policy.sharing, c.lora.rank = "lora", 2
     lora, full = plan(c, TPUS["v5p"], 1), plan(small_config(), TPUS["v5p"], 1)
     assert lora.gradients < full.gradients / 10 and lora.optimizer < full.optimizer / 10
 
@@ -271,7 +271,7 @@ def test_advice_lowers_the_peak_and_the_combination_fits(config_file, capsys):
     combined = out["combined"]
     assert combined["fits"]
     config = validate(plan_cli.with_overrides(base_config(), {"model.preset": "qwen3-1.7b"} | {
-        k: v for k, v in combined["overrides"].items() if k != "num_devices"}))
+        k: v for k, v in combined["overrides"].items() if k != "num_devices"}), weights=False)
     replanned = plan(config, TPUS["v5p"], combined["overrides"].get("num_devices", 4))
     assert replanned.fits and replanned.peak == combined["peak"]
 

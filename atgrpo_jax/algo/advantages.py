@@ -3,14 +3,18 @@
 Tree sampling gives every group (task, agent, turn) exactly K samples, so the
 rewards of G groups form a dense [G, K] array; `mask` marks samples that exist
 (a task that ended earlier leaves a masked row). One vmapped function
-normalizes each row.
+normalizes each row. Estimators are named variants (`ADVANTAGES`), chosen by
+`config.algo.advantage`.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from atgrpo_jax.registry import Registry
+
 EPS = 1e-6
+ADVANTAGES: Registry = Registry("algo.advantage")  # name -> row function (rewards [K], mask [K]) -> [K]
 
 
 def mix_rewards(local: jax.Array, team: jax.Array, alpha: float = 1.0) -> jax.Array:
@@ -18,23 +22,32 @@ def mix_rewards(local: jax.Array, team: jax.Array, alpha: float = 1.0) -> jax.Ar
     return local + alpha * team
 
 
-def _row_advantage(r: jax.Array, m: jax.Array, use_std: bool) -> jax.Array:
-    m = m.astype(r.dtype)
+def _centered(r: jax.Array, m: jax.Array):
+    """(r - mean) on the live samples (0 elsewhere), and how many are live."""
     n = m.sum()
     mean = (r * m).sum() / jnp.maximum(n, 1.0)
-    centered = (r - mean) * m
-    if use_std:
-        std = jnp.sqrt((centered**2).sum() / jnp.maximum(n - 1.0, 1.0))  # unbiased
-        centered = centered / (std + EPS)
-    return jnp.where(n > 1, centered, 0.0)  # a group of one carries no signal
+    return (r - mean) * m, n
 
 
-def group_advantages(rewards: jax.Array, mask: jax.Array, use_std: bool = True) -> jax.Array:
-    """A = (r - mean_g) / (std_g + 1e-6) per row of [G, K]; 0 where masked.
+@ADVANTAGES.register("grpo")
+def grpo(r: jax.Array, m: jax.Array) -> jax.Array:
+    """(r - mean) / (std + 1e-6), unbiased std over the group's live samples."""
+    m = m.astype(r.dtype)
+    centered, n = _centered(r, m)
+    std = jnp.sqrt((centered**2).sum() / jnp.maximum(n - 1.0, 1.0))
+    return jnp.where(n > 1, centered / (std + EPS), 0.0)  # a group of one carries no signal
 
-    use_std=False gives the mean-only (Dr. GRPO) variant.
-    """
-    return jax.vmap(lambda r, m: _row_advantage(r, m, use_std))(rewards, mask)
+
+@ADVANTAGES.register("drgrpo")
+def drgrpo(r: jax.Array, m: jax.Array) -> jax.Array:
+    """r - mean, without the std division (Dr. GRPO): groups with a small spread keep small advantages."""
+    centered, n = _centered(r, m.astype(r.dtype))
+    return jnp.where(n > 1, centered, 0.0)
+
+
+def group_advantages(rewards: jax.Array, mask: jax.Array, estimator: str = "grpo") -> jax.Array:
+    """The estimator applied to each row of [G, K] rewards; 0 where masked."""
+    return jax.vmap(ADVANTAGES[estimator])(rewards, mask)
 
 
 def group_filter(rewards: jax.Array, mask: jax.Array, drop_low_mean_frac: float = 0.0,

@@ -6,20 +6,40 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from atgrpo_jax.registry import Registry
+
+# name -> weights(mask, sample_len) such that the aggregate of x over mask is (w * x).sum();
+# sample_len [same shape]: the number of masked tokens of the sequence each token belongs to.
+AGGREGATIONS: Registry = Registry("loss.aggregation")
+
+
+@AGGREGATIONS.register("token-mean")
+def token_mean(mask: jax.Array, sample_len: jax.Array) -> jax.Array:
+    """Every token of the mini-batch weighs the same: 1 / tokens (the paper's)."""
+    m = mask.astype(jnp.float32)
+    return m / jnp.maximum(m.sum(), 1.0)
+
+
+@AGGREGATIONS.register("seq-mean-token-mean")
+def seq_mean_token_mean(mask: jax.Array, sample_len: jax.Array) -> jax.Array:
+    """Each sequence's token mean, then the mean over sequences: every sample weighs the same."""
+    m = mask.astype(jnp.float32)
+    per_seq = m / jnp.maximum(sample_len, 1.0)  # sums to 1 over each sequence with a token
+    return per_seq / jnp.maximum(per_seq.sum(), 1.0)
+
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
     eps_low: float = 0.2
     eps_high: float = 0.2
     dual_clip: float = 0.0  # c > 1 enables dual clip for negative advantages; 0 = off
-    aggregation: str = "token-mean"  # or "seq-mean-token-mean"
+    aggregation: str = "token-mean"  # a name in AGGREGATIONS
     kl_coef: float = 0.0  # k3 KL to a frozen reference; 0 builds no reference
     entropy_coef: float = 0.0
 
     def __post_init__(self):
-        if self.aggregation not in ("token-mean", "seq-mean-token-mean"):
-            raise ValueError(f"loss.aggregation must be 'token-mean' or 'seq-mean-token-mean', "
-                             f"got {self.aggregation!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"loss.aggregation must be one of {AGGREGATIONS.names()}, got {self.aggregation!r}")
         if self.dual_clip and self.dual_clip <= 1.0:
             raise ValueError(f"loss.dual_clip must be 0 (off) or > 1, got {self.dual_clip}")
         if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
@@ -28,18 +48,13 @@ class LossConfig:
 
 
 def aggregation_weights(mask: jax.Array, how: str, sample_len: jax.Array | None = None) -> jax.Array:
-    """w (mask's shape) such that the aggregate of x over mask is (w * x).sum(): 1/n_tokens
-    per masked token (token-mean), or 1/(n_seq * len(seq)) (seq-mean-token-mean).
+    """w (mask's shape) such that the aggregate `how` of x over mask is (w * x).sum().
 
     Rows of mask [B, T] are the sequences, unless `sample_len` gives, per token, the
     number of masked tokens of the sequence it belongs to (packed layouts)."""
-    m = mask.astype(jnp.float32)
-    if how == "token-mean":
-        return m / jnp.maximum(m.sum(), 1.0)
     if sample_len is None:
-        sample_len = jnp.broadcast_to(m.sum(-1, keepdims=True), m.shape)
-    per_seq = m / jnp.maximum(sample_len, 1.0)  # sums to 1 over each sequence with a token
-    return per_seq / jnp.maximum(per_seq.sum(), 1.0)
+        sample_len = jnp.broadcast_to(mask.astype(jnp.float32).sum(-1, keepdims=True), mask.shape)
+    return AGGREGATIONS[how](mask, sample_len)
 
 
 def clipped_surrogate(cfg: LossConfig, logp, old_logp, adv):

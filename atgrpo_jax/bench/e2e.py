@@ -1,13 +1,13 @@
 """`python -m atgrpo_jax.bench e2e`: one whole AT-GRPO training step, ours vs the model work in PyTorch.
 
-A step (as `train.loop.train_step` does it): B tasks of a two-agent grid workflow;
+A step (as `train.step.train_step` does it): B tasks of a two-agent grid workflow;
 tree rollout over T turns (per turn, per agent in turn order: K branches from one
 state, each stepped and scored, the best one continues); group advantages; one
 epoch of mini-batched clipped updates over every sample (no group filter).
 
 - Ours: the trainer's pieces, built by `train.setup.build_run`: the sample function
-  of `train.loop.sample_fn_for` (jitted prefill once per prompt, K-branch decode in one
-  `while_loop`) and `train.loop.update_policy` (jitted chunked log-probs and update).
+  of `train.step.sample_fn_for` (jitted prefill once per prompt, K-branch decode in one
+  `while_loop`) and `train.step.update_policy` (jitted chunked log-probs and update).
 - PyTorch: the same rollout driver (`rollout.tree.tree_rollout`), workflow, tokenizer,
   advantages and batching (`train.batch.policy_batches`), with `transformers`
   `Qwen3ForCausalLM.generate` as the sample function (K branches as K copies of each
@@ -56,8 +56,8 @@ from atgrpo_jax.models.hf_io import save_pretrained
 from atgrpo_jax.models.tokenizer import QWEN3_TOKENIZER_SIZE
 from atgrpo_jax.rollout.tree import SampleFn, tree_rollout
 from atgrpo_jax.train.batch import fine_bucket, policy_batches
-from atgrpo_jax.train.config import base_config, validate
-from atgrpo_jax.train.loop import TRAIN_TASK_STRIDE, packed_minibatches, sample_fn_for, update_policy
+from atgrpo_jax.train.config import base_config, resolve
+from atgrpo_jax.train.step import TRAIN_TASK_STRIDE, packed_minibatches, sample_fn_for, update_policy
 from atgrpo_jax.train.setup import Run, build_run
 
 TARGET_SPEEDUP = 3.0
@@ -88,7 +88,6 @@ def e2e_config(preset: str = "bench-small", workflow: str = "plan_path_direct", 
     c.tokenizer = tokenizer
     c.mesh = dict(data=1, fsdp=1, tensor=1)
     c.env.workflow = workflow
-    c.regime = "shared"
     # 8 prompt lengths per octave (at most 12.5% padding in prefill), as the update's rows
     buckets = tuple(sorted({min(fine_bucket(n, 32), max_prompt_len) for n in range(1, max_prompt_len + 1)}))
     c.rollout.update(num_tasks=num_tasks, k=k, max_turns=turns, max_new_tokens=max_new_tokens,
@@ -96,11 +95,11 @@ def e2e_config(preset: str = "bench-small", workflow: str = "plan_path_direct", 
     c.algo.update(drop_low_mean_frac=0.0, drop_zero_variance=False)
     c.optim.update(mini_batch_size=mini_batch, epochs=1)
     c.train.seed = seed
-    return validate(c)
+    return resolve(c)
 
 
 def our_side(run: Run, temperature: float | None = None, max_prompts: int | None = None) -> Side:
-    """The trainer's sample function and update (`train.loop`); max_prompts per sample call
+    """The trainer's sample function and update (`train.step`); max_prompts per sample call
     defaults to the step's B tasks."""
     t = run.config.rollout.temperature if temperature is None else temperature
     return Side("ours", sample_fn_for(run, t, max_prompts or run.config.rollout.num_tasks),
@@ -110,7 +109,7 @@ def our_side(run: Run, temperature: float | None = None, max_prompts: int | None
 def torch_side(run: Run, temperature: float | None = None) -> Side:
     """generate and the eager update, on a copy of the run's (single, shared) policy weights."""
     if len(run.policies) != 1 or run.policies[0].is_lora:
-        raise ValueError("the e2e benchmark compares the shared-policy regime (one full model)")
+        raise ValueError("the e2e benchmark compares one shared policy (one full model)")
     c = run.config
     loss_cfg = LossConfig(**{k: v for k, v in c.loss.items() if k != "logprob_chunk"})
     if loss_cfg != LossConfig(eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high):
@@ -134,7 +133,7 @@ def torch_side(run: Run, temperature: float | None = None) -> Side:
 
 def run_step(run: Run, side: Side, step: int) -> dict:
     """One training step with `side`'s model work on the tasks of step index `step`
-    (the body of `train.loop.train_step` on one process). Returns wall seconds per phase,
+    (the body of `train.step.train_step` on one process). Returns wall seconds per phase,
     the CPU seconds (user + system, all threads) the process spent, and counts."""
     c, r = run.config, run.config.rollout
     key = jax.random.fold_in(jax.random.key(c.train.seed), step)
@@ -152,7 +151,7 @@ def run_step(run: Run, side: Side, step: int) -> dict:
                               max_turns=r.max_turns, alpha=c.algo.alpha, key=key)
     t1 = time.perf_counter()
     rewards, mask = jnp.asarray(samples.reward), jnp.asarray(samples.mask)
-    adv = np.asarray(group_advantages(rewards, mask, c.algo.use_std))
+    adv = np.asarray(group_advantages(rewards, mask, c.algo.advantage))
     keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance))
     batches = policy_batches(samples, adv, keep, run.policy_of_agent, len(run.policies),
                              c.optim.mini_batch_size, np.random.default_rng([c.train.seed, step]))
@@ -164,15 +163,15 @@ def run_step(run: Run, side: Side, step: int) -> dict:
             model_s += time.perf_counter() - t
     t2, r2 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     cpu = (r2.ru_utime - r0.ru_utime) + (r2.ru_stime - r0.ru_stime)
-    live = [(g, j) for g in range(len(samples.response)) for j in np.flatnonzero(samples.mask[g])]
+    live = samples.mask
     real = [b for b in batches if b is not None]
     return {"total": t2 - t0, "rollout": t1 - t0, "sample": sample_s[0], "update": t2 - t1, "model_update": model_s,
-            "cpu": cpu, "sampled_tokens": int(sum(len(samples.response[g][j]) for g, j in live)),
-            "samples": len(live), "update_tokens": int(sum(b["valid"].sum() for b in real)),
+            "cpu": cpu, "sampled_tokens": int(samples.response_len[live].sum()),
+            "samples": int(live.sum()), "update_tokens": int(sum(b["valid"].sum() for b in real)),
             **packed_token_counts(run, batches),
             "loss": float(metrics.get("loss", np.nan)),
             "groups": [[int(samples.task[g]), int(samples.agent[g]), int(samples.turn[g]), int(samples.mask[g].sum())]
-                       for g in range(len(samples.response))]}
+                       for g in range(samples.num_groups)]}
 
 
 def packed_token_counts(run: Run, batches: list) -> dict:

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from atgrpo_jax.algo.loss import LossConfig
-from atgrpo_jax.rollout.tree import SampleOut
+from atgrpo_jax.rollout.samples import SampleOut
 
 
 def load_hf_model(path: str):
@@ -83,7 +83,7 @@ def trim_padding(mb: dict) -> dict:
 
 def torch_update_policy(model, opt, loss_cfg: LossConfig, batch: dict, mini_batch: int,
                         clip: float) -> dict:
-    """The trainer's update of one policy (`train.loop.update_policy`) in PyTorch: old
+    """The trainer's update of one policy (`train.step.update_policy`) in PyTorch: old
     log-probs of every mini-batch under the current weights, then one clipped step per
     mini-batch. batch: the trainer's arrays (`train.batch.policy_batches`)."""
     import torch
@@ -160,7 +160,7 @@ def hf_sample_fn(model, tokenizer, *, max_new_tokens: int, temperature: float, s
                  pad_id: int, vocab_limit: int | None = None):
     """SampleFn(agent, prompts, k, keys) for the rollout driver (`rollout.tree`), on `generate`.
 
-    One model for every agent (the shared-policy regime). Temperature 0 is greedy (log-probs
+    One model for every agent (policy.sharing = shared). Temperature 0 is greedy (log-probs
     0, like ours); otherwise plain sampling at `temperature` (no top-k, no top-p). The torch
     seed of a call comes from `keys` (one PRNG key per prompt), so a run is reproducible.
     vocab_limit: only ids below it are drawn (None: every row of the LM head).
@@ -195,9 +195,8 @@ def hf_sample_fn(model, tokenizer, *, max_new_tokens: int, temperature: float, s
         logps = record.finish(seqs) if sampling else np.zeros(new.shape, np.float32)
         is_stop = np.isin(new, stops)
         lengths = np.where(is_stop.any(1), is_stop.argmax(1) + 1, new.shape[1])
-        out_ids = [new[i, :n].astype(np.int32) for i, n in enumerate(lengths)]
-        out_logps = [logps[i, :n].astype(np.float32) for i, n in enumerate(lengths)]
-        texts = [tokenizer.decode([t for t in x if int(t) not in stops]) for x in out_ids]
-        return SampleOut(out_ids, out_logps, texts)
+        texts = [tokenizer.decode([int(t) for t in row[:n] if int(t) not in stops])
+                 for row, n in zip(new, lengths)]
+        return SampleOut.from_rows(new, lengths, logps, texts, max_new_tokens)
 
     return sample_fn

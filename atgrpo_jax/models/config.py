@@ -69,23 +69,34 @@ class Qwen3Config:
 
 _QWEN_VOCAB = 151_936
 
-PRESETS: dict[str, Qwen3Config] = {
-    "qwen3-0.6b": Qwen3Config(_QWEN_VOCAB, 1024, 3072, 28, 16, 8, 128, tie_word_embeddings=True),
-    "qwen3-1.7b": Qwen3Config(_QWEN_VOCAB, 2048, 6144, 28, 16, 8, 128, tie_word_embeddings=True),
-    "qwen3-4b": Qwen3Config(_QWEN_VOCAB, 2560, 9728, 36, 32, 8, 128, tie_word_embeddings=True),
-    "qwen3-8b": Qwen3Config(_QWEN_VOCAB, 4096, 12288, 36, 32, 8, 128),
-    "qwen3-14b": Qwen3Config(_QWEN_VOCAB, 5120, 17408, 40, 40, 8, 128),
-    "qwen3-32b": Qwen3Config(_QWEN_VOCAB, 5120, 25600, 64, 64, 8, 128),
-    # Benchmark configs (DESIGN.md): a small one and a Qwen3-like one (102M).
-    "bench-small": Qwen3Config(8192, 256, 768, 4, 4, 2, 64),
-    "bench-qwen-like": Qwen3Config(151_669, 512, 1536, 8, 8, 2, 64),
-    # From-scratch CPU demo with the character tokenizer (vocab padded to 128).
-    "demo-tiny": Qwen3Config(128, 128, 384, 2, 4, 2, 32, tie_word_embeddings=True,
-                             max_position_embeddings=1024),
-    # Tests: head_dim != hidden/heads on purpose.
-    "test-tiny": Qwen3Config(512, 64, 128, 2, 4, 2, 24, max_position_embeddings=256),
-}
 
+def _qwen3(hidden: int, mlp: int, layers: int, heads: int, tied: bool = False) -> Qwen3Config:
+    """A released Qwen3 size: 8 KV heads of 128 dimensions, vocabulary 151,936."""
+    return Qwen3Config(vocab_size=_QWEN_VOCAB, hidden_size=hidden, intermediate_size=mlp, num_layers=layers,
+                       num_heads=heads, num_kv_heads=8, head_dim=128, tie_word_embeddings=tied)
+
+
+PRESETS: dict[str, Qwen3Config] = {
+    # The released models. Comments: parameters as Qwen3Config.num_params counts them (a test keeps them true).
+    "qwen3-0.6b": _qwen3(hidden=1024, mlp=3072, layers=28, heads=16, tied=True),  # 596.0M
+    "qwen3-1.7b": _qwen3(hidden=2048, mlp=6144, layers=28, heads=16, tied=True),  # 1.72B
+    "qwen3-4b": _qwen3(hidden=2560, mlp=9728, layers=36, heads=32, tied=True),  # 4.02B
+    "qwen3-8b": _qwen3(hidden=4096, mlp=12288, layers=36, heads=32),  # 8.19B
+    "qwen3-14b": _qwen3(hidden=5120, mlp=17408, layers=40, heads=40),  # 14.77B
+    "qwen3-32b": _qwen3(hidden=5120, mlp=25600, layers=64, heads=64),  # 32.76B
+    # Benchmark configs: a small one and a Qwen3-like one with the real vocabulary.
+    "bench-small": Qwen3Config(vocab_size=8192, hidden_size=256, intermediate_size=768, num_layers=4,
+                               num_heads=4, num_kv_heads=2, head_dim=64),  # 7.3M
+    "bench-qwen-like": Qwen3Config(vocab_size=151_669, hidden_size=512, intermediate_size=1536, num_layers=8,
+                                   num_heads=8, num_kv_heads=2, head_dim=64),  # 179.4M (102M tied)
+    # From-scratch CPU demo with the character tokenizer (vocab padded to 128).
+    "demo-tiny": Qwen3Config(vocab_size=128, hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4,
+                             num_kv_heads=2, head_dim=32, tie_word_embeddings=True,
+                             max_position_embeddings=1024),  # 0.41M
+    # Tests: head_dim != hidden / heads on purpose.
+    "test-tiny": Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                             num_kv_heads=2, head_dim=24, max_position_embeddings=256),  # 0.152M
+}
 
 def get_preset(name: str, **overrides) -> Qwen3Config:
     if name not in PRESETS:

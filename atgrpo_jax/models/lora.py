@@ -1,4 +1,4 @@
-"""Low-rank adapters on a frozen Qwen3 base (the per-agent LoRA regime)."""
+"""Low-rank adapters on a frozen Qwen3 base (policy.sharing = "lora": one adapter per agent)."""
 from __future__ import annotations
 
 import jax

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from atgrpo_jax.distributed import local_model
-from atgrpo_jax.rollout.tree import SampleOut
+from atgrpo_jax.rollout.samples import SampleOut
 from atgrpo_jax.sampling import generate
 
 
@@ -45,9 +45,8 @@ def make_sample_fn(policies, policy_of_agent: np.ndarray, tokenizer, *, max_new_
                        row_keys=branch_keys(keys, k), temperature=temperature, top_k=top_k, top_p=top_p,
                        stop_ids=tuple(stops), num_branches=k, pad_id=pad_id, buckets=prompt_buckets,
                        batch_buckets=rows, vocab_limit=len(tokenizer))  # never ids the tokenizer lacks
-        ids = [gen.tokens[i, :gen.lengths[i]] for i in range(len(gen.lengths))]
-        logps = [gen.logprobs[i, :gen.lengths[i]] for i in range(len(gen.lengths))]
-        texts = [tokenizer.decode([t for t in x if int(t) not in stops]) for x in ids]
-        return SampleOut(ids, logps, texts)
+        texts = [tokenizer.decode([int(t) for t in row[:n] if int(t) not in stops])
+                 for row, n in zip(gen.tokens, gen.lengths)]
+        return SampleOut.from_rows(gen.tokens, gen.lengths, gen.logprobs, texts, max_new_tokens)
 
     return sample_fn

@@ -19,17 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from atgrpo_jax.envs.text_state import obj_array
 from atgrpo_jax.envs.workflow import Workflow, take_branch
-
-
-@dataclasses.dataclass
-class SampleOut:
-    """K responses for each of B prompts (row b*K + k)."""
-
-    response_ids: list[np.ndarray]  # B*K int arrays, stop token included
-    logprobs: list[np.ndarray]  # B*K float arrays, sampler log-prob per response token
-    texts: list[str]  # B*K decoded responses
-
+from atgrpo_jax.rollout.samples import SampleOut, Samples, concat, right_padded
 
 # sample_fn(agent, prompt_ids, k, keys) -> SampleOut, keys [len(prompt_ids)]: one PRNG
 # key per prompt (branch k draws from fold_in(key, k)); the router lives inside it.
@@ -50,24 +42,24 @@ def prompt_keys(key: jax.Array, streams: np.ndarray, turn: int, agent: int) -> j
 
 
 @dataclasses.dataclass
-class Samples:
-    """A dense [G, K] table of samples; group g = (task[g], agent[g], turn[g])."""
-
-    prompt: list[list[np.ndarray]]  # [G][K] token ids
-    response: list[list[np.ndarray]]  # [G][K]
-    sampler_logp: list[list[np.ndarray]]  # [G][K]
-    reward: np.ndarray  # [G, K] float32: local + alpha * team
-    mask: np.ndarray  # [G, K] bool: the sample exists (its task was live)
-    task: np.ndarray  # [G]
-    agent: np.ndarray  # [G]
-    turn: np.ndarray  # [G]
+class Episodes:
+    success: np.ndarray  # [B] bool (plain GRPO: the mean over a task's K episodes)
+    turns: np.ndarray  # [B] turns taken
+    agent_reward: np.ndarray  # [A] mean reward per agent over live samples
 
 
 @dataclasses.dataclass
-class Episodes:
-    success: np.ndarray  # [B] bool
-    turns: np.ndarray  # [B] turns taken
-    agent_reward: np.ndarray  # [A] mean reward per agent over live samples
+class _Record:
+    """One agent's turn over B tasks (K branches each)."""
+
+    turn: int
+    agent: int
+    prompt: np.ndarray  # [B, P] right-padded
+    prompt_len: np.ndarray  # [B]
+    out: SampleOut  # B*K rows (dead tasks: empty rows)
+    reward: np.ndarray  # [B, K]
+    mask: np.ndarray  # [B, K]
+    best: np.ndarray  # [B]
 
 
 def _where_live(live: np.ndarray, new: Any, old: Any) -> Any:
@@ -78,9 +70,21 @@ def _where_live(live: np.ndarray, new: Any, old: Any) -> Any:
     return jax.tree.map(pick, new, old)
 
 
+def _spread(out: SampleOut, rows: np.ndarray, b: int, k: int) -> SampleOut:
+    """The sampled rows of the live tasks `rows` placed among B tasks (dead tasks: empty)."""
+    width = out.tokens.shape[1]
+    dest = (rows[:, None] * k + np.arange(k)).ravel()
+    tokens, logps = np.zeros((b * k, width), np.int32), np.zeros((b * k, width), np.float32)
+    lengths, texts = np.zeros(b * k, np.int32), [""] * (b * k)
+    tokens[dest], logps[dest], lengths[dest] = out.tokens, out.logprobs, out.lengths
+    for d, text in zip(dest, out.texts):
+        texts[d] = text
+    return SampleOut(tokens, lengths, logps, texts)
+
+
 def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, split: str,
          k: int, max_turns: int, alpha: float, key: jax.Array, streams: np.ndarray):
-    """The loop both modes share. Returns per-step records and the final state.
+    """The loop both modes share. Returns the records, the final state and turns per task.
     streams [B]: the random stream of each task (see prompt_keys)."""
     state = workflow.reset(task_ids, split)
     b = len(task_ids)
@@ -97,22 +101,28 @@ def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, sp
                 break
             prompts = [np.asarray(encode(m), np.int32) for m in workflow.prompts(state, agent, turn)]
             rows = np.flatnonzero(live)  # sample only live tasks
-            out = sample_fn(agent, [prompts[i] for i in rows], k, prompt_keys(key, streams[rows], turn, agent))
-            texts = [[""] * k for _ in range(b)]
-            resp = [[np.zeros(0, np.int32)] * k for _ in range(b)]
-            logp = [[np.zeros(0, np.float32)] * k for _ in range(b)]
-            for j, i in enumerate(rows):
-                texts[i] = out.texts[j * k:(j + 1) * k]
-                resp[i] = out.response_ids[j * k:(j + 1) * k]
-                logp[i] = out.logprobs[j * k:(j + 1) * k]
+            out = _spread(sample_fn(agent, [prompts[i] for i in rows], k, prompt_keys(key, streams[rows], turn, agent)),
+                          rows, b, k)
+            texts = [out.texts[i * k:(i + 1) * k] for i in range(b)]
             step = workflow.step(state, agent, turn, texts)
             reward = np.asarray(step.local_reward + alpha * step.team_reward, np.float32)
             mask = np.repeat(live[:, None], k, axis=1)
             best = np.argmax(np.where(mask, reward, -np.inf), axis=1)
             state = _where_live(live, take_branch(step.state, best), state)
-            records.append(dict(turn=turn, agent=agent, prompts=prompts, resp=resp, logp=logp,
-                                reward=reward, mask=mask, best=best))
+            records.append(_Record(turn, agent, *right_padded(prompts), out, reward, mask, best))
     return records, state, turns
+
+
+def _record_samples(r: _Record, k: int, streams: np.ndarray) -> Samples:
+    """One record's B groups (task, agent, turn) of K samples."""
+    b = len(streams)
+    width = r.out.tokens.shape[1]
+    return Samples(
+        prompt=np.repeat(r.prompt[:, None], k, axis=1), prompt_len=np.repeat(r.prompt_len[:, None], k, axis=1),
+        response=r.out.tokens.reshape(b, k, width), response_len=r.out.lengths.reshape(b, k),
+        sampler_logp=r.out.logprobs.reshape(b, k, width), reward=r.reward, mask=r.mask,
+        task=np.asarray(streams), agent=np.full(b, r.agent), turn=np.full(b, r.turn),
+        text=obj_array(r.out.texts).reshape(b, k), selected=np.where(r.mask[:, 0], r.best, -1))
 
 
 def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
@@ -121,23 +131,10 @@ def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task
 
     Samples.task is a task's position in the step's task list: `first_task` + i
     for task_ids[i] (a process rolling out a slice passes where it starts)."""
-    b = len(task_ids)
-    streams = first_task + np.arange(b)
-    records, state, turns = _run(workflow, sample_fn, encode, task_ids, split, k, max_turns, alpha, key,
-                                 streams)
-    g = dict(prompt=[], response=[], sampler_logp=[], reward=[], mask=[], task=[], agent=[], turn=[])
-    for r in records:
-        for i in range(b):
-            g["prompt"].append([r["prompts"][i]] * k)
-            g["response"].append(r["resp"][i])
-            g["sampler_logp"].append(r["logp"][i])
-            g["task"].append(streams[i])
-            g["agent"].append(r["agent"])
-            g["turn"].append(r["turn"])
-        g["reward"].append(r["reward"])
-        g["mask"].append(r["mask"])
-    samples = _pack(g, k)
-    return samples, _episodes(workflow, state, turns, samples)
+    streams = first_task + np.arange(len(task_ids))
+    records, state, turns = _run(workflow, sample_fn, encode, task_ids, split, k, max_turns, alpha, key, streams)
+    samples = concat([_record_samples(r, k, streams) for r in records]) if records else Samples.empty(k)
+    return samples, Episodes(np.asarray(workflow.success(state)), turns, _agent_reward(samples, len(workflow.agents)))
 
 
 def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
@@ -149,34 +146,28 @@ def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, tas
     streams = first_task * k + np.arange(b * k)
     records, state, turns = _run(workflow, sample_fn, encode, episode_tasks, split, 1, max_turns, alpha, key,
                                  streams)
+    one = [_record_samples(r, 1, streams) for r in records]  # [B*K] groups of one sample each
     num_agents = len(workflow.agents)
-    g = dict(prompt=[], response=[], sampler_logp=[], reward=[], mask=[], task=[], agent=[], turn=[])
+    parts = []
     for agent in range(num_agents):
-        last = {}  # episode -> its last record for this agent
-        for r in records:
-            if r["agent"] == agent:
-                for e in np.flatnonzero(r["mask"][:, 0]):
-                    last[e] = r
-        for i in range(b):
-            eps = range(i * k, (i + 1) * k)
-            g["prompt"].append([last[e]["prompts"][e] if e in last else np.zeros(0, np.int32) for e in eps])
-            g["response"].append([last[e]["resp"][e][0] if e in last else np.zeros(0, np.int32) for e in eps])
-            g["sampler_logp"].append([last[e]["logp"][e][0] if e in last else np.zeros(0, np.float32) for e in eps])
-            g["reward"].append(np.array([last[e]["reward"][e, 0] if e in last else 0.0 for e in eps], np.float32))
-            g["mask"].append(np.array([e in last for e in eps]))
-            g["task"].append(first_task + i)
-            g["agent"].append(agent)
-            g["turn"].append(-1)
-    samples = _pack(g, k, stacked=False)
+        mine = [s for r, s in zip(records, one) if r.agent == agent]
+        if not mine:
+            continue
+        stacked = concat(mine)  # [n * B*K] in record order
+        live = stacked.mask[:, 0].reshape(len(mine), b * k)
+        last = len(mine) - 1 - np.argmax(live[::-1], axis=0)  # the last record each episode lived in
+        pick = stacked.take(last * (b * k) + np.arange(b * k))
+        grouped = lambda x: x.reshape(b, k, *x.shape[2:])  # episodes of task i: rows i*K .. i*K+K-1
+        has = live.any(0).reshape(b, k)
+        parts.append(Samples(
+            prompt=grouped(pick.prompt), prompt_len=grouped(pick.prompt_len), response=grouped(pick.response),
+            response_len=np.where(has, grouped(pick.response_len), 0), sampler_logp=grouped(pick.sampler_logp),
+            reward=np.where(has, grouped(pick.reward), np.float32(0)).astype(np.float32), mask=has,
+            task=first_task + np.arange(b), agent=np.full(b, agent), turn=np.full(b, -1),
+            text=grouped(pick.text), selected=np.full(b, -1), shared_prompt=False))
+    samples = concat(parts) if parts else Samples.empty(k, shared_prompt=False)
     success = np.asarray(workflow.success(state)).reshape(b, k).mean(1)
     return samples, Episodes(success, turns.reshape(b, k).mean(1), _agent_reward(samples, num_agents))
-
-
-def _pack(g: dict, k: int, stacked: bool = True) -> Samples:
-    reward = np.concatenate(g["reward"]) if stacked and g["reward"] else np.asarray(g["reward"], np.float32)
-    mask = np.concatenate(g["mask"]) if stacked and g["mask"] else np.asarray(g["mask"], bool)
-    return Samples(g["prompt"], g["response"], g["sampler_logp"], reward.reshape(-1, k).astype(np.float32),
-                   mask.reshape(-1, k), np.asarray(g["task"]), np.asarray(g["agent"]), np.asarray(g["turn"]))
 
 
 def _agent_reward(samples: Samples, num_agents: int) -> np.ndarray:
@@ -187,24 +178,13 @@ def _agent_reward(samples: Samples, num_agents: int) -> np.ndarray:
     return out
 
 
-def _episodes(workflow: Workflow, state, turns, samples: Samples) -> Episodes:
-    return Episodes(np.asarray(workflow.success(state)), turns, _agent_reward(samples, len(workflow.agents)))
-
-
 def merge_rollouts(parts: Sequence[tuple[Samples, Episodes]], num_agents: int) -> tuple[Samples, Episodes]:
     """One step's rollouts of consecutive task slices (e.g. one per process) as
     one: groups in (turn, agent, task) order, groups with no live sample
     dropped, so the result does not depend on how the tasks were split."""
-    cat = lambda name: [x for s, _ in parts for x in getattr(s, name)]
-    arr = lambda name: np.concatenate([getattr(s, name) for s, _ in parts])
-    task, agent, turn = arr("task"), arr("agent"), arr("turn")
-    mask = arr("mask")
-    order = [g for g in np.lexsort((task, agent, turn)) if mask[g].any()]  # lexsort is stable
-    pick = lambda xs: [xs[g] for g in order]
-    samples = Samples(pick(cat("prompt")), pick(cat("response")), pick(cat("sampler_logp")),
-                      arr("reward")[order].reshape(-1, parts[0][0].reward.shape[1]),
-                      mask[order].reshape(-1, mask.shape[1]),
-                      task[order], agent[order], turn[order])
+    samples = concat([s for s, _ in parts])
+    order = [g for g in np.lexsort((samples.task, samples.agent, samples.turn)) if samples.mask[g].any()]
+    samples = samples.take(np.asarray(order, np.int64))
     episodes = Episodes(np.concatenate([e.success for _, e in parts]), np.concatenate([e.turns for _, e in parts]),
                         _agent_reward(samples, num_agents))
     return samples, episodes

@@ -3,13 +3,16 @@
 `policy_batches` lays samples out one per row (the PyTorch baseline eats that);
 `pack_minibatch` turns a mini-batch of those rows into the trainer's `Packed`
 layout (train/update.py), where the samples that share a prompt (a tree group's
-K branches) share one copy of it.
+K branches) share one copy of it. Which rows share a prompt is carried by the
+rows' `share` ids (the group index of a tree group), not found by comparing tokens.
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
-from atgrpo_jax.rollout.tree import Samples
+from atgrpo_jax.rollout.samples import Samples, sequences
 
 
 def length_bucket(n: int, multiple: int = 32) -> int:
@@ -31,55 +34,41 @@ def fine_bucket(n: int, minimum: int = 8, per_octave: int = 8) -> int:
 
 def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_of_agent: np.ndarray,
                    num_policies: int, mini_batch: int, rng: np.random.Generator) -> list[dict | None]:
-    """Per policy: arrays tokens/valid/is_resp/sampler_logp [N, L], adv [N], with N a
-    multiple of `mini_batch` (the last mini-batch padded with empty rows). Groups are
-    shuffled and each group's samples stay together, so a mini-batch holds whole groups
-    (as verl's, and so `pack_minibatch` can share their prompt). A policy with no kept
-    sample gets None.
+    """Per policy: arrays tokens/valid/is_resp/sampler_logp [N, L], adv [N] and share [N] (rows
+    with one share id >= 0 answer one prompt; -1: an empty row), with N a multiple of
+    `mini_batch` (the last mini-batch padded with empty rows). Groups are shuffled and each
+    group's samples stay together, so a mini-batch holds whole groups (as verl's, and so
+    `pack_minibatch` can share their prompt). A policy with no kept sample gets None.
     """
+    has_response = samples.mask & (samples.response_len > 0)
     out: list[dict | None] = []
     for p in range(num_policies):
         groups = np.flatnonzero(keep & (policy_of_agent[samples.agent] == p))
-        rows = [(g, k) for g in groups[rng.permutation(len(groups))]
-                for k in np.flatnonzero(samples.mask[g]) if len(samples.response[g][k])]
-        if not rows:
+        groups = groups[rng.permutation(len(groups))]
+        g, k = np.nonzero(has_response[groups])  # group-major: a group's samples together
+        g = groups[g]
+        if not len(g):
             out.append(None)
             continue
-        n = -(-len(rows) // mini_batch) * mini_batch
-        lengths = [len(samples.prompt[g][k]) + len(samples.response[g][k]) for g, k in rows]
-        width = length_bucket(max(lengths))
-        tokens = np.zeros((n, width), np.int32)
-        is_resp = np.zeros((n, width), bool)
-        valid = np.zeros((n, width), bool)
-        logp = np.zeros((n, width), np.float32)
-        a = np.zeros(n, np.float32)
-        for i, (g, k) in enumerate(rows):
-            prompt, resp = samples.prompt[g][k], samples.response[g][k]
-            m, r = len(prompt), len(resp)
-            tokens[i, :m] = prompt
-            tokens[i, m:m + r] = resp
-            valid[i, :m + r] = True
-            is_resp[i, m:m + r] = True
-            logp[i, m:m + r] = samples.sampler_logp[g][k]
-            a[i] = adv[g, k]
-        out.append(dict(tokens=tokens, valid=valid, is_resp=is_resp, sampler_logp=logp, adv=a,
-                        num_samples=len(rows)))
+        n = -(-len(g) // mini_batch) * mini_batch
+        width = length_bucket(int((samples.prompt_len[g, k] + samples.response_len[g, k]).max()))
+        tokens, is_resp, valid, logp = sequences(samples, g, k, width)
+        share = g if samples.shared_prompt else g * samples.mask.shape[1] + k
+        pad = lambda x, fill=0: np.concatenate([x, np.full((n - len(x),) + x.shape[1:], fill, x.dtype)])
+        out.append(dict(tokens=pad(tokens), valid=pad(valid), is_resp=pad(is_resp), sampler_logp=pad(logp),
+                        adv=pad(adv[g, k].astype(np.float32)), share=pad(share.astype(np.int64), -1),
+                        num_samples=len(g)))
     return out
 
 
-def _rows_of_shared_prompts(mb: dict, start: np.ndarray, end: np.ndarray, share: bool, slots: int | None,
+def _rows_of_shared_prompts(share: np.ndarray, start: np.ndarray, end: np.ndarray, slots: int | None,
                             max_width: int) -> list[list[int]]:
-    """Sample indices per packed row: a prompt with at most `slots` of its responses,
-    as many as fit in `max_width` tokens. start, end: each sample's first response
-    column and the column after its last token."""
-    live = np.flatnonzero(mb["is_resp"].any(1))
-    if np.any(start[live] == 0):
-        raise ValueError("a sample has an empty prompt: its first response token has nothing to be scored from")
-    by_prompt: dict = {}
-    for i in live:
-        by_prompt.setdefault(mb["tokens"][i, :start[i]].tobytes() if share else i, []).append(i)
+    """Sample indices per packed row: the samples of one share id (one prompt), in order, at
+    most `slots` per row and as many as fit in `max_width` tokens. start, end: each sample's
+    first response column and the column after its last token."""
     rows = []
-    for members in by_prompt.values():
+    for _, members in itertools.groupby(np.flatnonzero(share >= 0), key=lambda i: share[i]):
+        members = list(members)
         row, used = [], start[members[0]]
         for i in members:
             if row and (used + end[i] - start[i] > max_width or len(row) == slots):
@@ -95,46 +84,63 @@ def pack_minibatch(mb: dict, shards: int = 1, share_prompts: bool = True, slots:
                    max_width: int | None = None) -> dict:
     """A mini-batch of `policy_batches` rows in the `Packed` layout (train/update.py), as
     NumPy arrays, plus `sampler_logp` [R, M] and `sample` [R, M] (the mini-batch row of
-    each scored token, -1 if none). Samples with one prompt share a row (unless not
-    `share_prompts`), at most `slots` per row (the trainer passes K) and as many as fit
-    in `max_width` tokens (default: the rows' width; the trainer passes the widest a row
-    can be under its config, so a packed mini-batch never needs more memory than one
-    sample per row, which is what the planner assumes); R is padded to a
-    power of two and a multiple of `shards` (the devices the batch is split over), W to
-    `fine_bucket` and M (the most response tokens in a row) to `fine_bucket` at 4
-    sizes per octave.
+    each scored token, -1 if none). Consecutive samples with one `share` id share a row
+    (unless not `share_prompts`), at most `slots` per row (the trainer passes K) and as many
+    as fit in `max_width` tokens (default: the rows' width; the trainer passes the widest a
+    row can be under its config, so a packed mini-batch never needs more memory than one
+    sample per row, which is what the planner assumes); R is padded to a power of two and
+    a multiple of `shards` (the devices the batch is split over), W to `fine_bucket` and M
+    (the most response tokens in a row) to `fine_bucket` at 4 sizes per octave.
     """
     max_width = max(max_width or 0, mb["tokens"].shape[1])  # a single sample always fits
     start, end = mb["is_resp"].argmax(1), mb["valid"].sum(1)
-    rows = _rows_of_shared_prompts(mb, start, end, share_prompts, slots, max_width)
-    resp_len = lambda row: int(sum(end[i] - start[i] for i in row))
+    live = mb["is_resp"].any(1)
+    if np.any(start[live] == 0):
+        raise ValueError("a sample has an empty prompt: its first response token has nothing to be scored from")
+    share = np.where(live, mb["share"] if share_prompts else np.arange(len(live)), -1)
+    rows = _rows_of_shared_prompts(share, start, end, slots, max_width)
+    # Per sample (in row order): its packed row, slot in the row, first scored entry and first column.
+    sample = np.concatenate(rows)
+    sizes = np.array([len(row) for row in rows])
+    row_of = np.repeat(np.arange(len(rows)), sizes)
+    row_begin = np.cumsum(sizes) - sizes  # index in `sample` of each row's first sample
+    slot = np.arange(len(sample)) - row_begin[row_of]
+    n_resp = end[sample] - start[sample]
+    before = np.cumsum(n_resp) - n_resp
+    first = before - before[row_begin][row_of]  # response tokens of the row's earlier samples
+    prompt_len = start[sample]  # = the row's prompt length: a row holds one prompt
+    col0 = prompt_len + first
+    resp_len = np.bincount(row_of, weights=n_resp, minlength=len(rows)).astype(int)
+    lead = sample[row_begin]  # the sample whose prompt the row holds
     r = length_bucket(len(rows), 1)
     r = -(-max(r, shards) // shards) * shards
-    m = fine_bucket(max(resp_len(row) for row in rows), 8, per_octave=4)  # few shapes across steps
-    w = min(fine_bucket(max(int(start[row[0]]) + resp_len(row) for row in rows), 32), max_width)
+    m = fine_bucket(int(resp_len.max()), 8, per_octave=4)  # few shapes across steps
+    w = min(fine_bucket(int((start[lead] + resp_len).max()), 32), max_width)
     out = dict(tokens=np.zeros((r, w), np.int32), positions=np.zeros((r, w), np.int32),
                segment=np.full((r, w), -1, np.int32), pred=np.zeros((r, m), np.int32),
                target=np.zeros((r, m), np.int32), scored=np.zeros((r, m), bool),
                sample_len=np.zeros((r, m), np.int32), adv=np.zeros((r, m), np.float32),
                sampler_logp=np.zeros((r, m), np.float32), sample=np.full((r, m), -1, np.int32))
-    for ri, row in enumerate(rows):
-        p = start[row[0]]
-        out["tokens"][ri, :p] = mb["tokens"][row[0], :p]
-        out["positions"][ri, :p] = np.arange(p)
-        out["segment"][ri, :p] = 0
-        col = p  # next free column of the row; also the next scored entry's index + p
-        for s, i in enumerate(row):
-            n = end[i] - p
-            cols, entries = slice(col, col + n), slice(col - p, col - p + n)
-            out["tokens"][ri, cols] = mb["tokens"][i, p:end[i]]
-            out["positions"][ri, cols] = np.arange(p, end[i])
-            out["segment"][ri, cols] = s + 1
-            out["pred"][ri, entries] = np.r_[p - 1, np.arange(col, col + n - 1)]
-            out["target"][ri, entries] = mb["tokens"][i, p:end[i]]
-            out["scored"][ri, entries] = True
-            out["sample_len"][ri, entries] = n
-            out["adv"][ri, entries] = mb["adv"][i]
-            out["sampler_logp"][ri, entries] = mb["sampler_logp"][i, p:end[i]]
-            out["sample"][ri, entries] = i
-            col += n
+    # Prompts: columns [0, p) of each row.
+    cols = np.arange(w)
+    in_prompt = cols[None, :] < start[lead][:, None]
+    prompt_cols = np.minimum(cols, mb["tokens"].shape[1] - 1)  # a packed row may be wider than a sample's
+    out["tokens"][:len(rows)] = np.where(in_prompt, mb["tokens"][lead][:, prompt_cols], 0)
+    out["positions"][:len(rows)] = np.where(in_prompt, cols, 0)
+    out["segment"][:len(rows)] = np.where(in_prompt, 0, -1)
+    # Responses: token j of sample i (j < n_resp[i]) goes to column col0 + j, entry first + j.
+    owner = np.repeat(np.arange(len(sample)), n_resp)
+    tok = np.arange(len(owner)) - before[owner]
+    i, rr = sample[owner], row_of[owner]
+    col, entry, src = col0[owner] + tok, first[owner] + tok, start[sample][owner] + tok
+    out["tokens"][rr, col] = mb["tokens"][i, src]
+    out["positions"][rr, col] = src
+    out["segment"][rr, col] = slot[owner] + 1
+    out["pred"][rr, entry] = np.where(tok == 0, prompt_len[owner] - 1, col - 1)
+    out["target"][rr, entry] = mb["tokens"][i, src]
+    out["scored"][rr, entry] = True
+    out["sample_len"][rr, entry] = n_resp[owner]
+    out["adv"][rr, entry] = mb["adv"][i]
+    out["sampler_logp"][rr, entry] = mb["sampler_logp"][i, src]
+    out["sample"][rr, entry] = i
     return out

@@ -1,42 +1,116 @@
-"""The training config: every number a user sets, with its defaults, and its validation.
+"""The training config: every number a user sets, its default, what it means, and its validation.
 
 Config files in `configs/` start from `base_config()` and change what their
-task needs; `validate` runs before anything compiles and names the bad key.
-Defaults follow the paper's system (REFERENCE.md).
+task needs. Each key below has one comment: it is the key's documentation
+(`config_docs()` reads it; the README's config reference is checked against
+it by a test). `resolve` expands the `regime` shorthand once and then
+`validate`s; both run before anything compiles, and every error names its key.
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import io
+import tokenize
+
 import ml_collections
 
-REGIMES = ("shared", "per_role", "lora", "single_agent", "plain_grpo")
+from atgrpo_jax.registry import closest
+
 SCHEDULES = ("constant", "cosine")
+MODEL_INITS = ("auto", "random")
+# Presets small enough to train from random weights without saying so (the CPU demo, tests,
+# benchmarks); a larger one needs model.hf_path or model.init="random".
+RANDOM_INIT_MAX_PARAMS = 250_000_000
 
 
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.model = dict(preset="qwen3-1.7b", hf_path="", param_dtype="float32", compute_dtype="float32",
-                   remat=False, init_seed=0, vocab_size=0)  # vocab_size 0: the preset's
-    c.tokenizer = "qwen3"  # "qwen3", "char", or a checkpoint directory
-    c.char_alphabet = ""  # the char tokenizer's characters ("" = printable ASCII)
-    c.mesh = dict(data=1, fsdp=-1, tensor=1)
-    c.env = dict(workflow="plan_path_tool", kwargs=ml_collections.ConfigDict())
-    c.regime = "shared"
-    c.policy_pools = False  # per_role: each policy on its own disjoint part of the mesh
-    c.rollout = dict(num_tasks=32, k=8, max_turns=4, temperature=1.0, top_p=1.0, top_k=0,
-                     max_prompt_len=4096, prompt_buckets=(512, 1024, 2048, 4096),
-                     max_new_tokens=2048, eval_temperature=0.0)
-    c.algo = dict(alpha=1.0, use_std=True, drop_low_mean_frac=0.5, drop_zero_variance=False)
-    c.loss = dict(eps_low=0.2, eps_high=0.2, dual_clip=0.0, aggregation="token-mean",
-                  kl_coef=0.0, entropy_coef=0.0, logprob_chunk=512)
-    c.optim = dict(lr=1e-6, schedule="constant", warmup_steps=0, weight_decay=0.01, grad_clip=1.0,
-                   b1=0.9, b2=0.999, mini_batch_size=16, epochs=1,
-                   share_prompts=True)  # a group's samples share one forward pass of their prompt
-    c.lora = dict(rank=16, alpha=32.0)
-    c.train = dict(steps=200, seed=0, eval_every=10, eval_tasks=100, eval_k=1, log_every=1,
-                   checkpoint_every=10, keep_last=2, time_budget_s=0.0)
-    # Several processes: an explicit coordinator (or ATGRPO_* variables, see atgrpo_jax.launch),
-    # or auto=True where jax.distributed finds the hosts itself (TPU pods; tpu_scripts/launch.sh).
-    c.distributed = dict(coordinator_address="", num_processes=0, process_id=-1, auto=False)
+    c.model = ml_collections.ConfigDict()  # the policy model (Qwen3)
+    c.model.preset = "qwen3-1.7b"  # architecture, a name in atgrpo_jax.models.config.PRESETS; a checkpoint in
+    # model.hf_path must match it
+    c.model.hf_path = ""  # directory of a Hugging Face Qwen3 checkpoint (config.json, *.safetensors, tokenizer) to
+    # start from
+    c.model.init = "auto"  # "auto": the weights of model.hf_path (random only for presets under 250M parameters);
+    # "random": random on purpose
+    c.model.param_dtype = "float32"  # storage dtype of the weights: float32, bfloat16 or float16
+    c.model.compute_dtype = "float32"  # dtype of matmul inputs, activations and the KV cache
+    c.model.remat = False  # recompute each layer in the backward pass (less memory, ~30% more compute)
+    c.model.init_seed = 0  # seed of random weights and of LoRA adapters
+    c.model.vocab_size = 0  # embedding rows of a random model; 0 = the preset's
+    c.tokenizer = "qwen3"  # "qwen3" (offline, or model.hf_path's own), "char", or a directory with tokenizer files
+    c.char_alphabet = ""  # the char tokenizer's characters ("" = printable ASCII and newline)
+    c.mesh = ml_collections.ConfigDict()  # device mesh (see atgrpo_jax/sharding.py); -1 = all remaining devices
+    c.mesh.data = 1  # data-parallel axis: spans hosts; each data row holds a whole copy of each policy
+    c.mesh.fsdp = -1  # parameters, optimizer state and batch split over this axis
+    c.mesh.tensor = 1  # heads, MLP and vocabulary split over this axis
+    c.env = ml_collections.ConfigDict()  # the task and its agents
+    c.env.workflow = "plan_path_tool_plan"  # a registered workflow name (atgrpo_jax/envs/registry.py) or
+    # "package.module:factory"
+    c.env.single_agent = False  # the workflow's one-agent variant (the paper's single-agent baseline)
+    c.env.kwargs = ml_collections.ConfigDict()  # keyword arguments of the workflow's factory; any key may be set
+    c.policy = ml_collections.ConfigDict()  # who shares weights
+    c.policy.sharing = "shared"  # "shared" (one model, role prompts), "per_role" (one model per agent), "lora" (one
+    # adapter per agent on a frozen shared base)
+    c.policy.pools = False  # per_role: each agent's model on its own disjoint part of the mesh
+    c.regime = ""  # shorthand expanded once by resolve(): shared, per_role, lora, single_agent, plain_grpo (see
+    # REGIMES)
+    c.rollout = ml_collections.ConfigDict()  # sampling of training episodes
+    c.rollout.tree = True  # AT-GRPO tree sampling (K branches per state, best branch continues); False: K independent
+    # episodes per task
+    c.rollout.num_tasks = 32  # tasks per training step (B)
+    c.rollout.k = 8  # branches (tree) or episodes (plain) per task: the group size K
+    c.rollout.max_turns = 4  # turns per episode (T); every agent acts once per turn
+    c.rollout.temperature = 1.0  # sampling temperature in training (0 = greedy)
+    c.rollout.top_p = 1.0  # nucleus sampling in training and evaluation (1 = off)
+    c.rollout.top_k = 0  # top-k sampling in training and evaluation (0 = off)
+    c.rollout.max_prompt_len = 4096  # prompt tokens kept (cut from the left)
+    c.rollout.prompt_buckets = (512, 1024, 2048, 4096)  # padded prompt lengths (one compilation each); the last >=
+    # max_prompt_len
+    c.rollout.max_new_tokens = 2048  # response tokens per sample
+    c.rollout.eval_temperature = 0.0  # sampling temperature in evaluation (0 = greedy)
+    c.algo = ml_collections.ConfigDict()  # rewards, advantages, group filters
+    c.algo.alpha = 1.0  # an agent's reward = its own + alpha * the team's
+    c.algo.advantage = "grpo"  # advantage estimator, a name in atgrpo_jax.algo.advantages.ADVANTAGES (grpo, drgrpo)
+    c.algo.drop_low_mean_frac = 0.5  # drop this fraction of the groups with the lowest mean reward
+    c.algo.drop_zero_variance = False  # drop groups whose K rewards are all equal
+    c.loss = ml_collections.ConfigDict()  # the clipped policy-gradient loss
+    c.loss.eps_low = 0.2  # clip the ratio below at 1 - eps_low
+    c.loss.eps_high = 0.2  # clip the ratio above at 1 + eps_high
+    c.loss.dual_clip = 0.0  # c > 1: dual clip for negative advantages; 0 = off
+    c.loss.aggregation = "token-mean"  # a name in atgrpo_jax.algo.loss.AGGREGATIONS (token-mean, seq-mean-token-mean)
+    c.loss.kl_coef = 0.0  # weight of the k3 KL to the starting policy (0: no reference kept)
+    c.loss.entropy_coef = 0.0  # weight of the entropy bonus
+    c.loss.logprob_chunk = 512  # tokens per chunk of the LM head in the update ([chunk, vocab] logits at a time)
+    c.optim = ml_collections.ConfigDict()  # AdamW
+    c.optim.lr = 1e-6  # learning rate
+    c.optim.schedule = "constant"  # "constant" or "cosine" (to 10% of lr over the run)
+    c.optim.warmup_steps = 0  # optimizer steps of linear warm-up
+    c.optim.weight_decay = 0.01  # AdamW weight decay
+    c.optim.grad_clip = 1.0  # global gradient-norm clip
+    c.optim.b1 = 0.9  # AdamW beta1
+    c.optim.b2 = 0.999  # AdamW beta2
+    c.optim.mini_batch_size = 16  # samples per optimizer step (whole groups go together)
+    c.optim.epochs = 1  # passes over each step's samples
+    c.optim.share_prompts = True  # a group's samples share one forward pass of their prompt in the update
+    c.lora = ml_collections.ConfigDict()  # adapters (policy.sharing = "lora")
+    c.lora.rank = 16  # adapter rank r
+    c.lora.alpha = 32.0  # adapter scale alpha (the update is alpha / r * A @ B)
+    c.train = ml_collections.ConfigDict()  # the run
+    c.train.steps = 200  # training steps
+    c.train.seed = 0  # seed of tasks, sampling and mini-batch order
+    c.train.eval_every = 10  # evaluate every this many steps (0 = never)
+    c.train.eval_tasks = 100  # held-out tasks per evaluation
+    c.train.eval_k = 1  # episodes per held-out task (avg@k)
+    c.train.log_every = 1  # write metrics every this many steps (evaluation steps always)
+    c.train.checkpoint_every = 10  # save a checkpoint every this many steps (and at the end)
+    c.train.keep_last = 2  # checkpoints kept besides the best one (0 = all)
+    c.train.time_budget_s = 0.0  # stop (evaluate, checkpoint) after this many seconds (0 = no limit)
+    c.distributed = ml_collections.ConfigDict()  # several processes (hosts); see atgrpo_jax/distributed.py
+    c.distributed.coordinator_address = ""  # host:port of process 0 (or ATGRPO_COORDINATOR)
+    c.distributed.num_processes = 0  # processes in the run (0: from ATGRPO_NUM_PROCESSES, else 1)
+    c.distributed.process_id = -1  # this process (-1: from ATGRPO_PROCESS_ID)
+    c.distributed.auto = False  # let jax.distributed find the hosts itself (TPU pods; tpu_scripts/launch.sh sets it)
     return c
 
 
@@ -44,30 +118,105 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the key."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Sharing:
+    """How the agents map to trained weights (config.policy.sharing)."""
+
+    per_agent: bool  # one trained weight set per agent (else one for all)
+    lora: bool  # those weight sets are adapters on one frozen shared base
+
+    def route(self, num_agents: int):
+        """policy_of_agent [A]: the policy that acts for (and learns from) each agent."""
+        import numpy as np
+        return np.arange(num_agents) if self.per_agent else np.zeros(num_agents, np.int64)
+
+
+SHARINGS = {"shared": Sharing(per_agent=False, lora=False),
+            "per_role": Sharing(per_agent=True, lora=False),
+            "lora": Sharing(per_agent=True, lora=True)}
+
+# The shorthand `regime` -> the three settings it stands for.
+REGIMES = {
+    "shared": {"policy.sharing": "shared", "rollout.tree": True, "env.single_agent": False},
+    "per_role": {"policy.sharing": "per_role", "rollout.tree": True, "env.single_agent": False},
+    "lora": {"policy.sharing": "lora", "rollout.tree": True, "env.single_agent": False},
+    "single_agent": {"policy.sharing": "shared", "rollout.tree": True, "env.single_agent": True},
+    "plain_grpo": {"policy.sharing": "shared", "rollout.tree": False, "env.single_agent": False},
+}
+
+
+def sharing(c) -> Sharing:
+    return SHARINGS[c.policy.sharing]
+
+
+def _get(c, dotted: str):
+    for part in dotted.split("."):
+        c = c[part]
+    return c
+
+
+def _set(c, dotted: str, value):
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        c = c[part]
+    c[leaf] = value
+
+
+def resolve(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collections.ConfigDict:
+    """Expand `regime` into the settings it stands for (once: regime is then ""), then validate.
+
+    A setting the user changed from its default to something the regime contradicts is an error.
+    weights=False: do not ask for model weights (the memory planner needs the architecture only).
+    """
+    if c.regime:
+        _require(c.regime in REGIMES, "regime", f"unknown {c.regime!r}{closest(c.regime, REGIMES)}; "
+                 f"known: {', '.join(REGIMES)}")
+        default = base_config()
+        for key, value in REGIMES[c.regime].items():
+            mine = _get(c, key)
+            _require(mine == value or mine == _get(default, key), key,
+                     f"{mine!r} contradicts regime={c.regime!r}, which sets it to {value!r}")
+            _set(c, key, value)
+        c.regime = ""
+    return validate(c, weights=weights)
+
+
 def _require(ok: bool, key: str, msg: str):
     if not ok:
         raise ConfigError(f"config.{key}: {msg}")
 
 
-def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Check every field that can be wrong before anything compiles."""
+def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collections.ConfigDict:
+    """Check every field that can be wrong before anything compiles (after `resolve`)."""
+    from atgrpo_jax.algo.advantages import ADVANTAGES
     from atgrpo_jax.models.config import DTYPES, PRESETS
 
-    _require(c.model.preset in PRESETS or bool(c.model.hf_path), "model.preset",
-             f"unknown preset {c.model.preset!r}; known: {sorted(PRESETS)} (or set model.hf_path)")
+    m = c.model
+    _require(m.preset in PRESETS or bool(m.hf_path), "model.preset",
+             f"unknown preset {m.preset!r}{closest(m.preset, PRESETS)}; known: {sorted(PRESETS)} (or set model.hf_path)")
+    _require(m.init in MODEL_INITS, "model.init", f"must be one of {MODEL_INITS}, got {m.init!r}")
+    if weights and not m.hf_path and m.init == "auto" and m.preset in PRESETS:
+        size = PRESETS[m.preset].num_params()
+        _require(size < RANDOM_INIT_MAX_PARAMS, "model.hf_path",
+                 f"preset {m.preset!r} ({size / 1e9:.1f}B parameters) has no weights: set model.hf_path to a "
+                 "Hugging Face checkpoint directory (tpu_scripts/setup.sh --hf-model downloads one), or "
+                 "model.init='random' to train from random weights on purpose")
     for key in ("param_dtype", "compute_dtype"):
-        _require(c.model[key] in DTYPES, f"model.{key}", f"must be one of {sorted(DTYPES)}")
-    _require(c.model.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = the preset's)")
-    _require(c.regime in REGIMES, "regime", f"must be one of {REGIMES}, got {c.regime!r}")
-    _require(not c.policy_pools or c.regime == "per_role", "policy_pools",
-             f"only the per_role regime has one model per agent to place on its own pool, got {c.regime!r}")
+        _require(m[key] in DTYPES, f"model.{key}", f"must be one of {sorted(DTYPES)}")
+    _require(m.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = the preset's)")
+    _require(not c.regime, "regime", "call resolve() first: it expands the shorthand")
+    _require(c.policy.sharing in SHARINGS, "policy.sharing",
+             f"unknown {c.policy.sharing!r}{closest(c.policy.sharing, SHARINGS)}; known: {', '.join(SHARINGS)}")
+    _require(not c.policy.pools or c.policy.sharing == "per_role", "policy.pools",
+             f"only policy.sharing='per_role' has one model per agent to place on its own pool, got "
+             f"{c.policy.sharing!r}")
     for key in ("data", "fsdp", "tensor"):
         v = c.mesh[key]
         _require(isinstance(v, int) and (v > 0 or v == -1), f"mesh.{key}", f"must be > 0 or -1, got {v!r}")
     r = c.rollout
     for key in ("num_tasks", "k", "max_turns", "max_new_tokens", "max_prompt_len"):
         _require(isinstance(r[key], int) and r[key] > 0, f"rollout.{key}", f"must be a positive int, got {r[key]!r}")
-    _require(r.k >= 2 or c.regime == "plain_grpo", "rollout.k", "tree sampling needs k >= 2 branches")
+    _require(r.k >= 2 or not r.tree, "rollout.k", "tree sampling needs k >= 2 branches")
     _require(r.temperature >= 0 and r.eval_temperature >= 0, "rollout.temperature", "must be >= 0")
     _require(0 < r.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {r.top_p}")
     _require(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)")
@@ -76,10 +225,11 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(r.prompt_buckets[-1] >= r.max_prompt_len, "rollout.prompt_buckets",
              f"largest bucket {r.prompt_buckets[-1]} < rollout.max_prompt_len {r.max_prompt_len}")
     a = c.algo
+    _require(a.advantage in ADVANTAGES, "algo.advantage",
+             f"unknown {a.advantage!r}{closest(a.advantage, ADVANTAGES)}; known: {', '.join(ADVANTAGES)}")
     _require(0 <= a.drop_low_mean_frac < 1, "algo.drop_low_mean_frac", "must be in [0, 1)")
-    from atgrpo_jax.algo.loss import LossConfig
     try:
-        LossConfig(**{k: v for k, v in c.loss.items() if k != "logprob_chunk"})
+        loss_config(c)
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
     _require(c.loss.logprob_chunk > 0, "loss.logprob_chunk", "must be > 0")
@@ -92,13 +242,75 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(c.lora.rank > 0, "lora.rank", "must be > 0")
     t = c.train
     _require(t.steps > 0, "train.steps", "must be > 0")
-    for key in ("eval_every", "checkpoint_every", "log_every", "keep_last"):
+    for key in ("eval_every", "checkpoint_every", "keep_last"):
         _require(t[key] >= 0, f"train.{key}", "must be >= 0")
+    _require(t.log_every >= 1, "train.log_every", "must be >= 1")
     return c
 
 
-# Per-task settings of the paper's system (REFERENCE.md): filters, turns, eval temperature.
-_TASKS = {
+def loss_config(c):
+    """The loss settings as `algo.loss.LossConfig` (which checks them)."""
+    from atgrpo_jax.algo.loss import LossConfig
+    return LossConfig(**{k: v for k, v in c.loss.items() if k != "logprob_chunk"})
+
+
+# ---------------------------------------------------------------- configs saved by earlier versions
+
+def upgrade(saved: dict) -> dict:
+    """A config dict (e.g. a run's config.json) written by an earlier version, in today's keys:
+    `regime` and `policy_pools` became policy.sharing / rollout.tree / env.single_agent /
+    policy.pools; `algo.use_std` became algo.advantage."""
+    d = {k: (dict(v) if isinstance(v, dict) else v) for k, v in saved.items()}
+    regime = d.get("regime", "")
+    if "policy_pools" in d:
+        d.setdefault("policy", {})["pools"] = bool(d.pop("policy_pools"))
+    if regime in REGIMES:
+        for key, value in REGIMES[regime].items():
+            section, leaf = key.split(".")
+            d.setdefault(section, {})[leaf] = value
+        d["regime"] = ""
+    algo = d.get("algo", {})
+    if "use_std" in algo:
+        algo["advantage"] = "grpo" if algo.pop("use_std") else "drgrpo"
+    return d
+
+
+# ---------------------------------------------------------------- documentation
+
+def config_docs() -> list[tuple[str, str, str]]:
+    """(key, default, meaning) of every key of `base_config`, read from its source: the comment
+    on the line that sets the key, plus the comment-only lines right below it (sections
+    included, with an empty default)."""
+    rows: list[list[str]] = []
+    for line in inspect.getsource(base_config).splitlines():
+        text = line.strip()
+        if text.startswith("#") and rows:
+            rows[-1][2] += " " + text[1:].strip()
+            continue
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(text + "\n").readline)
+                  if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)]
+        if len(tokens) < 4 or tokens[0].string != "c" or tokens[1].string != ".":
+            continue
+        comment = tokens[-1].string[1:].strip() if tokens[-1].type == tokenize.COMMENT else ""
+        code = text[:tokens[-1].start[1]].strip() if comment else text
+        key, _, value = code.partition(" = ")
+        rows.append([key[2:], "" if value.startswith("ml_collections.ConfigDict") else value, comment])
+    return [tuple(r) for r in rows]
+
+
+def config_docs_markdown() -> str:
+    """The config reference table of the README."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for key, value, comment in config_docs():
+        shown = f"`{value}`" if value else ""
+        lines.append(f"| `{key}` | {shown} | {comment.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the paper's runs
+
+# Per-task settings of the paper's system (docs/reference.md): workflow, turns, filters, eval temperature.
+TASKS = {
     "plan_path": dict(workflow="plan_path_tool_plan", max_turns=4, eval_temperature=0.0,
                       drop_low_mean_frac=0.5, drop_zero_variance=False),
     "sokoban": dict(workflow="sokoban_tool_plan", max_turns=4, eval_temperature=0.0,
@@ -113,14 +325,18 @@ _TASKS = {
 
 
 def paper_config(task: str, preset: str) -> ml_collections.ConfigDict:
-    """The paper's system for `task` with a Qwen3 `preset` (weights from model.hf_path)."""
-    t = _TASKS[task]
+    """The paper's system for `task` with a Qwen3 `preset` (weights from model.hf_path).
+
+    The rest of the paper's settings (B = 32, K = 8, 4096/2048 tokens, lr 1e-6, mini-batch 16,
+    200 steps, evaluation every 10) are base_config's defaults."""
+    t = TASKS[task]
     c = base_config()
     c.model.update(preset=preset, param_dtype="bfloat16", compute_dtype="bfloat16", remat=True)
     c.env.workflow = t["workflow"]
-    c.rollout.update(num_tasks=32, k=8, max_turns=t["max_turns"], temperature=1.0, top_p=1.0,
-                     eval_temperature=t["eval_temperature"], max_prompt_len=4096, max_new_tokens=2048)
+    c.rollout.update(max_turns=t["max_turns"], eval_temperature=t["eval_temperature"])
     c.algo.update(drop_low_mean_frac=t["drop_low_mean_frac"], drop_zero_variance=t["drop_zero_variance"])
-    c.optim.update(lr=1e-6, schedule="constant", mini_batch_size=16)
-    c.train.update(steps=200, eval_every=10, eval_tasks=100, checkpoint_every=10, keep_last=2)
     return c
+
+
+if __name__ == "__main__":  # python -m atgrpo_jax.train.config: the README's config reference
+    print(config_docs_markdown())

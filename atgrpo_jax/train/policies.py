@@ -1,20 +1,22 @@
-"""Policies and the agent -> policy router, one per regime.
+"""The trained policies of a run, as `config.policy.sharing` lays them out (`train.config.SHARINGS`):
 
-  shared, single_agent, plain_grpo: one model for every agent
-  per_role: one model per agent, each updated only on its own agents' samples
+  shared: one model for every agent
+  per_role: one model per agent, each updated only on its own agent's samples
   lora: one adapter per agent on a frozen shared base (no base copy)
+
+The router (`Sharing.route`) says which policy acts for, and learns from, each agent.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable
 
-import numpy as np
 from flax import nnx
 
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models.lora import attach_lora, merge_lora, split_lora
 from atgrpo_jax.models.qwen3 import Qwen3
+from atgrpo_jax.train.config import Sharing
 from atgrpo_jax.train.update import TrainState, init_state, make_update_fns
 
 
@@ -44,20 +46,13 @@ class Policy:
         return self._merged[1]
 
 
-def route(regime: str, num_agents: int) -> np.ndarray:
-    """policy_of_agent [A]: which policy acts for (and learns from) each agent."""
-    if regime in ("per_role", "lora"):
-        return np.arange(num_agents)
-    return np.zeros(num_agents, np.int64)
-
-
-def build_policies(regime: str, base: Qwen3, agent_names, tx, loss_cfg: LossConfig, chunk: int,
+def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: LossConfig, chunk: int,
                    lora_rank: int = 16, lora_alpha: float = 32.0, seed: int = 0,
                    model_copy: Callable[[int], Qwen3] | None = None) -> list[Policy]:
-    """The policies of a regime, all starting from `base`'s weights.
+    """The policies of a sharing layout, all starting from `base`'s weights.
 
-    per_role calls `model_copy(i)` for every agent i after the first (a fresh
-    load of the same weights, possibly on another device pool).
+    One full model per agent calls `model_copy(i)` for every agent i after the
+    first (a fresh load of the same weights, possibly on another device pool).
     """
     def plain(model, name):
         graphdef, params = nnx.split(model)
@@ -65,10 +60,10 @@ def build_policies(regime: str, base: Qwen3, agent_names, tx, loss_cfg: LossConf
         lp, up = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk)
         return Policy(name, graphdef, frozen, init_state(params, tx), lp, up)
 
-    if regime == "per_role":
+    if sharing.per_agent and not sharing.lora:
         models = [base] + [model_copy(i) for i in range(1, len(agent_names))]
         return [plain(m, f"policy_{name}") for m, name in zip(models, agent_names)]
-    if regime == "lora":
+    if sharing.lora:
         out = []
         for i, name in enumerate(agent_names):
             graphdef, adapters, frozen = split_lora(attach_lora(base, lora_rank, lora_alpha, seed + i))

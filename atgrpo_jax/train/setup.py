@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.distributed import init_distributed, is_multiprocess, local_mesh
 from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.models import Qwen3, get_preset
@@ -18,8 +17,8 @@ from atgrpo_jax.models.hf_io import load_pretrained
 from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
 from atgrpo_jax.sampling import shard_model
 from atgrpo_jax.sharding import make_mesh, sub_meshes
-from atgrpo_jax.train.config import ConfigError, validate
-from atgrpo_jax.train.policies import Policy, build_policies, route
+from atgrpo_jax.train.config import ConfigError, loss_config, resolve, sharing
+from atgrpo_jax.train.policies import Policy, build_policies
 from atgrpo_jax.train.update import make_optimizer
 
 
@@ -68,7 +67,7 @@ def updates_per_step(config) -> int:
 
 
 def build_run(config) -> Run:
-    validate(config)
+    resolve(config)
     init_distributed(config.distributed)
     mesh = make_mesh(dict(config.mesh))
     if is_multiprocess():
@@ -77,11 +76,10 @@ def build_run(config) -> Run:
             if tasks % n:
                 raise ConfigError(f"config.{key}: {tasks} tasks cannot be split evenly over {n} processes")
     tokenizer = make_tokenizer(config.tokenizer, config.model.hf_path, config.char_alphabet)
-    workflow = make_workflow(config.env.workflow, single_agent=config.regime == "single_agent",
-                             **dict(config.env.kwargs))
+    workflow = make_workflow(config.env.workflow, single_agent=config.env.single_agent, **dict(config.env.kwargs))
     names = [a.name for a in workflow.agents]
     try:
-        pools = sub_meshes(mesh, len(names)) if config.policy_pools else [mesh] * len(names)
+        pools = sub_meshes(mesh, len(names)) if config.policy.pools else [mesh] * len(names)
         local_meshes = [local_mesh(m) if is_multiprocess() else None for m in pools]
     except ValueError as e:
         raise ConfigError(f"config.mesh: {e}") from None
@@ -89,8 +87,8 @@ def build_run(config) -> Run:
     if base.cfg.vocab_size < len(tokenizer):
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
     tx, lr = make_optimizer(config.optim, config.train.steps * updates_per_step(config))
-    loss_cfg = LossConfig(**{k: v for k, v in config.loss.items() if k != "logprob_chunk"})
-    policies = build_policies(config.regime, base, names, tx, loss_cfg, config.loss.logprob_chunk,
+    layout = sharing(config)
+    policies = build_policies(layout, base, names, tx, loss_config(config), config.loss.logprob_chunk,
                               config.lora.rank, config.lora.alpha, config.model.init_seed,
                               model_copy=lambda i: build_model(config, pools[i]))
     per_agent_pool = len(policies) == len(names)
@@ -99,4 +97,4 @@ def build_run(config) -> Run:
     stops = tuple(sorted({tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}))
     # The KL reference is the starting policy; nothing is kept when the KL is off.
     ref = {p.name: jax.tree.map(jnp.copy, p.state.params) for p in policies} if config.loss.kl_coef else {}
-    return Run(config, mesh, tokenizer, workflow, policies, route(config.regime, len(names)), stops, lr, ref)
+    return Run(config, mesh, tokenizer, workflow, policies, layout.route(len(names)), stops, lr, ref)

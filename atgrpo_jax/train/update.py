@@ -1,6 +1,6 @@
 """One policy's train state and its jitted update.
 
-A policy is a Qwen3 (plus, in the LoRA regime, its adapters); its state is a
+A policy is a Qwen3 (plus, with LoRA sharing, its adapters); its state is a
 plain pytree: trainable params, optimizer state, step. The functions here are
 built once per policy (`make_update_fns`) and jitted with donated buffers.
 
@@ -19,6 +19,7 @@ functions.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -161,7 +162,7 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int):
         _, metrics = weighted_policy_loss(loss_cfg, w, logp, p.old_logp, p.adv, p.ref_logp, ent)  # diagnostics
         return loss, dict(metrics, loss=loss)
 
-    @jax.jit
+    @functools.partial(jax.jit, donate_argnums=0)  # the old state's buffers become the new one's
     def update_fn(state: TrainState, batch: Packed | Batch):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
         grad_norm = optax.global_norm(grads)
@@ -174,7 +175,6 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int):
         metrics = dict(metrics, grad_norm=grad_norm, skipped=(~ok).astype(jnp.float32))
         return new_state, metrics
 
-    update_fn = jax.jit(update_fn.__wrapped__, donate_argnums=0)
     return logprobs_fn, update_fn
 
 

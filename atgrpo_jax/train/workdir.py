@@ -18,7 +18,6 @@ what is missing before anything is compiled.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import tempfile
@@ -142,19 +141,6 @@ def locate_checkpoint(checkpoint: str) -> tuple[str, str, int | None]:
     if basename(parent) == "checkpoints" and name.isdigit():
         return dirname(parent), parent, int(name)
     return path, join(path, "checkpoints"), None
-
-
-def write_eval_outputs(result: dict, workdir: str, out: str, *, regime: str, title: str) -> list[str]:
-    """Write `out/eval.json` and, when the run has metrics, `out/learning_curve.png`; returns the paths."""
-    from atgrpo_jax.train.plots import plot_learning_curves
-
-    makedirs(out)
-    written = [join(out, "eval.json")]
-    write_text(written[0], json.dumps(result, indent=2))
-    if exists(join(workdir, "metrics.jsonl")):
-        written.append(plot_learning_curves({regime: workdir}, join(out, "learning_curve.png"),
-                                            metric="eval_success", title=title))
-    return written
 
 
 class Mirror:

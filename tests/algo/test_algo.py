@@ -23,17 +23,22 @@ def np_advantages(rewards, mask, use_std=True):
     return out
 
 
-@pytest.mark.parametrize("use_std", [True, False])
-def test_group_advantages_equal_numpy_loop(use_std):
+@pytest.mark.parametrize("estimator", ["grpo", "drgrpo"])
+def test_group_advantages_equal_numpy_loop(estimator):
     rng = np.random.RandomState(0)
     rewards = rng.randn(200, 8).astype(np.float32)
     rewards[:20] = 3.0  # zero-variance groups
     mask = rng.rand(200, 8) > 0.3
     mask[20:30] = False  # finished tasks
     mask[30:40, 1:] = False  # singleton groups
-    got = np.asarray(group_advantages(jnp.asarray(rewards), jnp.asarray(mask), use_std))
-    np.testing.assert_allclose(got, np_advantages(rewards, mask, use_std), rtol=1e-5, atol=1e-5)
+    got = np.asarray(group_advantages(jnp.asarray(rewards), jnp.asarray(mask), estimator))
+    np.testing.assert_allclose(got, np_advantages(rewards, mask, estimator == "grpo"), rtol=1e-5, atol=1e-5)
     assert np.all(got[30:40] == 0) and np.all(got[20:30] == 0)
+
+
+def test_an_unknown_estimator_names_the_key_and_the_choices():
+    with pytest.raises(KeyError, match=r"algo.advantage: unknown 'gpro' \(did you mean 'grpo'\?\); known: drgrpo, grpo"):
+        group_advantages(jnp.zeros((1, 2)), jnp.ones((1, 2), bool), "gpro")
 
 
 def test_mix_rewards():

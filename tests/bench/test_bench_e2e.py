@@ -15,7 +15,7 @@ from atgrpo_jax.bench.torch_baseline import trim_padding
 from atgrpo_jax.models.tokenizer import encode_chat
 from atgrpo_jax.rollout.tree import tree_rollout
 from atgrpo_jax.train.batch import policy_batches
-from atgrpo_jax.train.loop import update_policy
+from atgrpo_jax.train.step import update_policy
 from atgrpo_jax.train.setup import build_run
 
 K = 2
@@ -48,7 +48,7 @@ def test_greedy_tokens_agree_with_transformers_generate(run):
     assert len({len(p) for p in prompts}) == len(prompts)
     ours, theirs = greedy_pair(run)
     a = ours(0, prompts, K, keys(len(prompts), 0))
-    full = a.response_ids
+    full = [ids for ids, _ in a.rows()]
     assert all(len(r) == 10 for r in full), "no stop token expected from these weights"
     # Make a token that greedy picks mid-response a stop token: both sides must stop there.
     stop = int(full[0][4])
@@ -56,14 +56,13 @@ def test_greedy_tokens_agree_with_transformers_generate(run):
     for r in (run, run_stop):
         ours, theirs = greedy_pair(r)
         a, b = ours(0, prompts, K, keys(len(prompts), 0)), theirs(0, prompts, K, keys(len(prompts), 1))
-        assert len(a.response_ids) == len(b.response_ids) == K * len(prompts)
-        for x, y in zip(a.response_ids, b.response_ids):
+        assert len(a.rows()) == len(b.rows()) == K * len(prompts)
+        for (x, lx), (y, ly) in zip(a.rows(), b.rows()):
             np.testing.assert_array_equal(x, y)
+            assert not np.any(lx) and not np.any(ly) and len(lx) == len(ly)  # greedy samples from a point mass
         assert a.texts == b.texts
-        for x, y in zip(a.logprobs, b.logprobs):  # greedy samples from a point mass
-            assert not np.any(x) and not np.any(y) and len(x) == len(y)
-    lengths = [len(x) for x in b.response_ids]
-    assert min(lengths) <= 5 and all(x[-1] == stop or len(x) == 10 for x in b.response_ids)
+    ids = [x for x, _ in b.rows()]
+    assert min(map(len, ids)) <= 5 and all(x[-1] == stop or len(x) == 10 for x in ids)
 
 
 def test_torch_sampler_logprobs_are_the_models(run):
@@ -74,13 +73,13 @@ def test_torch_sampler_logprobs_are_the_models(run):
     out = theirs.sample_fn(0, prompts, K, keys(len(prompts), 3))
     model, limit = run.policies[0].model(), len(run.tokenizer)
     assert limit < model.cfg.vocab_size
-    for i, (resp, logp) in enumerate(zip(out.response_ids, out.logprobs)):
+    for i, (resp, logp) in enumerate(out.rows()):
         seq = np.concatenate([prompts[i // K], resp])
         logits, _ = model(seq[None], np.arange(len(seq))[None])
         ref = jax.nn.log_softmax(np.asarray(logits[0, len(prompts[i // K]) - 1:-1, :limit]), axis=-1)
         np.testing.assert_allclose(logp, np.take_along_axis(np.asarray(ref), resp[:, None], 1)[:, 0], atol=2e-4)
         assert resp.max() < limit
-    assert len({tuple(r) for r in out.response_ids}) > 1  # it did sample
+    assert len({tuple(r) for r, _ in out.rows()}) > 1  # it did sample
 
 
 def test_torch_update_matches_the_trainers_update_on_one_batch(run):

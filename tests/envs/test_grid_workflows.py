@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from atgrpo_jax.envs import grid, grid_workflows as gw, plan_path, reference_steppers, solvers
-from atgrpo_jax.envs.grid_tasks import make_game
+from atgrpo_jax.envs.games import make_game
 from atgrpo_jax.envs.workflow import take_branch
 
 PLAN_PENALTY, FORMAT_PENALTY = -2.0, -1.0
@@ -263,3 +263,37 @@ def test_tool_then_plan_with_sandbox(solver_wf):
     again = wf.step(done_state, 0, 1, [[BFS_PROGRAM] * k] * b)
     assert wf.done(done_state)[0] and np.all(again.local_reward[0] == 0.0)
     assert wf.compiled_step_count() == 1
+
+
+@pytest.fixture
+def corridor():
+    import importlib.util
+    import os
+
+    from atgrpo_jax.envs.games import GAMES
+    spec = importlib.util.spec_from_file_location("corridor_game", os.path.join(os.path.dirname(__file__),
+                                                                                "corridor_game.py"))
+    corridor_game = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(corridor_game)
+    GAMES.register("corridor", corridor_game)  # the one registry line a new game needs
+    yield corridor_game
+    GAMES._items.pop("corridor")
+
+
+def test_a_new_game_is_one_module_and_one_registry_line(corridor):
+    """Its workflows exist by name, play, and reward by its own rules."""
+    from atgrpo_jax.envs.registry import make_workflow
+
+    for name, single, roles in (("corridor_direct", False, ("planner", "executor")),
+                                ("corridor_direct", True, ("actor",)),
+                                ("corridor_tool_plan", True, ("solver",))):
+        wf = make_workflow(name, single_agent=single, max_turns=2, exec_len=4)
+        assert tuple(a.name for a in wf.agents) == roles
+        state = wf.reset([0, 1, 2], "train")
+        prompts = wf.prompts(state, 0, 0)
+        assert len(prompts) == 3 and ("Corridor" in str(prompts[0]) or "corridor" in str(prompts[0]))
+        direct = wf.roles[-1].answer == "direct"
+        right, bump = ("RRRR", "U") if direct else ('#### ["R", "R", "R", "R"]', '#### ["U"]')
+        out = wf.step(state, len(roles) - 1, 0, [[right, bump]] * 3)  # 4 moves right reach the end
+        assert out.success[:, 0].all() and not out.success[:, 1].any()
+        assert (out.team_reward[:, 0] > 0.9).all() and (out.team_reward[:, 1] < 0).all()

@@ -99,3 +99,18 @@ def test_compiled_program_does_not_grow_with_depth():
 
     small, deep = hlo_size(2), hlo_size(12)
     assert abs(deep - small) / small < 0.05, (small, deep)
+
+
+def test_preset_comments_state_their_parameter_counts():
+    """Each preset's entry in models/config.py ends with a comment giving its size (596.0M, 1.72B)."""
+    import re
+
+    from atgrpo_jax.models import config
+    source = open(config.__file__).read()
+    for name, cfg in config.PRESETS.items():
+        entry = source[source.index(f'"{name}":'):]
+        comment = re.search(r"#\s*([\d.]+)([MB])", entry[:entry.index("\n", entry.index(")"))])  # on the closing line
+        assert comment, name
+        value = float(comment.group(1)) * (1e6 if comment.group(2) == "M" else 1e9)
+        digits = len(comment.group(1).replace(".", "").lstrip("0"))
+        assert abs(cfg.num_params() - value) <= 0.5 * 10 ** (len(str(int(value))) - digits), (name, cfg.num_params())

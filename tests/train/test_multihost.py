@@ -9,7 +9,6 @@ import sys
 
 import jax
 import numpy as np
-import pytest
 
 from atgrpo_jax import launch
 from atgrpo_jax.distributed import CPU_COLLECTIVES_FLAG, ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
@@ -58,7 +57,7 @@ def test_launcher_prefixes_output_and_returns_the_failure():
 
 def _params(workdir, config):
     from atgrpo_jax.train.checkpoint import Checkpointer
-    from atgrpo_jax.train.loop import policy_states
+    from atgrpo_jax.train.step import policy_states
     from atgrpo_jax.train.setup import build_run
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=None)
     states, _ = ckpt.restore(ckpt.latest_step(), target=policy_states(build_run(config)))
@@ -67,7 +66,7 @@ def _params(workdir, config):
 
 
 def test_two_processes_train_like_one_and_their_checkpoint_resumes_in_one(tmp_path):
-    from atgrpo_jax.train.__main__ import run_training
+    from atgrpo_jax.train.loop import run_training
     assert jax.device_count() == 8
     two, one = str(tmp_path / "two"), str(tmp_path / "one")
     flags = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]

@@ -12,20 +12,22 @@ from atgrpo_jax.train.batch import fine_bucket, pack_minibatch
 from atgrpo_jax.train.config import base_config
 from atgrpo_jax.train.update import Batch, Packed, init_state, make_optimizer, make_update_fns, sequence_logprobs
 
-# (prompt id, prompt length, response lengths); prompt id 2 has prompt 0's length, other tokens
+# (group id, prompt length, response lengths); group 2 has group 0's prompt length, other tokens
 GROUPS = [(0, 5, [3, 4, 1]), (1, 7, [2]), (2, 5, [2, 2])]
 
 
 def minibatch(groups=GROUPS, vocab=512, pad_rows=2, seed=0):
-    """Rows as `policy_batches` lays them out (one sample per row, empty rows last)."""
+    """Rows as `policy_batches` lays them out (one sample per row, a group's rows together and
+    marked by its share id, empty rows last)."""
     rng = np.random.default_rng(seed)
     prompts = {g: rng.integers(1, vocab, p) for g, p, _ in groups}
-    samples = [(prompts[g], rng.integers(1, vocab, r)) for g, _, rs in groups for r in rs]
+    samples = [(g, prompts[g], rng.integers(1, vocab, r)) for g, _, rs in groups for r in rs]
     n, width = len(samples) + pad_rows, 32
     mb = dict(tokens=np.zeros((n, width), np.int32), valid=np.zeros((n, width), bool),
               is_resp=np.zeros((n, width), bool), sampler_logp=np.zeros((n, width), np.float32),
-              adv=np.zeros(n, np.float32))
-    for i, (p, r) in enumerate(samples):
+              adv=np.zeros(n, np.float32), share=np.full(n, -1))
+    for i, (g, p, r) in enumerate(samples):
+        mb["share"][i] = g
         mb["tokens"][i, :len(p) + len(r)] = np.r_[p, r]
         mb["valid"][i, :len(p) + len(r)] = True
         mb["is_resp"][i, len(p):len(p) + len(r)] = True

@@ -13,6 +13,7 @@ from etils.epath import backend as epath_backend
 from fsspec.implementations.memory import MemoryFileSystem
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
+from atgrpo_jax.evaluate import write_eval_outputs
 from atgrpo_jax.train import workdir as wd
 from atgrpo_jax.train.metrics import MetricsWriter, read_metrics, read_tb_scalars
 
@@ -199,19 +200,19 @@ def test_evaluate_writes_eval_json_and_the_curve_to_the_store(gcs):
         for step in range(1, 11):
             w.write(step, {"loss": 1.0 / step, **({"eval_success": step / 10} if step % 2 == 0 else {})})
     result = {"step": 10, "eval_success": 0.75, "avg@4_success": 0.75}
-    written = wd.write_eval_outputs(result, "gs://bucket/run", "gs://bucket/evals/step10", regime="shared", title="t")
+    written = write_eval_outputs(result, "gs://bucket/run", "gs://bucket/evals/step10", label="shared", title="t")
     assert written == ["gs://bucket/evals/step10/eval.json", "gs://bucket/evals/step10/learning_curve.png"]
     assert json.loads(_object(written[0])) == result
     png = _object(written[1])
     assert png[:8] == PNG_SIGNATURE and png[12:16] == b"IHDR"
     assert struct.unpack(">II", png[16:24]) == (640, 400)  # plot_learning_curves' default 6.4 x 4 in at 100 dpi
-    assert wd.write_eval_outputs(result, "gs://bucket/no_metrics", "gs://bucket/no_metrics", regime="shared",
+    assert write_eval_outputs(result, "gs://bucket/no_metrics", "gs://bucket/no_metrics", label="shared",
                          title="t") == ["gs://bucket/no_metrics/eval.json"]  # no metrics: no curve
 
 
 def test_missing_object_store_packages_are_named_before_anything_runs(monkeypatch):
     from atgrpo_jax.train import setup
-    from atgrpo_jax.train.__main__ import run_training
+    from atgrpo_jax.train.loop import run_training
     from atgrpo_jax.train.checkpoint import Checkpointer
     from atgrpo_jax.train.config import base_config
 
@@ -237,7 +238,7 @@ def test_training_run_on_the_store_uploads_each_checkpointed_step_before_saving(
     reach the fake (its arrays go through tensorstore's own GCS client), so a recording stand-in
     takes its place; it checks what a resume needs: the store holds each step's row before its save."""
     from atgrpo_jax.train import checkpoint
-    from atgrpo_jax.train.__main__ import run_training
+    from atgrpo_jax.train.loop import run_training
 
     path = os.path.join(os.path.dirname(__file__), "tiny_config.py")
     spec = importlib.util.spec_from_file_location("tiny_config", path)

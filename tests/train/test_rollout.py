@@ -1,16 +1,14 @@
 """The tree rollout, the router and the per-policy update on a tiny model."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.envs.workflow import take_branch
 from atgrpo_jax.models.lora import LoRAParam
 from atgrpo_jax.rollout.tree import plain_rollout, tree_rollout
 from atgrpo_jax.train.config import base_config
-from atgrpo_jax.train.loop import train_step
+from atgrpo_jax.train.step import train_step
 from atgrpo_jax.train.setup import build_run
 
 K = 4
@@ -64,7 +62,7 @@ def run():
 
 
 def rollout(run, fn=tree_rollout, seed=0):
-    from atgrpo_jax.train.loop import sample_fn_for
+    from atgrpo_jax.train.step import sample_fn_for
     spy = Spy(run.workflow)
     samples, episodes = fn(spy, sample_fn_for(run, 1.0, 3 * K), run.encode, [11, 12, 13], "train", k=K,
                            max_turns=2, alpha=1.0, key=jax.random.key(seed))
@@ -75,12 +73,15 @@ def test_groups_are_k_samples_of_one_task_agent_turn(run):
     _, s, episodes = rollout(run)
     groups = list(zip(s.task, s.agent, s.turn))
     assert len(groups) == len(set(groups))  # one group per (task, agent, turn)
-    assert s.reward.shape == s.mask.shape == (len(groups), K)
+    assert s.reward.shape == s.mask.shape == s.response_len.shape == s.prompt_len.shape == (len(groups), K)
+    assert s.response.shape[:2] == s.prompt.shape[:2] == (len(groups), K) and s.shared_prompt
     for g in range(len(groups)):
-        assert len(s.response[g]) == len(s.prompt[g]) == K
         if s.mask[g].all():  # a live group: K distinct samples from one shared prompt
             assert all(np.array_equal(p, s.prompt[g][0]) for p in s.prompt[g])
-            assert all(len(r) > 0 for r in s.response[g])
+            assert (s.response_len[g] > 0).all()
+            for k in range(K):  # padded arrays: nothing but zeros past a sample's length
+                assert not s.response[g, k, s.response_len[g, k]:].any()
+                assert not s.prompt[g, k, s.prompt_len[g, k]:].any()
     assert episodes.success.shape == (3,)
 
 
@@ -115,7 +116,7 @@ def param_leaves(policy):
 def test_per_role_router_updates_each_policy_from_its_own_agent_only(pools):
     config = tiny_config("per_role")
     if pools:  # each policy on its own 4 of the 8 devices
-        config.mesh, config.policy_pools = dict(data=1, fsdp=8, tensor=1), True
+        config.mesh, config.policy.pools = dict(data=1, fsdp=8, tensor=1), True
     run = build_run(config)
     assert [p.name for p in run.policies] == ["policy_planner", "policy_executor"]
     if pools:
@@ -135,7 +136,7 @@ def test_per_role_router_updates_each_policy_from_its_own_agent_only(pools):
         keep = keep & (samples.agent == 1)
         return real(samples, adv, keep, policy_of_agent, *a, **kw)
 
-    import atgrpo_jax.train.loop as loop
+    import atgrpo_jax.train.step as loop
     loop.policy_batches = only_executor
     try:
         train_step(run, 1)
@@ -167,7 +168,7 @@ def test_lora_updates_change_only_adapters():
 def test_a_split_rollout_merges_into_the_whole_one(run):
     """Two processes' task slices, merged, equal one process rolling out all tasks."""
     from atgrpo_jax.rollout.tree import merge_rollouts
-    from atgrpo_jax.train.loop import sample_fn_for
+    from atgrpo_jax.train.step import sample_fn_for
     ids, key = np.array([11, 12, 13, 14]), jax.random.key(3)
     go = lambda sl: tree_rollout(run.workflow, sample_fn_for(run, 1.0, 4), run.encode, ids[sl], "train", k=K,
                                  max_turns=2, alpha=1.0, key=key, first_task=sl.start)
@@ -177,13 +178,12 @@ def test_a_split_rollout_merges_into_the_whole_one(run):
     for name in ("task", "agent", "turn", "reward", "mask"):
         np.testing.assert_array_equal(getattr(s2, name), getattr(s1, name), err_msg=name)
     assert len(set(map(tuple, np.stack([s1.task, s1.agent, s1.turn], 1)))) == len(s1.task)
-    for g in range(len(s1.task)):
-        for k in range(K):
-            np.testing.assert_array_equal(s2.response[g][k], s1.response[g][k])
-            np.testing.assert_allclose(s2.sampler_logp[g][k], s1.sampler_logp[g][k], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(s2.response, s1.response)
+    np.testing.assert_array_equal(s2.response_len, s1.response_len)
+    np.testing.assert_allclose(s2.sampler_logp, s1.sampler_logp, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(e2.success, e1.success)
     np.testing.assert_array_equal(e2.turns, e1.turns)
-    assert len({tuple(r) for g in s1.response for r in map(tuple, g)}) > 1  # not all branches alike
+    assert len({tuple(r) for r in s1.response.reshape(-1, s1.response.shape[-1])}) > 1  # not all branches alike
 
 
 def test_kl_reference_starts_at_zero_and_stays_small():

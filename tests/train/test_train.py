@@ -1,5 +1,4 @@
 """The trainer end to end on a tiny config: config errors, the NaN guard, kill -9 and resume."""
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ from flax import nnx
 
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.train.config import ConfigError, base_config, validate
+from atgrpo_jax.train.config import ConfigError, base_config, resolve
 from atgrpo_jax.train.metrics import read_metrics
 from atgrpo_jax.train.update import Batch, init_state, make_optimizer, make_update_fns
 
@@ -24,6 +23,9 @@ CONFIG = os.path.join(os.path.dirname(__file__), "tiny_config.py")
 
 @pytest.mark.parametrize("key,value,pattern", [
     ("regime", "mixture", "config.regime"),
+    ("policy.sharing", "per_agent", "config.policy.sharing"),
+    ("algo.advantage", "gpro", "config.algo.advantage"),
+    ("model.preset", "qwen3-8b", "config.model.hf_path"),
     ("rollout.k", 1, "config.rollout.k"),
     ("rollout.top_p", 0.0, "config.rollout.top_p"),
     ("loss.aggregation", "sum", "config.loss.aggregation"),
@@ -35,13 +37,14 @@ CONFIG = os.path.join(os.path.dirname(__file__), "tiny_config.py")
 ])
 def test_config_errors_name_the_key(key, value, pattern):
     c = base_config()
+    c.model.preset = "test-tiny"  # random weights allowed: the one bad key is the only error
     node = c
     *parents, leaf = key.split(".")
     for p in parents:
         node = node[p]
     node[leaf] = value
     with pytest.raises(ConfigError, match=pattern.replace(".", r"\.")):
-        validate(c)
+        resolve(c)
 
 
 def test_cli_rejects_a_bad_override_before_compiling(tmp_path):

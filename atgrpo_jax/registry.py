@@ -1,0 +1,63 @@
+"""Named variants (advantage estimators, loss aggregations, workflows, games): one decorated
+function each, looked up by the name a config gives.
+
+    ADVANTAGES = Registry("algo.advantage")
+
+    @ADVANTAGES.register("grpo")
+    def grpo(rewards, mask): ...
+
+    ADVANTAGES["grpo"]      # the function; an unknown name is a KeyError naming the close ones
+    ADVANTAGES.names()      # what config validation checks against, so lists cannot drift
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class UnknownName(KeyError):
+    """A name no variant is registered under; the message names the config key and the choices."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+def closest(name: str, choices) -> str:
+    """' (did you mean X?)' for the closest of `choices`, or ''."""
+    match = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.5)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+class Registry(Generic[T]):
+    def __init__(self, key: str):
+        self.key = key  # the config key whose value names a variant (for error messages)
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str, value: T | None = None):
+        """Register `value` under `name`, or use as a decorator: `@REGISTRY.register(name)`."""
+        def add(v: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.key}: {name!r} is registered twice")
+            self._items[name] = v
+            return v
+        return add if value is None else add(value)
+
+    def __getitem__(self, name: str) -> T:
+        if name not in self._items:
+            raise UnknownName(f"{self.key}: unknown {name!r}{closest(name, self._items)}; "
+                              f"known: {', '.join(sorted(self._items))}")
+        return self._items[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._items)
+
+    def items(self):
+        return self._items.items()

@@ -1,0 +1,133 @@
+"""What a rollout produces: dense arrays of samples, grouped, with their group ids.
+
+A sample is one agent's response at one turn of one task, on one branch. G groups of
+K samples each (group g = (task[g], agent[g], turn[g]) in tree sampling) are stored as
+padded arrays, as the sampler returns them: token ids right-padded with 0, lengths
+beside them. The group index travels with every sample (as verl's `index`), so the
+trainer never has to find groups again.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class SampleOut:
+    """What a sample function returns: K responses for each of B prompts (row b*K + k)."""
+
+    tokens: np.ndarray  # [B*K, R] int32 response ids (stop token included), 0 after each row's length
+    lengths: np.ndarray  # [B*K] int32
+    logprobs: np.ndarray  # [B*K, R] float32 sampler log-probs, 0 after each row's length
+    texts: list[str]  # B*K decoded responses
+
+    @classmethod
+    def from_rows(cls, tokens: np.ndarray, lengths: np.ndarray, logprobs: np.ndarray, texts: list[str],
+                  width: int) -> "SampleOut":
+        """From [N, <= width] arrays whose entries past each row's length may hold anything."""
+        lengths = np.asarray(lengths, np.int32)
+        keep = np.arange(width)[None, :] < lengths[:, None]
+        return cls(np.where(keep, _fit(tokens, width, np.int32), 0), lengths,
+                   np.where(keep, _fit(logprobs, width, np.float32), np.float32(0)), list(texts))
+
+
+    def rows(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(ids, log-probs) of each row, cut to its length."""
+        return [(t[:n], lp[:n]) for t, lp, n in zip(self.tokens, self.logprobs, self.lengths)]
+
+
+def _fit(x, width: int, dtype) -> np.ndarray:
+    """[N, any] -> [N, width]: cut or right-padded with zeros."""
+    x = np.asarray(x, dtype)[:, :width]
+    return np.pad(x, ((0, 0), (0, width - x.shape[1])))
+
+
+@dataclasses.dataclass
+class Samples:
+    """G groups of K samples (dense); `mask` marks the samples that exist (their task was live)."""
+
+    prompt: np.ndarray  # [G, K, P] int32, right-padded with 0
+    prompt_len: np.ndarray  # [G, K] int32
+    response: np.ndarray  # [G, K, R] int32, right-padded with 0
+    response_len: np.ndarray  # [G, K] int32
+    sampler_logp: np.ndarray  # [G, K, R] float32, 0 past each response
+    reward: np.ndarray  # [G, K] float32: local + alpha * team
+    mask: np.ndarray  # [G, K] bool
+    task: np.ndarray  # [G] the task's position in the step's task list
+    agent: np.ndarray  # [G]
+    turn: np.ndarray  # [G] (-1: the last turn each episode reached, plain GRPO)
+    text: np.ndarray  # [G, K] object: the decoded responses
+    selected: np.ndarray  # [G] the branch the episode continued from (-1: none, plain GRPO)
+    shared_prompt: bool = True  # a group's K samples answer one prompt (tree sampling)
+
+    @classmethod
+    def empty(cls, k: int, shared_prompt: bool = True) -> "Samples":
+        z = lambda *shape, dtype=np.int32: np.zeros(shape, dtype)
+        return cls(z(0, k, 0), z(0, k), z(0, k, 0), z(0, k), z(0, k, 0, dtype=np.float32), z(0, k, dtype=np.float32),
+                   z(0, k, dtype=bool), z(0), z(0), z(0), z(0, k, dtype=object), z(0), shared_prompt)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.task)
+
+    def live(self) -> tuple[np.ndarray, np.ndarray]:
+        """(group, branch) indices of the samples that exist and have a response, group-major."""
+        return np.nonzero(self.mask & (self.response_len > 0))
+
+    def take(self, groups: np.ndarray) -> "Samples":
+        """The given groups, in the given order."""
+        groups = np.asarray(groups, np.int64)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return Samples(**{k: (v[groups] if isinstance(v, np.ndarray) else v) for k, v in fields.items()})
+
+
+def pad_to(x: np.ndarray, width: int, axis: int = -1) -> np.ndarray:
+    """`x` right-padded with zeros along `axis` to `width`."""
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, width - x.shape[axis])
+    return np.pad(x, pad)
+
+
+def right_padded(seqs: Sequence[np.ndarray], width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged int sequences -> ([N, width] right-padded with 0, lengths [N])."""
+    lengths = np.array([len(s) for s in seqs], np.int32)
+    width = int(lengths.max(initial=0)) if width is None else width
+    out = np.zeros((len(seqs), width), np.int32)
+    for i, s in enumerate(seqs):
+        out[i, :len(s)] = s
+    return out, lengths
+
+
+def concat(parts: Sequence[Samples]) -> Samples:
+    """Groups of several `Samples` one after another (prompts and responses padded to the widest)."""
+    if not parts:
+        raise ValueError("nothing to concatenate")
+    p = max(s.prompt.shape[2] for s in parts)
+    r = max(s.response.shape[2] for s in parts)
+    cat = lambda name, width=None: np.concatenate(
+        [getattr(s, name) if width is None else pad_to(getattr(s, name), width) for s in parts])
+    return Samples(cat("prompt", p), cat("prompt_len"), cat("response", r), cat("response_len"),
+                   cat("sampler_logp", r), cat("reward"), cat("mask"), cat("task"), cat("agent"), cat("turn"),
+                   cat("text"), cat("selected"), all(s.shared_prompt for s in parts))
+
+
+def sequences(samples: Samples, groups: np.ndarray, branches: np.ndarray, width: int):
+    """The samples (groups[i], branches[i]) as rows of [N, width]: prompt then response.
+
+    Returns tokens [N, width] int32, is_resp [N, width] bool (the response tokens), valid
+    [N, width] bool (prompt and response), sampler_logp [N, width] (at response columns).
+    """
+    plen = samples.prompt_len[groups, branches][:, None]
+    rlen = samples.response_len[groups, branches][:, None]
+    cols = np.arange(width)[None, :]
+    prompt = samples.prompt[groups, branches]
+    response = samples.response[groups, branches]
+    in_prompt = cols < plen
+    is_resp = (cols >= plen) & (cols < plen + rlen)
+    at_resp = np.clip(cols - plen, 0, response.shape[1] - 1)
+    tokens = np.where(in_prompt, np.take_along_axis(prompt, np.minimum(cols, prompt.shape[1] - 1), axis=1),
+                      np.where(is_resp, np.take_along_axis(response, at_resp, axis=1), 0))
+    logp = np.where(is_resp, np.take_along_axis(samples.sampler_logp[groups, branches], at_resp, axis=1), 0.0)
+    return tokens.astype(np.int32), is_resp, in_prompt | is_resp, logp.astype(np.float32)

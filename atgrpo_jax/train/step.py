@@ -1,0 +1,140 @@
+"""One training step: rollout -> advantages -> filters -> per-policy update; and evaluation.
+
+Every random choice of step s derives from (train.seed, s), so a run resumed
+from the checkpoint of step s continues exactly as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from atgrpo_jax.algo.advantages import group_advantages, group_filter
+from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_host
+from atgrpo_jax.rollout.router import make_sample_fn
+from atgrpo_jax.rollout.tree import merge_rollouts, plain_rollout, tree_rollout
+from atgrpo_jax.sharding import batch_shards
+from atgrpo_jax.train.batch import length_bucket, pack_minibatch, policy_batches
+from atgrpo_jax.train.setup import Run
+from atgrpo_jax.train.update import Packed, TrainState
+
+TRAIN_TASK_STRIDE = 1_000_003  # task ids of step s: s * stride + [0, B); test ids are another split
+
+
+def sample_fn_for(run: Run, temperature: float, max_prompts: int):
+    r = run.config.rollout
+    return make_sample_fn(run.policies, run.policy_of_agent, run.tokenizer,
+                          max_new_tokens=r.max_new_tokens, temperature=temperature, top_k=r.top_k,
+                          top_p=r.top_p, stop_ids=run.stop_ids, prompt_buckets=r.prompt_buckets,
+                          max_tasks=max_prompts)
+
+
+def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float, k: int, key):
+    """`fn` (tree_rollout or plain_rollout) over this process's slice of task_ids,
+    then the slices of all processes merged (every process gets the whole step)."""
+    mine = task_slice(len(task_ids))
+    prompts = (mine.stop - mine.start) * (k if fn is plain_rollout else 1)
+    r = run.config.rollout
+    part = fn(run.workflow, sample_fn_for(run, temperature, prompts), run.encode, task_ids[mine], split,
+              k=k, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key, first_task=mine.start)
+    return merge_rollouts(gather_objects(part), len(run.workflow.agents))
+
+
+def rollout_step(run: Run, step: int, key):
+    r = run.config.rollout
+    fn = tree_rollout if r.tree else plain_rollout
+    return rollout(run, fn, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", r.temperature, r.k, key)
+
+
+def _minibatches(batch: dict, size: int):
+    for i in range(0, len(batch["adv"]), size):
+        yield {k: v[i:i + size] for k, v in batch.items() if k != "num_samples"}
+
+
+def packed_minibatches(run: Run, policy, batch: dict) -> list[dict]:
+    """The policy batch's mini-batches in the update's packed layout (a group's prompt once)."""
+    o, r = run.config.optim, run.config.rollout
+    widest = length_bucket(r.max_prompt_len + r.max_new_tokens)  # an unshared row's, as the planner's
+    return [pack_minibatch(mb, batch_shards(policy.mesh), o.share_prompts, r.k, widest)
+            for mb in _minibatches(batch, o.mini_batch_size)]
+
+
+def update_policy(run: Run, policy, batch: dict) -> dict:
+    """Old log-probs, then epochs x mini-batches of clipped updates. Returns mean metrics."""
+    o = run.config.optim
+    params = policy.state.params
+    # Each mini-batch is packed (a group's prompt once) and placed on the policy's mesh
+    # once (every process holds the same batch); old and reference log-probs stay there.
+    packed = packed_minibatches(run, policy, batch)
+    placed = [Packed.from_arrays(mb, lambda x: global_array(x, policy.mesh)) for mb in packed]
+    logprobs = lambda params: [policy.logprobs_fn(params, mb) for mb in placed]
+    old = logprobs(params)
+    scored = np.concatenate([mb["scored"].ravel() for mb in packed])
+    old_host = np.concatenate([to_host(x).ravel() for x in old])
+    sampler = np.concatenate([mb["sampler_logp"].ravel() for mb in packed])
+    gap = float(np.abs(old_host - sampler)[scored].mean()) if scored.any() else 0.0
+    ref = run.ref_params.get(policy.name)  # the KL reference's log-probs, once per batch like old
+    ref_logp = [None] * len(placed) if ref is None else logprobs(ref)
+    logs = []
+    for _ in range(o.epochs):
+        for mb, old_mb, ref_mb in zip(placed, old, ref_logp):
+            policy.state, m = policy.update_fn(policy.state, mb._replace(old_logp=old_mb, ref_logp=ref_mb))
+            logs.append(jax.device_get(m))
+    out = {k: float(np.mean([l[k] for l in logs])) for k in logs[0]}
+    out["skipped"] = float(np.sum([l["skipped"] for l in logs]))
+    out["logprob_gap"] = gap
+    out["samples"] = float(batch["num_samples"])
+    return out
+
+
+def train_step(run: Run, step: int) -> dict:
+    """One AT-GRPO step on every policy; returns scalar metrics."""
+    c = run.config
+    key = jax.random.fold_in(jax.random.key(c.train.seed), step)
+    t0 = time.perf_counter()
+    samples, episodes = rollout_step(run, step, key)
+    t1 = time.perf_counter()
+    rewards, mask = jnp.asarray(samples.reward), jnp.asarray(samples.mask)
+    adv = np.asarray(group_advantages(rewards, mask, c.algo.advantage))
+    keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance))
+    rng = np.random.default_rng([c.train.seed, step])
+    batches = policy_batches(samples, adv, keep, run.policy_of_agent, len(run.policies),
+                             c.optim.mini_batch_size, rng)
+    metrics = {"success": float(np.mean(episodes.success)), "turns": float(np.mean(episodes.turns)),
+               "groups_kept": float(keep.sum()), "groups": float(len(keep)),
+               "adv_abs_mean": float(np.abs(adv[samples.mask]).mean()) if samples.mask.any() else 0.0,
+               "reward_mean": float(samples.reward[samples.mask].mean()) if samples.mask.any() else 0.0}
+    for a, agent in enumerate(run.workflow.agents):
+        metrics[f"reward/{agent.name}"] = float(episodes.agent_reward[a])
+    tokens = 0
+    for policy, batch in zip(run.policies, batches):
+        if batch is None:
+            continue
+        tokens += int(batch["is_resp"].sum())
+        for k, v in update_policy(run, policy, batch).items():
+            metrics[f"{policy.name}/{k}" if len(run.policies) > 1 else k] = v
+    t2 = time.perf_counter()
+    metrics.update(rollout_s=t1 - t0, update_s=t2 - t1, lr=float(run.lr_schedule(int(run.policies[0].state.step))),
+                   tokens_per_s=tokens / max(t2 - t1, 1e-9),
+                   rollout_tokens_per_s=float(samples.response_len[samples.mask].sum()) / max(t1 - t0, 1e-9))
+    return metrics
+
+
+def evaluate(run: Run, num_tasks: int, k: int = 1, temperature: float | None = None, split: str = "test") -> dict:
+    """avg@k success on held-out tasks with independent (no-tree) episodes."""
+    r = run.config.rollout
+    temp = r.eval_temperature if temperature is None else temperature
+    _, episodes = rollout(run, plain_rollout, np.arange(num_tasks), split, temp, k,
+                          jax.random.key(run.config.train.seed + 1))
+    return {"eval_success": float(np.mean(episodes.success)), "eval_turns": float(np.mean(episodes.turns))}
+
+
+def policy_states(run: Run) -> dict:
+    return {p.name: p.state for p in run.policies}
+
+
+def set_policy_states(run: Run, states: dict) -> None:
+    for p in run.policies:
+        p.state = TrainState(*states[p.name]) if not isinstance(states[p.name], TrainState) else states[p.name]
