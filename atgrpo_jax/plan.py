@@ -17,8 +17,8 @@ import copy
 import sys
 
 from absl import flags
-from ml_collections import config_flags
 
+from atgrpo_jax import cli
 from atgrpo_jax.plan_memory import GiB, Advice, Device, Plan, parse_device, plan
 from atgrpo_jax.train.config import ConfigError, resolve, validate
 
@@ -198,11 +198,10 @@ def report(p: Plan) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
+def _flags() -> flags.FlagValues:
     fv = flags.FlagValues()
-    # config_flags finds the --config.key=value overrides in the argv it is given.
-    config_flags.DEFINE_config_file("config", None, "training config file (configs/*.py)", flag_values=fv,
-                                    sys_argv=list(argv))
+    flags.DEFINE_string("config", None, "training config file configs/X.py[:ARG]; its keys: --config.KEY=VALUE",
+                        flag_values=fv)
     flags.DEFINE_string("device", "v5p", "v4, v5e, v5p, v6e, gpu, or an accelerator type (v5p-32)",
                         flag_values=fv)
     flags.DEFINE_integer("num-devices", None, "devices in the run (default: chips of the slice)",
@@ -211,13 +210,20 @@ def main(argv: list[str]) -> int:
     flags.DEFINE_integer("policies", None, "policy pools (default: 2 for policy.sharing=per_role, else 1)",
                          flag_values=fv)
     flags.DEFINE_boolean("json", False, "print the plan as JSON", flag_values=fv)
+    return fv
+
+
+def main(argv: list[str]) -> int:
+    fv = _flags()
+    if any(a in ("-h", "--help", "--helpfull") for a in argv[1:]):
+        print(__doc__.strip() + "\n\nflags:\n" + fv.get_help())
+        return 0
     try:
-        extra = fv(argv)
+        overrides, rest = cli.pop_overrides(argv)
+        extra = fv(rest)
         if len(extra) > 1:
             raise flags.Error(f"unexpected arguments: {extra[1:]}")
-        if fv.config is None:
-            raise flags.Error("--config=configs/X.py is required")
-        config = resolve(fv.config, weights=False)
+        config = resolve(cli.config_from_args(fv.config, overrides), weights=False)
         device, chips = parse_device(fv.device, fv["gpu-memory-gb"].value)
         num_devices = fv["num-devices"].value or chips
         p = plan(config, device, num_devices, fv.policies)
@@ -227,7 +233,7 @@ def main(argv: list[str]) -> int:
                            "so that every host holds a whole copy of each policy to sample with")
         if not p.fits:
             p.advice, p.combined = advise(config, device, num_devices, p.policies, p)
-    except (flags.Error, ConfigError, ValueError) as e:
+    except (flags.Error, ConfigError, cli.UsageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     print(p.to_json() if fv.json else report(p))

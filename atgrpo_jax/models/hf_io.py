@@ -124,6 +124,16 @@ def hf_tensor_names(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
     return names
 
 
+def _open(path: str):
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: listed in the checkpoint's index but missing")
+    try:
+        return safe_open(path, framework="numpy")
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for every kind of damage
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e}); an interrupted download leaves "
+                              "a truncated file: download it again") from None
+
+
 class _Reader:
     """Lazy access to the tensors of a checkpoint directory, by HF name."""
 
@@ -136,7 +146,7 @@ class _Reader:
             files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(path, "*.safetensors")))
         if not files:
             raise CheckpointError(f"no *.safetensors files in {path}")
-        self._handles = [safe_open(os.path.join(path, f), framework="numpy") for f in files]
+        self._handles = [_open(os.path.join(path, f)) for f in files]
         self.where = {}
         for h in self._handles:
             for name in h.keys():
@@ -213,16 +223,45 @@ def _iter_params(state) -> Iterator[tuple[tuple, nnx.Variable]]:
         yield tuple(str(p) for p in path), var
 
 
-def load_pretrained(path: str, mesh=None, **config_overrides) -> Qwen3:
-    """The Qwen3 model stored at `path`, each parameter placed on `mesh` by its logical axes.
+ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                       "num_kv_heads", "head_dim", "tie_word_embeddings")
 
-    config_overrides set Qwen3Config fields such as param_dtype or compute_dtype.
-    """
+
+def check_architecture(cfg: Qwen3Config, expected: Qwen3Config, path: str, expected_name: str):
+    """An error naming the first field in which the checkpoint's architecture differs from `expected`."""
+    for field in ARCHITECTURE_FIELDS:
+        have, want = getattr(cfg, field), getattr(expected, field)
+        if have != want:
+            raise CheckpointError(f"{path}/config.json has {field}={have}, but {expected_name} has {want}: "
+                                  "point model.hf_path at a checkpoint of that model, or set model.preset to "
+                                  "the checkpoint's (\"\" takes the architecture from the checkpoint)")
+
+
+def read_config(path: str, **config_overrides) -> Qwen3Config:
+    """The Qwen3Config of the checkpoint directory `path` (its config.json)."""
+    if not os.path.isdir(path):
+        raise CheckpointError(f"model checkpoint {path!r} is not a directory")
     cfg_path = os.path.join(path, "config.json")
     if not os.path.exists(cfg_path):
         raise CheckpointError(f"no config.json in {path}")
-    with open(cfg_path) as f:
-        cfg = config_from_hf(json.load(f), **config_overrides)
+    try:
+        with open(cfg_path) as f:
+            hf = json.load(f)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
+    return config_from_hf(hf, **config_overrides)
+
+
+def load_pretrained(path: str, mesh=None, expected: Qwen3Config | None = None, expected_name: str = "",
+                    **config_overrides) -> Qwen3:
+    """The Qwen3 model stored at `path`, each parameter placed on `mesh` by its logical axes.
+
+    config_overrides set Qwen3Config fields such as param_dtype or compute_dtype; `expected`
+    (named `expected_name` in errors) is the architecture the caller wants.
+    """
+    cfg = read_config(path, **config_overrides)
+    if expected is not None:
+        check_architecture(cfg, expected, path, expected_name)
     reader = _Reader(path)
     _check_tensors(reader, cfg)
     abstract = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))

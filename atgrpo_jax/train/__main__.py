@@ -1,4 +1,4 @@
-"""`python -m atgrpo_jax.train --config=configs/X.py --workdir=DIR [--config.key=value ...]`.
+"""`python -m atgrpo_jax.train --config=configs/X.py --workdir=DIR [--config.KEY=VALUE ...]`.
 
 DIR is a local directory or an object-store URL (`gs://bucket/run`; needs
 `pip install gcsfs google-cloud-storage`, checked before anything compiles).
@@ -6,21 +6,32 @@ The loop itself is `atgrpo_jax.train.loop.run_training`.
 """
 from __future__ import annotations
 
+import sys
+
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file", lock_config=True)
+from atgrpo_jax import cli
+
+_CONFIG = flags.DEFINE_string("config", None, "config file configs/X.py[:ARG]; set its keys with --config.KEY=VALUE")
 _WORKDIR = flags.DEFINE_string("workdir", None, "directory or gs:// URL for checkpoints, metrics and TensorBoard")
-flags.mark_flags_as_required(["config", "workdir"])
+_ALLOW = flags.DEFINE_bool("allow_config_change", False, "resume a run with a config that differs from its own "
+                           "(its config.json is kept as config.step<N>.json)")
 
 
-def main(argv):
-    del argv
+def main(argv, overrides=()):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from atgrpo_jax.train.loop import run_training
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    run_training(_CONFIG.value, _WORKDIR.value)
+    with cli.fail():
+        if not _WORKDIR.value:
+            raise cli.UsageError("--workdir is required")
+        config = cli.config_from_args(_CONFIG.value, overrides)
+        run_training(config, _WORKDIR.value, allow_config_change=_ALLOW.value)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    with cli.fail():
+        _overrides, _argv = cli.pop_overrides(sys.argv)
+    app.run(lambda argv: main(argv, _overrides), argv=_argv)

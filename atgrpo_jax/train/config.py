@@ -28,7 +28,7 @@ def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.model = ml_collections.ConfigDict()  # the policy model (Qwen3)
     c.model.preset = "qwen3-1.7b"  # architecture, a name in atgrpo_jax.models.config.PRESETS; a checkpoint in
-    # model.hf_path must match it
+    # model.hf_path must match it ("" = whatever the checkpoint's config.json says)
     c.model.hf_path = ""  # directory of a Hugging Face Qwen3 checkpoint (config.json, *.safetensors, tokenizer) to
     # start from
     c.model.init = "auto"  # "auto": the weights of model.hf_path (random only for presets under 250M parameters);
@@ -192,8 +192,9 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     from atgrpo_jax.models.config import DTYPES, PRESETS
 
     m = c.model
-    _require(m.preset in PRESETS or bool(m.hf_path), "model.preset",
-             f"unknown preset {m.preset!r}{closest(m.preset, PRESETS)}; known: {sorted(PRESETS)} (or set model.hf_path)")
+    _require(m.preset in PRESETS or (m.preset == "" and bool(m.hf_path)), "model.preset",
+             f"unknown preset {m.preset!r}{closest(m.preset, PRESETS)}; known: {sorted(PRESETS)} "
+             "(or \"\" with model.hf_path: the checkpoint's architecture)")
     _require(m.init in MODEL_INITS, "model.init", f"must be one of {MODEL_INITS}, got {m.init!r}")
     if weights and not m.hf_path and m.init == "auto" and m.preset in PRESETS:
         size = PRESETS[m.preset].num_params()
@@ -273,6 +274,48 @@ def upgrade(saved: dict) -> dict:
     if "use_std" in algo:
         algo["advantage"] = "grpo" if algo.pop("use_std") else "drgrpo"
     return d
+
+
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+    """A run's saved config (its config.json, of this or an earlier version) as today's ConfigDict."""
+    c = base_config()
+    _merge(c, upgrade(saved), "")
+    return c
+
+
+def _merge(c: ml_collections.ConfigDict, d: dict, prefix: str):
+    for key, value in d.items():
+        if key not in c:
+            raise ConfigError(f"config.{prefix}{key}: in the saved config but not a key of this version")
+        if key == "kwargs":
+            c[key] = ml_collections.ConfigDict(value)
+        elif isinstance(c[key], ml_collections.ConfigDict):
+            _merge(c[key], value, f"{prefix}{key}.")
+        else:
+            c[key] = tuple(value) if isinstance(c[key], tuple) and isinstance(value, list) else value
+
+
+def flat(c) -> dict:
+    """{dotted key: value} of every leaf (env.kwargs as one dict)."""
+    out = {}
+    for key, value in c.items():
+        if isinstance(value, ml_collections.ConfigDict) and key != "kwargs":
+            out.update({f"{key}.{k}": v for k, v in flat(value).items()})
+        else:
+            out[key] = value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+    return out
+
+
+# Keys a resumed run may change: how long and how often, and where it runs.
+RESUMABLE = ("train.steps", "train.time_budget_s", "train.eval_every", "train.eval_tasks", "train.eval_k",
+             "train.log_every", "train.checkpoint_every", "train.keep_last", "mesh.", "distributed.")
+
+
+def changed_keys(saved: ml_collections.ConfigDict, now: ml_collections.ConfigDict) -> dict[str, tuple]:
+    """{key: (saved value, current value)} of the keys that differ, both resolved."""
+    a, b = flat(saved), flat(now)
+    norm = lambda v: list(v) if isinstance(v, tuple) else v
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if norm(a.get(k)) != norm(b.get(k))}
 
 
 # ---------------------------------------------------------------- documentation

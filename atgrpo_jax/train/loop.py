@@ -1,4 +1,9 @@
-"""The training loop: steps, evaluation, metrics, checkpoints; resumes where a run stopped."""
+"""The training loop: steps, evaluation, metrics, checkpoints; resumes where a run stopped.
+
+A workdir holds one run. Resuming checks the config against the run's own config.json:
+only the keys of `config.RESUMABLE` (how long, how often, where) may change, unless
+`allow_config_change` (then the old config.json is kept as config.step<N>.json).
+"""
 from __future__ import annotations
 
 import json
@@ -7,26 +12,52 @@ import time
 import jax
 
 from atgrpo_jax.train import checkpoint, setup
+from atgrpo_jax.train import workdir as wd
+from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, from_saved, resolve
 from atgrpo_jax.train.metrics import MetricsWriter, ProgressBar
 from atgrpo_jax.train.step import evaluate, policy_states, set_policy_states, train_step
-from atgrpo_jax.train.workdir import prepare, require_support
 
 
-def run_training(config, workdir: str) -> dict:
+def check_resume(config, workdir: str, allow_config_change: bool) -> dict:
+    """The keys in which `config` (resolved) differs from the run's config.json; an error if any
+    of them may not change on a resume."""
+    saved = wd.saved_config(workdir)
+    if saved is None:
+        return {}
+    before = resolve(from_saved(saved), weights=False)
+    changed = changed_keys(before, config)
+    fixed = {k: v for k, v in changed.items() if not k.startswith(RESUMABLE)}
+    if fixed and not allow_config_change:
+        shown = "; ".join(f"config.{k}: {a!r} in the run, {b!r} now" for k, (a, b) in fixed.items())
+        raise ConfigError(f"{workdir} holds a run with another config ({shown}). Resume with the run's config, "
+                          "use a new --workdir, or pass --allow_config_change to continue with this one")
+    return changed
+
+
+def run_training(config, workdir: str, *, allow_config_change: bool = False) -> dict:
     """Train (resuming from workdir's last complete checkpoint); returns the last metrics."""
     t = config.train
-    require_support(workdir, checkpoints=True)  # a gs:// workdir without its packages fails here, not after compiling
-    run = setup.build_run(config)  # validates the config before anything compiles
+    resolve(config)  # every config error before anything is written or compiled
+    wd.require_support(workdir, checkpoints=True)  # a gs:// workdir without its packages fails here
+    wd.check_workdir(workdir)
+    resumed = bool(wd.exists(wd.checkpoint_dir(workdir)))
+    changed = check_resume(config, workdir, allow_config_change) if resumed else {}
+    run = setup.build_run(config)
     lead = jax.process_index() == 0
-    ckpt = checkpoint.Checkpointer(prepare(config, workdir, lead=lead), keep_last=t.keep_last,
-                        best_metric="eval_success")
+    ckpt = checkpoint.Checkpointer(wd.checkpoint_dir(workdir), keep_last=t.keep_last, best_metric="eval_success")
+    latest = ckpt.latest_step()
+    if lead:
+        wd.write_config(config, workdir, keep_as=f"config.step{latest}.json" if changed and latest else "")
     start = 0
-    if ckpt.latest_step() is not None:
-        states, meta = ckpt.restore(ckpt.latest_step(), target=policy_states(run))
+    if latest is not None:
+        states, meta = ckpt.restore(latest, target=policy_states(run))
         set_policy_states(run, states)
         start = int(meta["step"])
+        if lead and changed:
+            print(f"resuming at step {start} with changed settings: "
+                  + ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changed.items()), flush=True)
     writer = MetricsWriter(workdir, enabled=lead, resume_step=start)
-    bar = ProgressBar(t.steps, enabled=lead)
+    bar = ProgressBar(t.steps, enabled=lead, start_step=start)
     began = time.time()
     last: dict = {}
     step = start
@@ -39,10 +70,12 @@ def run_training(config, workdir: str) -> dict:
         for step in range(start + 1, t.steps + 1):
             metrics = train_step(run, step)
             out_of_time = bool(t.time_budget_s) and time.time() - began > t.time_budget_s
-            if t.eval_every and (step % t.eval_every == 0 or step == t.steps or out_of_time):
+            evaluating = t.eval_every and (step % t.eval_every == 0 or step == t.steps or out_of_time)
+            if evaluating:
                 metrics.update(evaluate(run, t.eval_tasks, t.eval_k))
             metrics["time_s"] = time.time() - began
-            writer.write(step, metrics)
+            if evaluating or step % t.log_every == 0 or step == t.steps or out_of_time:
+                writer.write(step, metrics)
             bar.update(step, metrics)
             if t.checkpoint_every and (step % t.checkpoint_every == 0 or step == t.steps or out_of_time):
                 writer.sync()  # an object store then holds every row a resume from this checkpoint keeps

@@ -53,7 +53,8 @@ def build_model(config, mesh) -> Qwen3:
     m = config.model
     kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat)
     if m.hf_path:
-        return load_pretrained(m.hf_path, mesh=mesh, **kw)
+        expected = get_preset(m.preset) if m.preset else None
+        return load_pretrained(m.hf_path, mesh=mesh, expected=expected, expected_name=f"model.preset={m.preset!r}", **kw)
     if m.vocab_size:
         kw["vocab_size"] = m.vocab_size
     return shard_model(Qwen3(get_preset(m.preset, **kw), rngs=nnx.Rngs(m.init_seed)), mesh)
@@ -76,7 +77,10 @@ def build_run(config) -> Run:
             if tasks % n:
                 raise ConfigError(f"config.{key}: {tasks} tasks cannot be split evenly over {n} processes")
     tokenizer = make_tokenizer(config.tokenizer, config.model.hf_path, config.char_alphabet)
-    workflow = make_workflow(config.env.workflow, single_agent=config.env.single_agent, **dict(config.env.kwargs))
+    try:
+        workflow = make_workflow(config.env.workflow, single_agent=config.env.single_agent, **dict(config.env.kwargs))
+    except ValueError as e:
+        raise ConfigError(f"config.{e}" if str(e).startswith("env.") else f"config.env: {e}") from None
     names = [a.name for a in workflow.agents]
     try:
         pools = sub_meshes(mesh, len(names)) if config.policy.pools else [mesh] * len(names)

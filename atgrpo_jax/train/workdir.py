@@ -18,6 +18,7 @@ what is missing before anything is compiled.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -126,12 +127,32 @@ def write_bytes(path, data: bytes):
     as_epath(path).write_bytes(data)
 
 
-def prepare(config, workdir: str, *, lead: bool) -> str:
-    """Create a run's `workdir`, write its config.json (lead process only); returns its checkpoint directory."""
-    makedirs(workdir)
-    if lead:
-        write_text(join(workdir, "config.json"), config.to_json_best_effort(indent=2))
+CONFIG_FILE = "config.json"
+
+
+def check_workdir(workdir: str):
+    """A clear error for a workdir that cannot be one (checked before anything is written)."""
+    if exists(workdir) and not isdir(workdir):
+        raise NotADirectoryError(f"--workdir {workdir} is a file, not a directory: give a new or a run's directory")
+
+
+def saved_config(workdir: str) -> dict | None:
+    """The config.json a run wrote in `workdir` (None if there is none)."""
+    path = join(workdir, CONFIG_FILE)
+    return json.loads(as_epath(path).read_text()) if exists(path) else None
+
+
+def checkpoint_dir(workdir: str) -> str:
     return join(absolute(workdir), "checkpoints")  # orbax wants an absolute local path
+
+
+def write_config(config, workdir: str, *, keep_as: str = ""):
+    """Write the run's config.json (an existing one is first copied to `keep_as`, if given)."""
+    makedirs(workdir)
+    path = join(workdir, CONFIG_FILE)
+    if keep_as and exists(path):
+        write_text(join(workdir, keep_as), as_epath(path).read_text())
+    write_text(path, config.to_json_best_effort(indent=2))
 
 
 def locate_checkpoint(checkpoint: str) -> tuple[str, str, int | None]:

@@ -77,3 +77,19 @@ def test_no_weights(tmp_path, good):
     (tmp_path / "config.json").write_text((good / "config.json").read_text())
     with pytest.raises(CheckpointError, match="no \\*.safetensors"):
         load_pretrained(str(tmp_path))
+
+
+def test_truncated_file_names_the_file(tmp_path, good):
+    path = copy_with(tmp_path, good)
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])  # an interrupted download
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors file .* download it again"):
+        load_pretrained(path)
+
+
+def test_checkpoint_of_another_architecture_names_the_field(good):
+    from atgrpo_jax.models.config import get_preset
+
+    with pytest.raises(CheckpointError, match=r"has num_layers=1, but model.preset='test-tiny' has 2"):
+        load_pretrained(str(good), expected=get_preset("test-tiny", vocab_size=256, hidden_size=64,
+                                                       intermediate_size=96), expected_name="model.preset='test-tiny'")

@@ -184,15 +184,20 @@ def test_config_json_on_the_store(gcs, tmp_path, monkeypatch):
     from atgrpo_jax.train.config import base_config
 
     config = base_config()
-    assert wd.prepare(config, "gs://bucket/run", lead=False) == "gs://bucket/run/checkpoints"
-    assert "bucket/run/config.json" not in gcs.store  # only the lead process writes it
-    assert wd.prepare(config, "gs://bucket/run", lead=True) == "gs://bucket/run/checkpoints"
+    assert wd.checkpoint_dir("gs://bucket/run") == "gs://bucket/run/checkpoints"  # a URL stays a URL
+    wd.write_config(config, "gs://bucket/run")
     stored = json.loads(_object("gs://bucket/run/config.json"))
     assert stored == json.loads(config.to_json_best_effort())
     assert stored["optim"]["lr"] == config.optim.lr
+    assert wd.saved_config("gs://bucket/run") == stored
+    config.optim.lr = 0.5
+    wd.write_config(config, "gs://bucket/run", keep_as="config.step3.json")  # the run's former config is kept
+    assert json.loads(_object("gs://bucket/run/config.step3.json")) == stored
+    assert json.loads(_object("gs://bucket/run/config.json"))["optim"]["lr"] == 0.5
     monkeypatch.chdir(tmp_path)
-    assert wd.prepare(config, "local_run", lead=True) == str(tmp_path / "local_run" / "checkpoints")
-    assert json.loads((tmp_path / "local_run" / "config.json").read_text()) == stored
+    assert wd.checkpoint_dir("local_run") == str(tmp_path / "local_run" / "checkpoints")
+    wd.write_config(config, "local_run")
+    assert json.loads((tmp_path / "local_run" / "config.json").read_text())["optim"]["lr"] == 0.5
 
 
 def test_evaluate_writes_eval_json_and_the_curve_to_the_store(gcs):
@@ -229,8 +234,10 @@ def test_missing_object_store_packages_are_named_before_anything_runs(monkeypatc
         MetricsWriter("gs://bucket/run")
     with pytest.raises(ImportError, match="google-cloud-storage"):
         Checkpointer("gs://bucket/run/checkpoints", keep_last=1)
+    config = base_config()
+    config.model.preset = "test-tiny"  # a config that is fine: the workdir is what is wrong
     with pytest.raises(ImportError, match="pip install gcsfs google-cloud-storage"):
-        run_training(base_config(), "gs://bucket/run")
+        run_training(config, "gs://bucket/run")
 
 
 def test_training_run_on_the_store_uploads_each_checkpointed_step_before_saving(gcs, monkeypatch):

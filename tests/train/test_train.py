@@ -1,4 +1,5 @@
 """The trainer end to end on a tiny config: config errors, the NaN guard, kill -9 and resume."""
+import json
 import os
 import signal
 import subprocess
@@ -109,3 +110,48 @@ def test_killed_run_resumes_exactly_like_an_uninterrupted_one(tmp_path):
     pb = Checkpointer(str(killed_dir / "checkpoints"), keep_last=0, read_only=True).restore(steps)[0]
     for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def tiny(**changes):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tiny_config", CONFIG)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    for key, value in changes.items():
+        section, leaf = key.split(".")
+        c[section][leaf] = value
+    return c
+
+
+def test_resume_checks_the_config_logs_every_n_and_knows_its_start(tmp_path, monkeypatch):
+    from atgrpo_jax.train import loop
+    from atgrpo_jax.train.checkpoint import Checkpointer
+
+    starts = []
+    real_bar = loop.ProgressBar
+    monkeypatch.setattr(loop, "ProgressBar", lambda *a, **kw: starts.append(kw["start_step"]) or real_bar(*a, **kw))
+    workdir = str(tmp_path / "run")
+    loop.run_training(tiny(**{"train.steps": 3, "train.eval_every": 0, "train.log_every": 2}), workdir)
+    assert [r["step"] for r in read_metrics(workdir)] == [2, 3]  # every 2nd step, and the last
+    with pytest.raises(ConfigError, match=r"config\.rollout\.k: 2 in the run, 3 now"):
+        loop.run_training(tiny(**{"train.steps": 4, "rollout.k": 3}), workdir)
+    assert Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=0, read_only=True).all_steps()[-1] == 3
+    loop.run_training(tiny(**{"train.steps": 4, "train.eval_every": 0}), workdir)  # more steps: allowed
+    assert starts == [0, 3]
+    loop.run_training(tiny(**{"train.steps": 5, "train.eval_every": 0, "optim.lr": 1e-3}), workdir,
+                      allow_config_change=True)
+    assert json.load(open(os.path.join(workdir, "config.step4.json")))["optim"]["lr"] != 1e-3
+    assert json.load(open(os.path.join(workdir, "config.json")))["optim"]["lr"] == 1e-3
+
+
+@pytest.mark.parametrize("sharing,names", [("shared", ["policy"]), ("per_role", ["policy_planner", "policy_executor"]),
+                                           ("lora", ["lora_planner", "lora_executor"])])
+def test_policy_names_are_those_of_checkpoints_written_before(sharing, names):
+    """Checkpoints name each policy's state; these names must not change between versions."""
+    from atgrpo_jax.train.setup import build_run
+    from atgrpo_jax.train.step import policy_states
+
+    c = tiny()
+    c.policy.sharing = sharing
+    assert list(policy_states(build_run(c))) == names

@@ -1,0 +1,161 @@
+"""What every command shares: a config file plus `--config.KEY=VALUE` overrides, and one-line errors.
+
+    python -m atgrpo_jax.train --config=configs/demo.py[:ARG] --workdir=runs/x --config.rollout.k=4
+
+`--config.*` overrides are taken out of argv before absl parses the other flags, so a
+misspelt key is one line naming it and the closest valid key, not a traceback. A value
+is read as the type of the key's default (bool: true/false/1/0/yes/no; tuples and lists as
+Python literals); keys under `env.kwargs` may be new (a Python literal, else a string).
+`fail` turns the errors a user can fix (a bad config, file or checkpoint) into one line on
+stderr and exit status 2, before anything is written or compiled.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import os
+import sys
+from typing import Iterator, Sequence
+
+import ml_collections
+
+from atgrpo_jax.registry import UnknownName, closest
+
+EXIT_USAGE = 2
+OPEN_SECTIONS = ("env.kwargs",)  # sections whose keys the user chooses
+
+
+class UsageError(ValueError):
+    """A command line, file or checkpoint a user can fix; the message says what and where."""
+
+
+def pop_overrides(argv: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """(overrides [(key, value)], the rest of argv) from `--config.KEY=VALUE` / `--config.KEY VALUE`."""
+    overrides, rest, args = [], [], list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--config.") and arg != "--config.":
+            key, eq, value = arg[len("--config."):].partition("=")
+            if not eq:
+                if i + 1 >= len(args):
+                    raise UsageError(f"--config.{key} needs a value (--config.{key}=VALUE)")
+                i, value = i + 1, args[i + 1]
+            overrides.append((key, value))
+        else:
+            rest.append(arg)
+        i += 1
+    return overrides, rest
+
+
+def load_config(spec: str) -> ml_collections.ConfigDict:
+    """The ConfigDict of `path.py` (its get_config()) or `path.py:ARG` (get_config(ARG))."""
+    if not spec:
+        raise UsageError("--config=configs/X.py is required")
+    path, _, arg = spec.partition(":")
+    if not os.path.isfile(path):
+        raise UsageError(f"--config: no such file {path!r}")
+    module_spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3] or "config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise UsageError(f"--config: {path} has no get_config()")
+    config = module.get_config(arg) if arg else module.get_config()
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise UsageError(f"--config: {path}:get_config() returned {type(config).__name__}, not a ConfigDict")
+    return config
+
+
+def leaf_keys(c: ml_collections.ConfigDict, prefix: str = "") -> Iterator[str]:
+    for key, value in c.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            yield from leaf_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def _parse_value(key: str, text: str, default):
+    """`text` as the type of `default` (the key's current value)."""
+    if isinstance(default, bool):
+        low = text.strip().lower()
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise UsageError(f"--config.{key}={text}: not a bool (true/false)")
+    if isinstance(default, (int, float)):
+        try:
+            value = float(text)
+        except ValueError:
+            raise UsageError(f"--config.{key}={text}: not a number") from None
+        if isinstance(default, int):
+            if not value.is_integer():
+                raise UsageError(f"--config.{key}={text}: must be an integer")
+            return int(value)
+        return value
+    if isinstance(default, str):
+        return text
+    if isinstance(default, (tuple, list)):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = tuple(x.strip() for x in text.split(",") if x.strip())
+        if not isinstance(value, (tuple, list)):
+            value = (value,)
+        return type(default)(value)
+    return _literal(text)
+
+
+def _literal(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[tuple[str, str]]):
+    """Set each dotted key; an unknown key is a UsageError naming the closest valid one."""
+    known = list(leaf_keys(config))
+    for key, text in overrides:
+        *parents, leaf = key.split(".")
+        node = config
+        for i, name in enumerate(parents):
+            if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+                node = None
+                break
+            node = node[name]
+        section = ".".join(parents)
+        if isinstance(node, ml_collections.ConfigDict) and section in OPEN_SECTIONS and leaf not in node:
+            with node.unlocked():
+                node[leaf] = _literal(text)
+            continue
+        if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+            raise UsageError(f"--config.{key}: no such key{closest(key, known)}")
+        if isinstance(node[leaf], ml_collections.ConfigDict):
+            raise UsageError(f"--config.{key} is a section; set one of its keys: "
+                             f"{', '.join(f'{key}.{k}' for k in node[leaf])}")
+        value = _parse_value(key, text, node[leaf])
+        with node.unlocked():
+            node[leaf] = value
+    return config
+
+
+def config_from_args(spec: str, overrides: Sequence[tuple[str, str]]) -> ml_collections.ConfigDict:
+    config = apply_overrides(load_config(spec), overrides)
+    config.lock()
+    return config
+
+
+@contextlib.contextmanager
+def fail():
+    """Errors a user can fix -> one line on stderr and exit status 2 (no traceback)."""
+    from atgrpo_jax.models.hf_io import CheckpointError
+    from atgrpo_jax.train.config import ConfigError
+
+    try:
+        yield
+    except (UsageError, ConfigError, CheckpointError, UnknownName, FileNotFoundError, NotADirectoryError,
+            FileExistsError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None

@@ -1,0 +1,79 @@
+"""The commands' command lines: bad input is one line naming what is wrong, exit status 2, nothing written."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from atgrpo_jax import cli
+from atgrpo_jax.train.config import base_config
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+DEMO = os.path.join(ROOT, "configs", "demo.py")
+
+
+def run(*args, timeout=180):
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # one CPU device is enough to fail fast
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=ROOT)
+
+
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
+    workdir = tmp_path / "run"
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory")
+    cases = [
+        ([f"--config={DEMO}", f"--workdir={workdir}", "--config.rollout.kk=3"],
+         "--config.rollout.kk: no such key (did you mean 'rollout.k'?)"),
+        ([f"--config={DEMO}", f"--workdir={a_file}"], f"--workdir {a_file} is a file, not a directory"),
+        ([f"--config={os.path.join(ROOT, 'configs', 'math_qwen3_8b.py')}", f"--workdir={workdir}"],
+         "config.model.hf_path: preset 'qwen3-8b'"),
+        ([f"--config={DEMO}", f"--workdir={workdir}", "--config.env.kwargs.bogus=1"],
+         "unexpected keyword argument 'bogus'"),
+        ([f"--config={DEMO}", f"--workdir={workdir}", "--config.rollout.k=two"], "--config.rollout.k=two: not a number"),
+    ]
+    for args, message in cases:
+        proc = run("atgrpo_jax.train", *args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and lines[-1].startswith("error: ") and message in lines[-1], proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr
+    assert not workdir.exists()
+
+
+def test_plan_help_exits_0():
+    proc = run("atgrpo_jax.plan", "--help")
+    assert proc.returncode == 0 and "--device" in proc.stdout and "--config" in proc.stdout
+
+
+def test_overrides_are_typed_and_env_kwargs_take_any_key():
+    c = base_config()
+    c.lock()
+    cli.apply_overrides(c, [("rollout.k", "4"), ("optim.lr", "3e-4"), ("model.remat", "true"),
+                            ("rollout.prompt_buckets", "(128, 256)"), ("env.kwargs.test_set", "aime25"),
+                            ("env.kwargs.max_turns", "3"), ("train.time_budget_s", "60")])
+    assert (c.rollout.k, c.optim.lr, c.model.remat) == (4, 3e-4, True)
+    assert c.rollout.prompt_buckets == (128, 256) and isinstance(c.rollout.prompt_buckets, tuple)
+    assert c.env.kwargs.test_set == "aime25" and c.env.kwargs.max_turns == 3 and c.train.time_budget_s == 60.0
+    for key, value, message in [("optim.lrr", "1", "did you mean 'optim.lr'"), ("rollout.k", "2.5", "integer"),
+                                ("model.remat", "maybe", "not a bool"), ("rollout", "1", "is a section")]:
+        with pytest.raises(cli.UsageError, match=message):
+            cli.apply_overrides(c, [(key, value)])
+    assert cli.pop_overrides(["prog", "--config.a.b=1", "--workdir=x", "--config.c", "2"]) == \
+        ([("a.b", "1"), ("c", "2")], ["prog", "--workdir=x"])
+
+
+def test_saved_configs_of_earlier_versions_load():
+    """A config.json written before `regime` was split into three settings (here: per_role)."""
+    from atgrpo_jax.train.config import from_saved, resolve
+
+    saved = json.load(open(os.path.join(os.path.dirname(__file__), "train", "data", "config_before_issue15.json")))
+    assert saved["regime"] == "per_role" and "policy_pools" in saved and "use_std" in saved["algo"]
+    c = resolve(from_saved(saved))
+    assert (c.policy.sharing, c.policy.pools, c.rollout.tree, c.env.single_agent) == ("per_role", False, True, False)
+    assert c.algo.advantage == "grpo" and c.rollout.k == saved["rollout"]["k"]
+    for regime, want in [("plain_grpo", ("shared", False, False)), ("single_agent", ("shared", True, True)),
+                         ("lora", ("lora", True, False))]:
+        c = resolve(from_saved(dict(saved, regime=regime, algo=dict(saved["algo"], use_std=False))))
+        assert (c.policy.sharing, c.rollout.tree, c.env.single_agent) == want and c.algo.advantage == "drgrpo"
