@@ -5,7 +5,8 @@
 `--config.*` overrides are taken out of argv before absl parses the other flags, so a
 misspelt key is one line naming it and the closest valid key, not a traceback. A value
 is read as the type of the key's default (bool: true/false/1/0/yes/no; tuples and lists as
-Python literals); keys under `env.kwargs` may be new (a Python literal, else a string).
+Python literals); keys under `env.kwargs` may be new (a Python literal, else a string), and
+`--config.env.kwargs={}` replaces the whole section.
 `fail` turns the errors a user can fix (a bad config, file or checkpoint) into one line on
 stderr and exit status 2, before anything is written or compiled.
 """
@@ -132,6 +133,10 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[tuple
             continue
         if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
             raise UsageError(f"--config.{key}: no such key{closest(key, known)}")
+        if key in OPEN_SECTIONS and isinstance(_literal(text), dict):  # a whole open section: --config.env.kwargs={}
+            with node.unlocked():
+                node[leaf] = ml_collections.ConfigDict(_literal(text))
+            continue
         if isinstance(node[leaf], ml_collections.ConfigDict):
             raise UsageError(f"--config.{key} is a section; set one of its keys: "
                              f"{', '.join(f'{key}.{k}' for k in node[leaf])}")

@@ -1,75 +1,132 @@
-"""`python -m atgrpo_jax.evaluate --config=configs/X.py --checkpoint=WORKDIR[/checkpoints/STEP]`
+"""Score a run's checkpoint or any Hugging Face Qwen3 model on held-out splits.
 
-Restores the policies of a checkpoint (the run's latest, or a given step),
-runs independent episodes on held-out tasks and prints and writes
-`eval.json` (avg@k success: grid success, math accuracy, code pass@1), plus
-`learning_curve.png` from the run's metrics.jsonl. WORKDIR and --out may be
-object-store URLs (`gs://bucket/run`; needs `pip install gcsfs google-cloud-storage`).
+    python -m atgrpo_jax.evaluate --checkpoint=WORKDIR[/checkpoints/STEP] [--splits=aime24,aime25] [--k=4]
+    python -m atgrpo_jax.evaluate --config=configs/math_qwen3_8b.py --hf_path=DIR [--splits=...] --out=DIR
+
+A checkpoint is evaluated with its run's own config (config.json; `--config` and
+`--config.KEY=VALUE` may replace it); `--hf_path` evaluates a model directory with no run at
+all (e.g. the base model, or an exported policy). Each split's problems are all played (a
+split of generated levels: `--tasks` of them), `--k` independent episodes each: avg@k is the
+mean success over episodes, pass@k the share of tasks solved at least once. Writes to --out
+(default: the run's workdir): eval.json (the metrics), eval_episodes.jsonl (one line per
+episode: what each agent was shown and said, what was parsed, the rewards) and, for a run
+with metrics, learning_curve.png. Paths may be object-store URLs (gs://; needs gcsfs).
 """
 from __future__ import annotations
 
 import json
+import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
+from atgrpo_jax import cli
 from atgrpo_jax.train import workdir as wd
 from atgrpo_jax.train.metrics import METRICS_FILE
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file", lock_config=True)
+EVAL_FILE = "eval.json"
+EVAL_EPISODES_FILE = "eval_episodes.jsonl"
+
+_CONFIG = flags.DEFINE_string("config", None, "config file (default with --checkpoint: the run's config.json)")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "a run's workdir, or WORKDIR/checkpoints/STEP")
-_TASKS = flags.DEFINE_integer("tasks", 0, "held-out tasks (default: config.train.eval_tasks)")
-_K = flags.DEFINE_integer("k", 0, "episodes per task for avg@k (default: config.train.eval_k)")
+_HF_PATH = flags.DEFINE_string("hf_path", None, "a Hugging Face Qwen3 model directory to evaluate instead")
+_SPLITS = flags.DEFINE_list("splits", [], "splits to evaluate (default: the workflow's test splits)")
+_TASKS = flags.DEFINE_integer("tasks", 0, "tasks of a split of generated tasks (default: config.train.eval_tasks)")
+_K = flags.DEFINE_integer("k", 0, "episodes per task (default: config.train.eval_k)")
 _TEMPERATURE = flags.DEFINE_float("temperature", -1.0, "sampling temperature (default: rollout.eval_temperature)")
-_OUT = flags.DEFINE_string("out", "", "directory for eval.json and the PNG (default: the run's workdir)")
-flags.mark_flags_as_required(["config", "checkpoint"])
+_OUT = flags.DEFINE_string("out", "", "directory for the outputs (default: the run's workdir)")
 
 
-def write_eval_outputs(result: dict, workdir: str, out: str, *, label: str, title: str) -> list[str]:
+def write_eval_outputs(result: dict, workdir: str | None, out: str, *, label: str, title: str) -> list[str]:
     """Write `out/eval.json` and, when the run has metrics, `out/learning_curve.png`; returns the paths."""
     from atgrpo_jax.train.plots import plot_learning_curves
 
     wd.makedirs(out)
-    written = [wd.join(out, "eval.json")]
+    written = [wd.join(out, EVAL_FILE)]
     wd.write_text(written[0], json.dumps(result, indent=2))
-    if wd.exists(wd.join(workdir, METRICS_FILE)):
+    if workdir and wd.exists(wd.join(workdir, METRICS_FILE)):
         written.append(plot_learning_curves({label: workdir}, wd.join(out, "learning_curve.png"),
                                             metric="eval_success", title=title))
     return written
 
 
-def run_evaluation(config, checkpoint: str, tasks: int = 0, k: int = 0, temperature: float | None = None,
-                   out: str = "") -> dict:
+def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = None, splits=(), tasks: int = 0,
+                   k: int = 0, temperature: float | None = None, out: str = "") -> dict:
+    """Evaluate a checkpoint of a run (config: the run's) or the model at `hf_path`; returns eval.json's dict."""
     from atgrpo_jax.train.checkpoint import Checkpointer
-    from atgrpo_jax.train.step import evaluate, policy_states, set_policy_states
+    from atgrpo_jax.train.config import resolve
+    from atgrpo_jax.train.episodes import evaluation_records
     from atgrpo_jax.train.setup import build_run
+    from atgrpo_jax.train.step import evaluation, policy_states, set_policy_states
 
-    workdir, ckpt_dir, step = wd.locate_checkpoint(checkpoint)
+    if (checkpoint is None) == (hf_path is None):
+        raise cli.UsageError("give exactly one of --checkpoint and --hf_path")
+    workdir = ckpt_dir = step = None
+    if hf_path:
+        config.model.hf_path = hf_path
+        if config.tokenizer == "qwen3":
+            config.tokenizer = hf_path  # the model's own tokenizer files
+    else:
+        workdir, ckpt_dir, step = wd.locate_checkpoint(checkpoint)
+        wd.require_support(ckpt_dir, checkpoints=True)  # missing gs:// packages: fail before compiling
     out = out or workdir
-    wd.require_support(ckpt_dir, checkpoints=True)  # missing gs:// packages: fail before compiling
+    if not out:
+        raise cli.UsageError("--out is required with --hf_path")
     wd.require_support(out)
+    resolve(config)
     run = build_run(config)
-    ckpt = Checkpointer(ckpt_dir, keep_last=0, read_only=True)
-    step = ckpt.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"no complete checkpoint in {ckpt_dir}")
-    states, _ = ckpt.restore(step, target=policy_states(run))
-    set_policy_states(run, states)
+    splits = list(splits) or list(run.workflow.test_splits)
+    unknown = [s for s in splits if s not in run.workflow.splits]
+    if unknown:
+        raise cli.UsageError(f"--splits: {unknown} not in the workflow's splits {list(run.workflow.splits)}")
+    if checkpoint:
+        ckpt = Checkpointer(ckpt_dir, keep_last=0, read_only=True)
+        step = ckpt.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no complete checkpoint in {ckpt_dir}")
+        states, _ = ckpt.restore(step, target=policy_states(run))
+        set_policy_states(run, states)
     tasks, k = tasks or config.train.eval_tasks, k or config.train.eval_k
-    result = evaluate(run, tasks, k, temperature)
-    result = {"step": step, "tasks": tasks, "k": k, "workflow": config.env.workflow,
-              "sharing": config.policy.sharing, f"avg@{k}_success": result["eval_success"], **result}
-    write_eval_outputs(result, workdir, out, label=config.policy.sharing, title=f"{config.env.workflow}: held-out success")
+    metrics, episodes = evaluation(run, splits, tasks, k, temperature)
+    result = {"model": hf_path or checkpoint, "step": step, "workflow": config.env.workflow,
+              "sharing": config.policy.sharing, "k": k, "splits": splits, **metrics}
+    write_eval_outputs(result, workdir, out, label=config.policy.sharing,
+                       title=f"{config.env.workflow}: held-out success")
+    names = [a.name for a in run.workflow.agents]
+    lines = [json.dumps(record, default=float)
+             for split in splits
+             for record in evaluation_records(split, episodes[split], names, run.tokenizer,
+                                              len(episodes[split].success))]
+    wd.write_text(wd.join(out, EVAL_EPISODES_FILE), "\n".join(lines) + "\n")
     print(json.dumps(result))
     return result
 
 
-def main(argv):
-    del argv
+def config_for(checkpoint: str | None, spec: str | None, overrides):
+    """The config to evaluate with: --config, else the run's own config.json."""
+    from atgrpo_jax.train.config import from_saved
+
+    if spec:
+        return cli.config_from_args(spec, overrides)
+    if not checkpoint:
+        raise cli.UsageError("--config is required with --hf_path")
+    saved = wd.saved_config(wd.locate_checkpoint(checkpoint)[0])
+    if saved is None:
+        raise cli.UsageError(f"{checkpoint} has no config.json: give --config")
+    return cli.apply_overrides(from_saved(saved), overrides)
+
+
+def main(argv, overrides=()):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    temp = None if _TEMPERATURE.value < 0 else _TEMPERATURE.value
-    run_evaluation(_CONFIG.value, _CHECKPOINT.value, _TASKS.value, _K.value, temp, _OUT.value)
+    temperature = None if _TEMPERATURE.value < 0 else _TEMPERATURE.value
+    with cli.fail():
+        config = config_for(_CHECKPOINT.value, _CONFIG.value, overrides)
+        run_evaluation(config, _CHECKPOINT.value, _HF_PATH.value, _SPLITS.value, _TASKS.value, _K.value,
+                       temperature, _OUT.value)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    with cli.fail():
+        _overrides, _argv = cli.pop_overrides(sys.argv)
+    app.run(lambda argv: main(argv, _overrides), argv=_argv)

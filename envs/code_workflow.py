@@ -18,8 +18,8 @@ Rewards (REFERENCE.md "Code workflow"), with the rollout's r = local + alpha*tea
   (-1); no program to judge yet: `tester_no_program` (0).
 
 Data: APPS standard-input problems (envs/data/code/apps_stdin.jsonl); problem
-i (file order) is in the test split when i % 5 == 0 (47 problems), else in the
-train split (184). Single-agent variant (`single_agent=True`): the coder alone;
+i (file order) is in the "apps" test split when i % 5 == 0 (47 problems), else in
+the training pool, whose every `valid_every`-th problem is the "valid" split. Single-agent variant (`single_agent=True`): the coder alone;
 its episode ends at its first parsable program.
 """
 from __future__ import annotations
@@ -51,11 +51,15 @@ class CodeRewards:
     tester_no_program: float = 0.0
 
 
-def split_indices(n: int, split: str) -> list[int]:
-    """Problem indices of a split: every fifth problem (i % 5 == 0) is a test problem."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    return [i for i in range(n) if (i % 5 == 0) == (split == "test")]
+def split_indices(n: int, split: str, valid_every: int = 10) -> list[int]:
+    """Problem indices of a split: every fifth problem (i % 5 == 0) is a test ("apps") problem;
+    of the others, every `valid_every`-th is a validation problem, the rest train."""
+    if split not in ("train", "valid", "apps"):
+        raise ValueError(f"split must be 'train', 'valid' or 'apps', got {split!r}")
+    if split == "apps":
+        return [i for i in range(n) if i % 5 == 0]
+    pool = [i for i in range(n) if i % 5]
+    return [i for j, i in enumerate(pool) if (j % valid_every == 0) == (split == "valid")]
 
 
 def mismatch_report(tests: Sequence[tuple[str, str]], verdicts: Sequence[TestVerdict], max_shown: int = 4) -> str:
@@ -74,6 +78,7 @@ def mismatch_report(tests: Sequence[tuple[str, str]], verdicts: Sequence[TestVer
 @dataclasses.dataclass(frozen=True)
 class CodeWorkflow:
     dataset: str = "apps"
+    valid_every: int = 10  # every n-th problem of the training pool is the validation split
     max_turns: int = 4
     single_agent: bool = False
     max_gt_tests: int | None = 20  # ground-truth tests run per program (the first ones)
@@ -90,6 +95,15 @@ class CodeWorkflow:
         load_code_problems(self.dataset)
 
     @property
+    def splits(self) -> dict[str, int]:
+        n = len(load_code_problems(self.dataset))
+        return {split: len(split_indices(n, split, self.valid_every)) for split in ("valid", "apps")}
+
+    @property
+    def test_splits(self) -> tuple[str, ...]:
+        return ("apps",)
+
+    @property
     def name(self) -> str:
         return "code_single" if self.single_agent else "code"
 
@@ -101,7 +115,9 @@ class CodeWorkflow:
     # ------------------------------------------------------------ state
     def reset(self, task_ids: Sequence[int], split: str) -> dict[str, np.ndarray]:
         problems = load_code_problems(self.dataset)
-        pool = split_indices(len(problems), split)
+        pool = split_indices(len(problems), split, self.valid_every)
+        if split != "train" and any(int(i) >= len(pool) for i in task_ids):
+            raise ValueError(f"split {split!r} has {len(pool)} problems; task ids must be below that")
         rows = [problems[pool[int(i) % len(pool)]] for i in task_ids]
         n = len(rows)
         return {
@@ -182,8 +198,16 @@ class CodeWorkflow:
                 correct = out["gt_pass_rate"][b, j] >= 1.0
                 agreement = np.mean([v.passed == correct for v in generated[(b, j)]])
                 local[b, j] = info["agreement"][b, j] = agreement
+        parsed_as = obj_array([""] * (shape[0] * k)).reshape(shape)
+        for b, j in active:
+            if is_coder:
+                lines = out["code"][b, j].count("\n") + 1
+                parsed_as[b, j] = f"a program of {lines} lines" if out["code"][b, j] else "unparsed: no ```python block"
+            else:
+                n = len(out["gen_tests"][b, j])
+                parsed_as[b, j] = f"{n} tests" if n else "unparsed: no **Test Input:** / **Test Output:** pair"
         return StepOut(state=out, local_reward=local, team_reward=team, done=out["done"].copy(),
-                       success=out["gt_pass_rate"] >= 1.0, info=info)
+                       success=out["gt_pass_rate"] >= 1.0, info=info, parsed_as=parsed_as)
 
     def _evaluate(self, out, active, run_ground_truth: bool) -> dict[tuple[int, int], list[TestVerdict]]:
         """Run programs on the generated tests (and, for a new program, the ground truth); update the state.

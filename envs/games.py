@@ -4,7 +4,7 @@ module and one `GAMES.register` line below (its workflows then exist by name, e.
 
 A game module provides:
   Params, State                        NamedTuples: static settings; one level's arrays
-  reset(key, params, holdout) -> State a random solvable level of the train or test split
+  reset(key, params, split) -> State  a random solvable level of split train, valid or test (grid.split_ok)
   step(state, actions, params)         -> (state, reward, done, info); jittable, vmappable
   level_arrays(state) -> list          the arrays that identify a level (hashed for the split)
   render(state, row_sep="\\n") -> str   the board in the game's notation

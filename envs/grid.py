@@ -5,10 +5,11 @@ array, -1 (`NOOP`) is a no-op (no reward, no step counted); any other value
 outside 0..3 (e.g. `INVALID`) is a move the game rejects with its invalid-move
 penalty, the way the reference system treats an unknown action string.
 
-Train/test split: a level's identity (the arrays that define it) is hashed to
-one of `SPLIT_BUCKETS` buckets; test levels are exactly those in bucket 0 and
-train levels those in the others, so the two sets are disjoint by construction
-(`reset(..., holdout=True/False)` rejects levels of the other split).
+Splits: a level's identity (the arrays that define it) is hashed to one of
+`SPLIT_BUCKETS` buckets; test levels are exactly those in bucket 0, validation
+levels those in bucket 1 and training levels those in the others, so the three
+sets are disjoint by construction (`reset(..., split=...)` rejects levels of the
+other splits).
 """
 from __future__ import annotations
 
@@ -130,11 +131,16 @@ def level_bucket_np(arrays: Sequence[np.ndarray]) -> int:
     return int(h % np.uint32(SPLIT_BUCKETS))
 
 
-def split_ok(bucket: jax.Array, holdout: bool | None) -> jax.Array:
-    """Whether a level with this bucket belongs to the requested split."""
-    if holdout is None:
+SPLITS = ("train", "valid", "test")  # buckets 2.., 1, 0
+
+
+def split_ok(bucket: jax.Array, split: str | None) -> jax.Array:
+    """Whether a level with this bucket belongs to `split` ("train", "valid", "test"; None: any)."""
+    if split is None:
         return jnp.bool_(True)
-    return (bucket == 0) if holdout else (bucket != 0)
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
+    return {"test": bucket == 0, "valid": bucket == 1, "train": bucket >= 2}[split]
 
 
 def stack_states(states: Sequence[Any]) -> Any:

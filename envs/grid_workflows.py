@@ -153,6 +153,8 @@ class GridWorkflow:
                              f"{self.config.view!r} for {self.game.name}")
         self.max_turns = self.config.max_turns
         self.name = f"{self.game.name}_{kind}"
+        self.splits = {"valid": None, "test": None}  # generated levels: as many as asked for
+        self.test_splits = ("test",)
         self.roles = tuple(ROLES[name] for name in KINDS[kind])
         self.agents = tuple(Agent(name, functools.partial(self._parse, ROLES[name])) for name in KINDS[kind])
         limits = {"max_turns": 10_000, "plan_len": self.game.max_actions, "exec_len": self.game.max_actions}
@@ -170,7 +172,7 @@ class GridWorkflow:
 
     def reset(self, task_ids: Sequence[int], split: str) -> GridState:
         if split not in self._reset:
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+            raise ValueError(f"split must be one of {tuple(self._reset)}, got {split!r}")
         ids = np.asarray(list(task_ids))
         ok = ids.ndim == 1 and ids.size > 0 and np.issubdtype(ids.dtype, np.integer)
         if not ok or ids.min() < 0 or ids.max() >= 2**32:
@@ -209,15 +211,20 @@ class GridWorkflow:
         texts = [[r if isinstance(r, str) else "" for r in row] for row in responses]
         history, handoff = branch(state.history, k), _texts((n_tasks, k))
         if role.answer == "code":
-            actions, handoff = self._run_tools(state, texts, active)
+            actions, handoff, why = self._run_tools(state, texts, active)
         else:
             actions = [[self._parse(role, t) for t in row] for row in texts]
+            why = _texts((n_tasks, k), "unparsed: no '#### [actions]' line" if role.answer == "list" else
+                         f"unparsed: not {self.game.module.direct_format(getattr(self.config, role.length))}")
             if role.answer == "direct" and not role.moves_env:  # a proposal the next agent sees
                 for b in range(n_tasks):
                     for j in range(k):
                         handoff[b, j] = self.game.module.short(actions[b][j]) if actions[b][j] else "?"
 
         parsed = np.array([[a is not None and len(a) > 0 for a in row] for row in actions]) & active[:, None]
+        parsed_as = _texts((n_tasks, k))
+        for b, j in zip(*np.nonzero(active[:, None].repeat(k, 1))):
+            parsed_as[b, j] = self.game.show_actions(actions[b][j]) if parsed[b, j] else why[b, j]
         rows = [a if (a and active[b]) else None for b, row in enumerate(actions) for a in row]
         padded = grid.pad_actions(rows, self.game.max_actions).reshape(n_tasks, k, -1)
         new_env, reward, done, success = self._step(state.env, jnp.asarray(padded))
@@ -238,7 +245,7 @@ class GridWorkflow:
             done, success = branch(state.env.done, k), branch(state.env.success, k)
         return StepOut(state=GridState(new_env, history, handoff), local_reward=local.astype(np.float32),
                        team_reward=team.astype(np.float32), done=np.asarray(done), success=np.asarray(success),
-                       info={"parsed": parsed})
+                       info={"parsed": parsed}, parsed_as=parsed_as)
 
     # ------------------------------------------------------------ answers
 
@@ -274,8 +281,11 @@ class GridWorkflow:
                            self.config.sandbox_limits, self.config.sandbox_workers)
         actions = [[None] * k for _ in range(n_tasks)]
         handoff = _texts((n_tasks, k), "The tool agent wrote no Python code block.")
+        reasons = _texts((n_tasks, k), "unparsed: no ```python block")
         for (b, j), res in zip(jobs, results):
             actions[b][j] = actions_from_output(res.stdout, self.game)
+            reasons[b, j] = ("unparsed: the program " + ("timed out" if res.timed_out else "failed") if not res.ok
+                         else "unparsed: no '**Actions List**: [...]' line in the program's output")
             output = _clip(res.stdout, 1500, keep="tail") or "(no output)"
             if not res.ok:
                 why = "timed out" if res.timed_out else f"exit code {res.exit_code}"
@@ -283,7 +293,7 @@ class GridWorkflow:
             handoff[b, j] = (f"The tool agent's code:\n```python\n{_clip(codes[b][j], 3000)}\n```\n"
                              f"Its output:\n```\n{output}\n```\n"
                              f"Actions parsed from it: {self.game.show_actions(actions[b][j])}")
-        return actions, handoff
+        return actions, handoff, reasons
 
     # ------------------------------------------------------------ prompts
 
@@ -322,9 +332,9 @@ def _compiled(game: GridGame, seed: int):
     module, params = game.module, game.params
     base = jax.random.PRNGKey(seed)
 
-    def make_reset(holdout):
+    def make_reset(split):
         def reset_one(task_id):
-            return module.reset(jax.random.fold_in(base, task_id), params, holdout)
+            return module.reset(jax.random.fold_in(base, task_id), params, split)
 
         return jax.jit(jax.vmap(reset_one))
 
@@ -333,7 +343,7 @@ def _compiled(game: GridGame, seed: int):
         new, reward, done, _ = jax.vmap(per_task)(env, actions)
         return new, reward, done, new.success
 
-    return {"train": make_reset(False), "test": make_reset(True)}, jax.jit(branch_step)
+    return {split: make_reset(split) for split in grid.SPLITS}, jax.jit(branch_step)
 
 
 def make_grid_workflow(kind: str, game: GridGame | str = "plan_path", params: Any = None,

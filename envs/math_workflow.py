@@ -13,15 +13,20 @@ Rewards (REFERENCE.md "Math workflow"), with the rollout's r = local + alpha*tea
 - tool local = +1 correct, 0 wrong, -1 when there is no python block, the
   program fails (error, timeout, memory, output flood) or prints nothing.
 
-Data (envs/data/math): "gsm8k" (GSM8K's test split, 1319 problems) is the
-training pool; "aime24", "aime25" and "olympiadbench" are test sets. The
-workflow's `train_set` / `test_set` choose them by name.
+Data (envs/data/math, docs/data.md): `train_set` names the training pool and
+`test_sets` the test sets ("aime24", "aime25", "olympiadbench", "gsm8k_test");
+or `train_path` / `test_path` give JSONL files of your own, one problem per
+line: {"id": str, "problem": str, "answer": str} (a test file's split is named
+after the file). Every `valid_every`-th problem of the training pool is held out
+as the "valid" split (choosing the best checkpoint) and never trained on.
+Evaluation resets test problems by index (0 .. size - 1): every problem once.
 The single-agent variant (`single_agent=True`) keeps only the reasoner; its
 episode ends at its first parsable answer.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import Any, Sequence
 
@@ -30,11 +35,12 @@ import numpy as np
 from atgrpo_jax.envs.math_grading import grade
 from atgrpo_jax.envs.parsers import extract_boxed, extract_code_block
 from atgrpo_jax.envs.sandbox import Limits, run_many
-from atgrpo_jax.envs.text_state import clip_head, clip_tail, load_jsonl, obj_array, response_grid
+from atgrpo_jax.envs.text_state import (clip_head, clip_tail, load_jsonl, load_user_jsonl, obj_array,
+                                       response_grid, split_name)
 from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, branch
 
 MATH_DATASETS = {
-    "gsm8k": "math/gsm8k_test.jsonl",
+    "gsm8k_test": "math/gsm8k_test.jsonl",
     "aime24": "math/aime24.jsonl",
     "aime25": "math/aime25.jsonl",
     "olympiadbench": "math/olympiadbench.jsonl",
@@ -62,8 +68,11 @@ class MathRewards:
 
 
 def load_problems(name: str) -> tuple[dict, ...]:
+    """A shipped data set by name, or a JSONL file of {"problem", "answer"} records by path."""
+    if name.endswith(".jsonl") or os.sep in name:
+        return load_user_jsonl(name, ("problem", "answer"))
     if name not in MATH_DATASETS:
-        raise ValueError(f"unknown math data set {name!r}; choose one of {sorted(MATH_DATASETS)}")
+        raise ValueError(f"unknown math data set {name!r}; choose one of {sorted(MATH_DATASETS)} or a .jsonl path")
     return load_jsonl(MATH_DATASETS[name])
 
 
@@ -80,8 +89,11 @@ def tool_answer_from_output(stdout: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class MathWorkflow:
-    train_set: str = "gsm8k"
-    test_set: str = "aime24"
+    train_set: str = "gsm8k_test"
+    test_sets: tuple[str, ...] = ("aime24", "aime25", "olympiadbench")
+    train_path: str = ""  # a JSONL training pool of your own (instead of train_set)
+    test_path: str = ""  # a JSONL test set of your own (added to test_sets)
+    valid_every: int = 20  # every n-th training problem is the validation split
     max_turns: int = 4
     single_agent: bool = False
     limits: Limits = Limits(wall_s=20.0, cpu_s=20.0, memory_mb=2048)
@@ -90,11 +102,38 @@ class MathWorkflow:
     max_shown_chars: int = 4000  # of an earlier response shown in a prompt
 
     def __post_init__(self):
-        load_problems(self.train_set), load_problems(self.test_set)  # fail early on a bad name
+        if isinstance(self.test_sets, str):
+            object.__setattr__(self, "test_sets", (self.test_sets,))
+        if self.valid_every < 2:
+            raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
+        self.splits  # every data set loads: a bad name or file fails here
 
     @property
     def name(self) -> str:
         return "math_single" if self.single_agent else "math"
+
+    @property
+    def _tests(self) -> dict[str, tuple[dict, ...]]:
+        names = list(self.test_sets) + ([self.test_path] if self.test_path else [])
+        return {split_name(n): load_problems(n) for n in names}
+
+    @property
+    def splits(self) -> dict[str, int]:
+        return {"valid": len(self._pool("valid"))} | {name: len(p) for name, p in self._tests.items()}
+
+    @property
+    def test_splits(self) -> tuple[str, ...]:
+        return tuple(self._tests)
+
+    def _pool(self, split: str) -> tuple[dict, ...]:
+        """The problems of a split: train and valid interleave in the training pool."""
+        if split in ("train", "valid"):
+            pool = load_problems(self.train_path or self.train_set)
+            return tuple(p for i, p in enumerate(pool) if (i % self.valid_every == 0) == (split == "valid"))
+        tests = self._tests
+        if split not in tests:
+            raise ValueError(f"split must be 'train', 'valid' or a test set ({', '.join(tests)}), got {split!r}")
+        return tests[split]
 
     @property
     def agents(self) -> tuple[Agent, ...]:
@@ -103,9 +142,11 @@ class MathWorkflow:
 
     # ------------------------------------------------------------ state
     def reset(self, task_ids: Sequence[int], split: str) -> dict[str, np.ndarray]:
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        problems = load_problems(self.train_set if split == "train" else self.test_set)
+        """Training draws ids from an endless stream (taken modulo the pool); an evaluation split's
+        ids index its problems, each problem once."""
+        problems = self._pool(split)
+        if split != "train" and any(int(i) >= len(problems) for i in task_ids):
+            raise ValueError(f"split {split!r} has {len(problems)} problems; task ids must be below that")
         rows = [problems[int(i) % len(problems)] for i in task_ids]
         n = len(rows)
         state = {field: obj_array([""] * n) for field in TEXT_FIELDS}
@@ -163,7 +204,8 @@ class MathWorkflow:
         out = branch(state, k)
         shape = (len(grid), k)
         local, team = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-        info = {"parsed": np.zeros(shape, bool), "correct": np.zeros(shape, bool), "agree": np.zeros(shape, bool)}
+        info = {"parsed": np.zeros(shape, bool), "correct": np.zeros(shape, bool), "agree": np.zeros(shape, bool),
+                "parsed_as": obj_array([""] * (shape[0] * k)).reshape(shape)}
         active = [(b, j) for b in range(shape[0]) if not state["done"][b] for j in range(k)]
         if self.agents[agent].name == "reasoner":
             self._step_reasoner(out, grid, active, turn, local, info)
@@ -171,8 +213,9 @@ class MathWorkflow:
             self._step_tool(out, grid, active, turn, local, info)
         for b, j in active:
             team[b, j] = self.rewards.team_correct * out["reasoner_correct"][b, j]
+        parsed_as = info.pop("parsed_as")
         return StepOut(state=out, local_reward=local, team_reward=team, done=out["done"].copy(),
-                       success=out["reasoner_correct"].copy(), info=info)
+                       success=out["reasoner_correct"].copy(), info=info, parsed_as=parsed_as)
 
     def _agree(self, out, b: int, j: int) -> bool:
         if self.single_agent:
@@ -192,6 +235,7 @@ class MathWorkflow:
             local[b, j] = r.reasoner_correct * correct if answer else r.reasoner_unparsable
             info["parsed"][b, j], info["correct"][b, j] = bool(answer), correct
             info["agree"][b, j] = out["done"][b, j] = self._agree(out, b, j)
+            info["parsed_as"][b, j] = f"answer {answer}" if answer else "unparsed: no \\boxed{} answer"
 
     def _step_tool(self, out, grid, active, turn, local, info):
         r = self.rewards
@@ -216,6 +260,7 @@ class MathWorkflow:
             out["history"][b, j] += f"turn {turn + 1}, tool agent: {answer or '(no answer)'}\n"
             local[b, j] = r.tool_correct if correct else r.tool_wrong if answer else r.tool_error
             info["parsed"][b, j], info["correct"][b, j] = bool(answer), correct
+            info["parsed_as"][b, j] = f"printed {answer}" if answer else "unparsed: " + clip_head(output, 120)
             info["agree"][b, j] = out["done"][b, j] = self._agree(out, b, j)
 
 

@@ -119,12 +119,12 @@ def _sample(key, params: Params):
     return _make_state(walls, start, goal, optimal), ok
 
 
-def reset(key: jax.Array, params: Params = Params(), holdout: bool | None = None) -> State:
-    """A random solvable level; holdout True/False restricts it to the test/train split."""
+def reset(key: jax.Array, params: Params = Params(), split: str | None = None) -> State:
+    """A random solvable level; `split` (train, valid, test; None: any) restricts it to that split."""
 
     def attempt(i):
         state, ok = _sample(jax.random.fold_in(key, i), params)
-        return state, ok & grid.split_ok(grid.level_bucket(level_arrays(state)), holdout)
+        return state, ok & grid.split_ok(grid.level_bucket(level_arrays(state)), split)
 
     def cond(carry):
         i, _, ok = carry

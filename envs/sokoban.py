@@ -252,8 +252,8 @@ def _sample(key, params: Params):
     return _make_state(~floor, goals, boxes, player), ok
 
 
-def reset(key: jax.Array, params: Params = Params(), holdout: bool | None = None) -> State:
-    """A solvable level by reverse play; holdout True/False picks the test/train split.
+def reset(key: jax.Array, params: Params = Params(), split: str | None = None) -> State:
+    """A solvable level by reverse play; `split` (train, valid, test; None: any) picks that split.
 
     Tries new keys until every box is at least min_box_distance from its goal
     (and the split matches); after max_tries the last try is returned, which is
@@ -262,7 +262,7 @@ def reset(key: jax.Array, params: Params = Params(), holdout: bool | None = None
 
     def attempt(i):
         state, ok = _sample(jax.random.fold_in(key, i), params)
-        return state, ok & grid.split_ok(grid.level_bucket(level_arrays(state)), holdout)
+        return state, ok & grid.split_ok(grid.level_bucket(level_arrays(state)), split)
 
     def body(carry):
         i, _, _ = carry

@@ -125,12 +125,12 @@ def _sample(key, params: Params):
     return _make_state(puzzle, solution)
 
 
-def reset(key: jax.Array, params: Params = Params(), holdout: bool | None = None) -> State:
-    """A puzzle with a unique solution; holdout True/False picks the test/train split."""
+def reset(key: jax.Array, params: Params = Params(), split: str | None = None) -> State:
+    """A puzzle with a unique solution; `split` (train, valid, test; None: any) picks that split."""
 
     def attempt(i):
         state = _sample(jax.random.fold_in(key, i), params)
-        return state, grid.split_ok(grid.level_bucket(level_arrays(state)), holdout)
+        return state, grid.split_ok(grid.level_bucket(level_arrays(state)), split)
 
     def body(carry):
         i, _, _ = carry

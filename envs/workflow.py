@@ -38,6 +38,9 @@ class StepOut:
     done: np.ndarray  # [B, K] bool, the task ended on this branch
     success: np.ndarray  # [B, K] bool
     info: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # [B, K] each
+    # [B, K] object str: what the environment read from each response (the action), or why nothing
+    # parsed; shown in episode logs. None: the workflow does not say.
+    parsed_as: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,9 +55,13 @@ class Workflow(Protocol):
     name: str
     agents: tuple[Agent, ...]  # in turn order
     max_turns: int
+    # The splits `reset` takes besides "train", with their number of distinct tasks (None: any
+    # number, e.g. generated levels); "valid" (if present) chooses the best checkpoint.
+    splits: dict[str, int | None]
+    test_splits: tuple[str, ...]  # the splits reported as held-out results
 
     def reset(self, task_ids: Sequence[int], split: str) -> Any:
-        """State of B tasks (leading axis [B]); split is "train" or "test"."""
+        """State of B tasks (leading axis [B]) of a split ("train" or one of `splits`)."""
 
     def prompts(self, state: Any, agent: int, turn: int) -> list[Messages]:
         """The B chat prompts agent `agent` sees at `turn` (history is in state)."""

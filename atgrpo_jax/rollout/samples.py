@@ -54,19 +54,24 @@ class Samples:
     response_len: np.ndarray  # [G, K] int32
     sampler_logp: np.ndarray  # [G, K, R] float32, 0 past each response
     reward: np.ndarray  # [G, K] float32: local + alpha * team
+    local_reward: np.ndarray  # [G, K] float32: the acting agent's own reward
+    team_reward: np.ndarray  # [G, K] float32: the team's (environment's) reward
     mask: np.ndarray  # [G, K] bool
     task: np.ndarray  # [G] the task's position in the step's task list
     agent: np.ndarray  # [G]
     turn: np.ndarray  # [G] (-1: the last turn each episode reached, plain GRPO)
     text: np.ndarray  # [G, K] object: the decoded responses
+    parsed_as: np.ndarray  # [G, K] object: what the environment read from each response (or why nothing)
     selected: np.ndarray  # [G] the branch the episode continued from (-1: none, plain GRPO)
     shared_prompt: bool = True  # a group's K samples answer one prompt (tree sampling)
 
     @classmethod
     def empty(cls, k: int, shared_prompt: bool = True) -> "Samples":
         z = lambda *shape, dtype=np.int32: np.zeros(shape, dtype)
-        return cls(z(0, k, 0), z(0, k), z(0, k, 0), z(0, k), z(0, k, 0, dtype=np.float32), z(0, k, dtype=np.float32),
-                   z(0, k, dtype=bool), z(0), z(0), z(0), z(0, k, dtype=object), z(0), shared_prompt)
+        f = lambda: z(0, k, dtype=np.float32)
+        return cls(z(0, k, 0), z(0, k), z(0, k, 0), z(0, k), z(0, k, 0, dtype=np.float32), f(), f(), f(),
+                   z(0, k, dtype=bool), z(0), z(0), z(0), z(0, k, dtype=object), z(0, k, dtype=object), z(0),
+                   shared_prompt)
 
     @property
     def num_groups(self) -> int:
@@ -109,8 +114,9 @@ def concat(parts: Sequence[Samples]) -> Samples:
     cat = lambda name, width=None: np.concatenate(
         [getattr(s, name) if width is None else pad_to(getattr(s, name), width) for s in parts])
     return Samples(cat("prompt", p), cat("prompt_len"), cat("response", r), cat("response_len"),
-                   cat("sampler_logp", r), cat("reward"), cat("mask"), cat("task"), cat("agent"), cat("turn"),
-                   cat("text"), cat("selected"), all(s.shared_prompt for s in parts))
+                   cat("sampler_logp", r), cat("reward"), cat("local_reward"), cat("team_reward"), cat("mask"),
+                   cat("task"), cat("agent"), cat("turn"), cat("text"), cat("parsed_as"), cat("selected"),
+                   all(s.shared_prompt for s in parts))
 
 
 def sequences(samples: Samples, groups: np.ndarray, branches: np.ndarray, width: int):

@@ -46,6 +46,10 @@ class Episodes:
     success: np.ndarray  # [B] bool (plain GRPO: the mean over a task's K episodes)
     turns: np.ndarray  # [B] turns taken
     agent_reward: np.ndarray  # [A] mean reward per agent over live samples
+    episode_success: np.ndarray  # [B, E] bool: each episode (tree: one per task; plain: K per task)
+    # Every sample of every turn (tree: the groups; plain: one-sample groups, task = episode
+    # index task * K + k), for episode logs.
+    trajectory: Samples | None = None
 
 
 @dataclasses.dataclass
@@ -58,6 +62,9 @@ class _Record:
     prompt_len: np.ndarray  # [B]
     out: SampleOut  # B*K rows (dead tasks: empty rows)
     reward: np.ndarray  # [B, K]
+    local: np.ndarray  # [B, K]
+    team: np.ndarray  # [B, K]
+    parsed_as: np.ndarray  # [B, K] object
     mask: np.ndarray  # [B, K]
     best: np.ndarray  # [B]
 
@@ -109,7 +116,10 @@ def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, sp
             mask = np.repeat(live[:, None], k, axis=1)
             best = np.argmax(np.where(mask, reward, -np.inf), axis=1)
             state = _where_live(live, take_branch(step.state, best), state)
-            records.append(_Record(turn, agent, *right_padded(prompts), out, reward, mask, best))
+            parsed_as = step.parsed_as if step.parsed_as is not None else np.full((b, k), "", object)
+            records.append(_Record(turn, agent, *right_padded(prompts), out, reward,
+                                   np.asarray(step.local_reward, np.float32), np.asarray(step.team_reward, np.float32),
+                                   parsed_as, mask, best))
     return records, state, turns
 
 
@@ -120,9 +130,10 @@ def _record_samples(r: _Record, k: int, streams: np.ndarray) -> Samples:
     return Samples(
         prompt=np.repeat(r.prompt[:, None], k, axis=1), prompt_len=np.repeat(r.prompt_len[:, None], k, axis=1),
         response=r.out.tokens.reshape(b, k, width), response_len=r.out.lengths.reshape(b, k),
-        sampler_logp=r.out.logprobs.reshape(b, k, width), reward=r.reward, mask=r.mask,
-        task=np.asarray(streams), agent=np.full(b, r.agent), turn=np.full(b, r.turn),
-        text=obj_array(r.out.texts).reshape(b, k), selected=np.where(r.mask[:, 0], r.best, -1))
+        sampler_logp=r.out.logprobs.reshape(b, k, width), reward=r.reward, local_reward=r.local,
+        team_reward=r.team, mask=r.mask, task=np.asarray(streams), agent=np.full(b, r.agent), turn=np.full(b, r.turn),
+        text=obj_array(r.out.texts).reshape(b, k), parsed_as=r.parsed_as,
+        selected=np.where(r.mask[:, 0], r.best, -1))
 
 
 def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
@@ -134,7 +145,8 @@ def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task
     streams = first_task + np.arange(len(task_ids))
     records, state, turns = _run(workflow, sample_fn, encode, task_ids, split, k, max_turns, alpha, key, streams)
     samples = concat([_record_samples(r, k, streams) for r in records]) if records else Samples.empty(k)
-    return samples, Episodes(np.asarray(workflow.success(state)), turns, _agent_reward(samples, len(workflow.agents)))
+    success = np.asarray(workflow.success(state))
+    return samples, Episodes(success, turns, _agent_reward(samples, len(workflow.agents)), success[:, None], samples)
 
 
 def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
@@ -159,15 +171,19 @@ def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, tas
         pick = stacked.take(last * (b * k) + np.arange(b * k))
         grouped = lambda x: x.reshape(b, k, *x.shape[2:])  # episodes of task i: rows i*K .. i*K+K-1
         has = live.any(0).reshape(b, k)
+        zero_if_none = lambda x: np.where(has, grouped(x), np.float32(0)).astype(np.float32)
         parts.append(Samples(
             prompt=grouped(pick.prompt), prompt_len=grouped(pick.prompt_len), response=grouped(pick.response),
             response_len=np.where(has, grouped(pick.response_len), 0), sampler_logp=grouped(pick.sampler_logp),
-            reward=np.where(has, grouped(pick.reward), np.float32(0)).astype(np.float32), mask=has,
-            task=first_task + np.arange(b), agent=np.full(b, agent), turn=np.full(b, -1),
-            text=grouped(pick.text), selected=np.full(b, -1), shared_prompt=False))
+            reward=zero_if_none(pick.reward), local_reward=zero_if_none(pick.local_reward),
+            team_reward=zero_if_none(pick.team_reward), mask=has, task=first_task + np.arange(b),
+            agent=np.full(b, agent), turn=np.full(b, -1), text=grouped(pick.text), parsed_as=grouped(pick.parsed_as),
+            selected=np.full(b, -1), shared_prompt=False))
     samples = concat(parts) if parts else Samples.empty(k, shared_prompt=False)
-    success = np.asarray(workflow.success(state)).reshape(b, k).mean(1)
-    return samples, Episodes(success, turns.reshape(b, k).mean(1), _agent_reward(samples, num_agents))
+    success = np.asarray(workflow.success(state)).reshape(b, k)
+    trajectory = concat(one) if one else None
+    return samples, Episodes(success.mean(1), turns.reshape(b, k).mean(1), _agent_reward(samples, num_agents),
+                             success, trajectory)
 
 
 def _agent_reward(samples: Samples, num_agents: int) -> np.ndarray:
@@ -182,9 +198,13 @@ def merge_rollouts(parts: Sequence[tuple[Samples, Episodes]], num_agents: int) -
     """One step's rollouts of consecutive task slices (e.g. one per process) as
     one: groups in (turn, agent, task) order, groups with no live sample
     dropped, so the result does not depend on how the tasks were split."""
-    samples = concat([s for s, _ in parts])
-    order = [g for g in np.lexsort((samples.task, samples.agent, samples.turn)) if samples.mask[g].any()]
-    samples = samples.take(np.asarray(order, np.int64))
-    episodes = Episodes(np.concatenate([e.success for _, e in parts]), np.concatenate([e.turns for _, e in parts]),
-                        _agent_reward(samples, num_agents))
+    def merged(samples: Samples) -> Samples:
+        order = [g for g in np.lexsort((samples.task, samples.agent, samples.turn)) if samples.mask[g].any()]
+        return samples.take(np.asarray(order, np.int64))
+
+    samples = merged(concat([s for s, _ in parts]))
+    trajectories = [e.trajectory for _, e in parts if e.trajectory is not None]
+    cat = lambda name: np.concatenate([getattr(e, name) for _, e in parts])
+    episodes = Episodes(cat("success"), cat("turns"), _agent_reward(samples, num_agents), cat("episode_success"),
+                        merged(concat(trajectories)) if trajectories else None)
     return samples, episodes

@@ -100,9 +100,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.steps = 200  # training steps
     c.train.seed = 0  # seed of tasks, sampling and mini-batch order
     c.train.eval_every = 10  # evaluate every this many steps (0 = never)
-    c.train.eval_tasks = 100  # held-out tasks per evaluation
+    c.train.eval_tasks = 100  # tasks per evaluation split of generated tasks (a finite split: all its problems)
     c.train.eval_k = 1  # episodes per held-out task (avg@k)
     c.train.log_every = 1  # write metrics every this many steps (evaluation steps always)
+    c.train.log_episodes_every = 10  # write what the agents said (episodes.jsonl, TensorBoard text) every this many
+    # steps (0 = never)
+    c.train.log_episodes_tasks = 2  # tasks per logged step
     c.train.checkpoint_every = 10  # save a checkpoint every this many steps (and at the end)
     c.train.keep_last = 2  # checkpoints kept besides the best one (0 = all)
     c.train.time_budget_s = 0.0  # stop (evaluate, checkpoint) after this many seconds (0 = no limit)
@@ -243,7 +246,7 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     _require(c.lora.rank > 0, "lora.rank", "must be > 0")
     t = c.train
     _require(t.steps > 0, "train.steps", "must be > 0")
-    for key in ("eval_every", "checkpoint_every", "keep_last"):
+    for key in ("eval_every", "checkpoint_every", "keep_last", "log_episodes_every", "log_episodes_tasks"):
         _require(t[key] >= 0, f"train.{key}", "must be >= 0")
     _require(t.log_every >= 1, "train.log_every", "must be >= 1")
     return c
@@ -308,7 +311,8 @@ def flat(c) -> dict:
 
 # Keys a resumed run may change: how long and how often, and where it runs.
 RESUMABLE = ("train.steps", "train.time_budget_s", "train.eval_every", "train.eval_tasks", "train.eval_k",
-             "train.log_every", "train.checkpoint_every", "train.keep_last", "mesh.", "distributed.")
+             "train.log_every", "train.log_episodes", "train.checkpoint_every", "train.keep_last", "mesh.",
+             "distributed.")
 
 
 def changed_keys(saved: ml_collections.ConfigDict, now: ml_collections.ConfigDict) -> dict[str, tuple]:

@@ -14,8 +14,10 @@ import jax
 from atgrpo_jax.train import checkpoint, setup
 from atgrpo_jax.train import workdir as wd
 from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, from_saved, resolve
-from atgrpo_jax.train.metrics import MetricsWriter, ProgressBar
-from atgrpo_jax.train.step import evaluate, policy_states, set_policy_states, train_step
+from atgrpo_jax.train.episodes import as_markdown, training_records
+from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
+from atgrpo_jax.train.progress import ProgressBar
+from atgrpo_jax.train.step import evaluation, evaluation_splits, policy_states, set_policy_states, train_step
 
 
 def check_resume(config, workdir: str, allow_config_change: bool) -> dict:
@@ -44,7 +46,9 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False) -> 
     changed = check_resume(config, workdir, allow_config_change) if resumed else {}
     run = setup.build_run(config)
     lead = jax.process_index() == 0
-    ckpt = checkpoint.Checkpointer(wd.checkpoint_dir(workdir), keep_last=t.keep_last, best_metric="eval_success")
+    splits = evaluation_splits(run)
+    best = "valid_success" if "valid" in splits else "eval_success"  # choose on validation, report test
+    ckpt = checkpoint.Checkpointer(wd.checkpoint_dir(workdir), keep_last=t.keep_last, best_metric=best)
     latest = ckpt.latest_step()
     if lead:
         wd.write_config(config, workdir, keep_as=f"config.step{latest}.json" if changed and latest else "")
@@ -58,21 +62,31 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False) -> 
                   + ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changed.items()), flush=True)
     writer = MetricsWriter(workdir, enabled=lead, resume_step=start)
     bar = ProgressBar(t.steps, enabled=lead, start_step=start)
+    names = [a.name for a in run.workflow.agents]
     began = time.time()
     last: dict = {}
     step = start
+
+    def log_episodes(step):
+        def write(samples, episodes, adv):
+            records = training_records(step, samples, episodes, adv, names, run.tokenizer, t.log_episodes_tasks)
+            writer.write_rows(EPISODES_FILE, records)
+            if records:
+                writer.write_text(step, "episodes", as_markdown(records[0]))
+        return write if t.log_episodes_every and step % t.log_episodes_every == 0 else None
+
     try:
         if start == 0 and t.eval_every:
-            last = evaluate(run, t.eval_tasks, t.eval_k)
+            last, _ = evaluation(run, splits, t.eval_tasks, t.eval_k)
             writer.write(0, dict(last, time_s=0.0))
             if lead:
                 print(f"step 0 (before training): held-out success {last['eval_success']:.1%}", flush=True)
         for step in range(start + 1, t.steps + 1):
-            metrics = train_step(run, step)
+            metrics = train_step(run, step, on_rollout=log_episodes(step))
             out_of_time = bool(t.time_budget_s) and time.time() - began > t.time_budget_s
             evaluating = t.eval_every and (step % t.eval_every == 0 or step == t.steps or out_of_time)
             if evaluating:
-                metrics.update(evaluate(run, t.eval_tasks, t.eval_k))
+                metrics.update(evaluation(run, splits, t.eval_tasks, t.eval_k)[0])
             metrics["time_s"] = time.time() - began
             if evaluating or step % t.log_every == 0 or step == t.steps or out_of_time:
                 writer.write(step, metrics)

@@ -39,7 +39,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
@@ -50,6 +49,8 @@ from atgrpo_jax.train import workdir as wd
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+EPISODES_FILE = "episodes.jsonl"  # what the agents said (train/episodes.py)
+JSONL_FILES = (METRICS_FILE, EPISODES_FILE)  # rows with a "step": truncated alike on resume
 TB_DIR = "tb"
 _EVENTS_PREFIX = "events.out.tfevents."
 SYNC_EVERY_S = 30.0  # object stores: upload period (GCS allows ~1 write/s per object)
@@ -180,28 +181,59 @@ class MetricsWriter:
             wd.require_support(workdir)
             self._mirror = wd.Mirror(workdir)
             local = self._mirror.local
-            self._mirror.pull(METRICS_FILE)  # appended to, or truncated
+            for name in JSONL_FILES:
+                self._mirror.pull(name)  # appended to, or truncated
             if resume_step is not None and tensorboard:
                 self._mirror.pull_dir(TB_DIR, _EVENTS_PREFIX)  # only to be truncated
         else:
             os.makedirs(workdir, exist_ok=True)
+        self._local = local
         self._local_path = os.path.join(local, METRICS_FILE)
         self._local_tb = os.path.join(local, TB_DIR)
         if resume_step is not None:
-            dropped = truncate_metrics(self._local_path, resume_step)
+            dropped = sum(truncate_metrics(os.path.join(local, name), resume_step) for name in JSONL_FILES)
             dropped_events = truncate_events(self._local_tb, resume_step) if tensorboard else 0
             if dropped or dropped_events:
-                log.info("run resumed at step %d: dropped %d metrics lines and %d events written after it",
+                log.info("run resumed at step %d: dropped %d jsonl lines and %d events written after it",
                          resume_step, dropped, dropped_events)
-        self._file = open(self._local_path, "a", encoding="utf-8")
-        if self._file.tell() and not _ends_with_newline(self._local_path):
-            self._file.write("\n")  # end a torn line so it does not swallow the next one
+        self._file = self._open(METRICS_FILE)
+        self._extra: dict[str, TextIO] = {}  # other JSONL files, opened when first written
         if tensorboard:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             self._events = EventFileWriter(self._local_tb)
         self._last_sync = -math.inf
         self.sync()  # the store holds the truncated files (or an empty metrics.jsonl) from the start
+
+    def _open(self, name: str) -> TextIO:
+        path = os.path.join(self._local, name)
+        f = open(path, "a", encoding="utf-8")
+        if f.tell() and not _ends_with_newline(path):
+            f.write("\n")  # end a torn line so it does not swallow the next one
+        return f
+
+    def write_rows(self, name: str, rows: Sequence[Mapping[str, Any]]):
+        """Append JSON rows (each with a "step") to `name` (one of JSONL_FILES), flushed."""
+        if not self.enabled or not rows:
+            return
+        if name not in JSONL_FILES or name == METRICS_FILE:
+            raise ValueError(f"write_rows: {name!r} is not one of {JSONL_FILES[1:]}")
+        f = self._extra.get(name) or self._extra.setdefault(name, self._open(name))
+        for row in rows:
+            f.write(json.dumps(row, allow_nan=False, default=float) + "\n")
+        f.flush()
+
+    def write_text(self, step: int, tag: str, markdown: str):
+        """A TensorBoard text summary (the Text tab renders markdown)."""
+        if not self.enabled or self._events is None:
+            return
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.plugins.text.summary_v2 import text_pb
+
+        event = event_pb2.Event(wall_time=time.time(), step=int(step))
+        event.summary.value.extend(text_pb(tag, markdown).value)
+        self._events.add_event(event)
+        self._events.flush()
 
     def write(self, step: int, scalars: Mapping[str, Any]):
         """One jsonl line and one TensorBoard event for `step` (flushed before returning)."""
@@ -237,6 +269,8 @@ class MetricsWriter:
         if self._mirror is None or self._file is None:
             return []
         self._file.flush()
+        for f in self._extra.values():
+            f.flush()
         if self._events is not None:
             self._events.flush()
         self._last_sync = self._clock()
@@ -248,6 +282,9 @@ class MetricsWriter:
             return
         self._file.close()
         self._file = None
+        for f in self._extra.values():
+            f.close()
+        self._extra = {}
         if self._events is not None:
             self._events.close()
             self._events = None
@@ -287,69 +324,3 @@ def read_tb_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     for tag in tags.get(ea.SCALARS, []):  # legacy simple_value summaries
         out.setdefault(tag, []).extend((e.step, float(e.value)) for e in acc.Scalars(tag))
     return out
-
-
-def _hms(seconds: float) -> str:
-    s = int(max(seconds, 0))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-def _short(v: Any) -> str:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return str(v)
-    return f"{x:.3g}" if math.isfinite(x) else "nan"
-
-
-class ProgressBar:
-    """One console line: step, a few metrics, elapsed time and ETA.
-
-    On a terminal the line is redrawn in place (`\\r`); otherwise (a log file,
-    a pipe) a plain line is printed every `print_every` steps and at the last
-    step. `start_step` is where this process started (after a resume), so the
-    ETA uses only the steps timed here. `keys` are the metric names shown when
-    present; a name is displayed by its last `/` component.
-    """
-
-    def __init__(self, total_steps: int, *, enabled: bool = True, start_step: int = 0,
-                 keys: Sequence[str] = ("success", "reward", "loss"), stream: TextIO | None = None,
-                 print_every: int | None = None, clock: Callable[[], float] = time.monotonic):
-        self.total = int(total_steps)
-        self.enabled = enabled
-        self.start_step = int(start_step)
-        self.keys = tuple(keys)
-        self.stream = stream if stream is not None else sys.stdout
-        isatty = getattr(self.stream, "isatty", None)
-        self.inplace = bool(isatty and isatty())
-        self.print_every = print_every or max(1, self.total // 20)
-        self.clock = clock
-        self.t0 = clock()
-        self._width = 0
-
-    def line(self, step: int, metrics: Mapping[str, Any] | None = None) -> str:
-        metrics = metrics or {}
-        elapsed = self.clock() - self.t0
-        done = step - self.start_step
-        eta = _hms((self.total - step) * elapsed / done) if done > 0 else "?"
-        pct = 100.0 * step / self.total if self.total else 100.0
-        parts = [f"step {step}/{self.total} [{pct:3.0f}%]"]
-        parts += [f"{k.rsplit('/', 1)[-1]} {_short(metrics[k])}" for k in self.keys if k in metrics]
-        return "  ".join(parts) + f"  | {_hms(elapsed)} elapsed, ETA {eta}"
-
-    def update(self, step: int, metrics: Mapping[str, Any] | None = None):
-        if not self.enabled:
-            return
-        text = self.line(step, metrics)
-        if self.inplace:
-            self.stream.write("\r" + text.ljust(self._width))
-            self._width = max(self._width, len(text))
-        elif step % self.print_every == 0 or step >= self.total or step == self.start_step + 1:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def close(self):
-        if self.enabled and self.inplace and self._width:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._width = 0

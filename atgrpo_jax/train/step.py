@@ -42,6 +42,11 @@ def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float, 
     return merge_rollouts(gather_objects(part), len(run.workflow.agents))
 
 
+def evaluation_splits(run: Run) -> list[str]:
+    """What the trainer evaluates: the validation split (if the workflow has one), then its test splits."""
+    return [s for s in ("valid",) if s in run.workflow.splits] + list(run.workflow.test_splits)
+
+
 def rollout_step(run: Run, step: int, key):
     r = run.config.rollout
     fn = tree_rollout if r.tree else plain_rollout
@@ -89,8 +94,9 @@ def update_policy(run: Run, policy, batch: dict) -> dict:
     return out
 
 
-def train_step(run: Run, step: int) -> dict:
-    """One AT-GRPO step on every policy; returns scalar metrics."""
+def train_step(run: Run, step: int, on_rollout=None) -> dict:
+    """One AT-GRPO step on every policy; returns scalar metrics. on_rollout(samples, episodes, adv),
+    if given, sees the step's rollout (episode logs)."""
     c = run.config
     key = jax.random.fold_in(jax.random.key(c.train.seed), step)
     t0 = time.perf_counter()
@@ -102,6 +108,8 @@ def train_step(run: Run, step: int) -> dict:
     rng = np.random.default_rng([c.train.seed, step])
     batches = policy_batches(samples, adv, keep, run.policy_of_agent, len(run.policies),
                              c.optim.mini_batch_size, rng)
+    if on_rollout is not None:
+        on_rollout(samples, episodes, adv)
     metrics = {"success": float(np.mean(episodes.success)), "turns": float(np.mean(episodes.turns)),
                "groups_kept": float(keep.sum()), "groups": float(len(keep)),
                "adv_abs_mean": float(np.abs(adv[samples.mask]).mean()) if samples.mask.any() else 0.0,
@@ -122,13 +130,38 @@ def train_step(run: Run, step: int) -> dict:
     return metrics
 
 
-def evaluate(run: Run, num_tasks: int, k: int = 1, temperature: float | None = None, split: str = "test") -> dict:
-    """avg@k success on held-out tasks with independent (no-tree) episodes."""
+def evaluate(run: Run, split: str, num_tasks: int, k: int = 1, temperature: float | None = None):
+    """(metrics, episodes) of k independent (no-tree) episodes per task of `split`: every problem
+    of a finite split once, else `num_tasks` generated tasks. avg@k: mean success over all
+    episodes; pass@k: the fraction of tasks with a success among their k."""
+    size = run.workflow.splits.get(split, "unknown")
+    if size == "unknown":
+        raise ValueError(f"split {split!r}: the workflow has {', '.join(run.workflow.splits)}")
+    n = num_tasks if size is None else size
     r = run.config.rollout
     temp = r.eval_temperature if temperature is None else temperature
-    _, episodes = rollout(run, plain_rollout, np.arange(num_tasks), split, temp, k,
-                          jax.random.key(run.config.train.seed + 1))
-    return {"eval_success": float(np.mean(episodes.success)), "eval_turns": float(np.mean(episodes.turns))}
+    per = -(-n // jax.process_count()) * jax.process_count()  # every process gets as many tasks
+    ids = np.minimum(np.arange(per), n - 1)  # (the padding repeats the last task; it is dropped below)
+    _, episodes = rollout(run, plain_rollout, ids, split, temp, k, jax.random.key(run.config.train.seed + 1))
+    wins = episodes.episode_success[:n]
+    return {f"eval/{split}/avg@{k}": float(wins.mean()), f"eval/{split}/pass@{k}": float(wins.any(1).mean()),
+            f"eval/{split}/turns": float(np.mean(episodes.turns[:n]))}, episodes
+
+
+def evaluation(run: Run, splits, num_tasks: int, k: int = 1, temperature: float | None = None):
+    """(metrics, {split: episodes}) over several splits; `eval_success` is the mean avg@k of the
+    test splits among them, `valid_success` the validation split's (which chooses the best checkpoint)."""
+    metrics, episodes = {}, {}
+    for split in splits:
+        m, episodes[split] = evaluate(run, split, num_tasks, k, temperature)
+        metrics.update(m)
+    tests = [s for s in splits if s in run.workflow.test_splits]
+    if tests:
+        metrics["eval_success"] = float(np.mean([metrics[f"eval/{s}/avg@{k}"] for s in tests]))
+        metrics["eval_turns"] = float(np.mean([metrics[f"eval/{s}/turns"] for s in tests]))
+    if "valid" in splits:
+        metrics["valid_success"] = metrics[f"eval/valid/avg@{k}"]
+    return metrics, episodes
 
 
 def policy_states(run: Run) -> dict:

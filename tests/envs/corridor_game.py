@@ -22,7 +22,7 @@ class State(NamedTuple):
     success: jax.Array
 
 
-def reset(key, params: Params = Params(), holdout=None) -> State:
+def reset(key, params: Params = Params(), split=None) -> State:
     start = jax.random.randint(key, (), 0, params.length - 1)
     z = jnp.int32(0)
     return State(start, start, z, z, jnp.bool_(False), jnp.bool_(False))

@@ -8,9 +8,9 @@ import numpy as np
 from atgrpo_jax.envs import grid
 
 
-def batched_reset(module, params, n: int, seed: int, holdout=None):
+def batched_reset(module, params, n: int, seed: int, split=None):
     """n levels from jit(vmap(reset)) with keys derived from `seed`."""
-    fn = jax.jit(jax.vmap(lambda k: module.reset(k, params, holdout)))
+    fn = jax.jit(jax.vmap(lambda k: module.reset(k, params, split)))
     return fn(jax.random.split(jax.random.PRNGKey(seed), n))
 
 

@@ -85,7 +85,7 @@ def test_mismatch_report():
 
 
 # ---------------------------------------------------------------- workflow
-def _add_problem_index(split="test"):
+def _add_problem_index(split="apps"):
     problems = load_code_problems("apps")
     pool = split_indices(len(problems), split)
     return next(n for n, i in enumerate(pool) if problems[i]["id"] == "apps-1069")
@@ -97,17 +97,21 @@ def _workflow(**kw):
 
 def test_splits_are_disjoint_and_cover_the_data():
     n = len(load_code_problems("apps"))
-    train, test = split_indices(n, "train"), split_indices(n, "test")
-    assert not set(train) & set(test) and len(train) + len(test) == n == 231 and len(test) == 47
+    train, valid, test = (set(split_indices(n, s)) for s in ("train", "valid", "apps"))
+    assert not train & test and not train & valid and not valid & test
+    assert len(train) + len(valid) + len(test) == n == 231 and len(test) == 47 and len(valid) == 19
     wf = _workflow()
-    state = wf.reset([_add_problem_index()], "test")
+    assert wf.splits == {"valid": 19, "apps": 47} and wf.test_splits == ("apps",)
+    with pytest.raises(ValueError, match="has 47 problems"):
+        wf.reset([47], "apps")  # every problem once: an index past the split is an error, not a wrap
+    state = wf.reset([_add_problem_index()], "apps")
     assert "add these two numbers" in state["problem"][0]
     assert state["gt_tests"][0] == tuple(io_tests(load_code_problems("apps")[75]))
 
 
 def test_coder_rewards_are_pass_rates():
     wf = _workflow()
-    state = wf.reset([_add_problem_index()] * 2, "test")
+    state = wf.reset([_add_problem_index()] * 2, "apps")
     state["gt_tests"][1] = (("1\n1 1\n", "2\n"), ("1\n1 2\n", "3\n"))  # PARTIAL passes one of these two
     out = wf.step(state, 0, 0, [[_block(ADD), _block(SUB), "no code", _block("import os\nwhile True: os.fork()")],
                                 [_block(PARTIAL), _block(ADD), _block("while True: pass"), "```python\n"]])
@@ -123,7 +127,7 @@ def test_coder_rewards_are_pass_rates():
 
 def test_tester_rewards_termination_and_what_the_coder_sees_next():
     wf = _workflow()
-    state = wf.reset([_add_problem_index()], "test")
+    state = wf.reset([_add_problem_index()], "apps")
     out = wf.step(state, 0, 0, [[_block(SUB), _block(ADD)]])
     state = take_branch(out.state, np.array([1]))  # the correct program
     good = [("1\n1 2", "3"), ("2\n5 5\n0 7", "10\n7")]
@@ -149,7 +153,7 @@ def test_tester_rewards_termination_and_what_the_coder_sees_next():
 
 def test_tester_against_a_wrong_program_and_without_a_program():
     wf = _workflow()
-    state = wf.reset([_add_problem_index()] * 2, "test")
+    state = wf.reset([_add_problem_index()] * 2, "apps")
     out = wf.step(state, 0, 0, [[_block(SUB)], ["no code at all"]])
     state = take_branch(out.state, np.array([0, 0]))
     good = _tests_text([("1\n1 2", "3")])
@@ -165,7 +169,7 @@ def test_tester_against_a_wrong_program_and_without_a_program():
 def test_single_agent_variant_and_factory():
     wf = make_code_workflow(single_agent=True, limits={"wall_s": 2.0, "cpu_s": 2.0})
     assert [a.name for a in wf.agents] == ["coder"] and wf.name == "code_single"
-    state = wf.reset([_add_problem_index()], "test")
+    state = wf.reset([_add_problem_index()], "apps")
     started = time.perf_counter()
     out = wf.step(state, 0, 0, [[_block(ADD), "thinking...", _block("print(input())")]])
     assert time.perf_counter() - started < 10

@@ -128,7 +128,7 @@ FAST = Limits(wall_s=2.0, cpu_s=2.0, memory_mb=512)
 
 
 def _workflow(**kw):
-    return MathWorkflow(test_set="aime24", limits=FAST, max_workers=4, **kw)
+    return MathWorkflow(test_sets=("aime24",), limits=FAST, max_workers=4, **kw)
 
 
 def _check_shapes(out: StepOut, b, k):
@@ -140,19 +140,32 @@ def _check_shapes(out: StepOut, b, k):
     assert all(v.shape == (b, k) for v in out.info.values())
 
 
-def test_datasets_by_name_and_split():
-    wf = MathWorkflow(train_set="gsm8k", test_set="olympiadbench")
-    assert wf.reset([0], "train")["reference"][0] == load_problems("gsm8k")[0]["answer"]
-    assert wf.reset([1], "test")["problem"][0] == load_problems("olympiadbench")[1]["problem"]
+def test_datasets_by_name_and_split(tmp_path):
+    wf = MathWorkflow(train_set="gsm8k_test", test_sets=("olympiadbench", "aime25"))
+    pool = load_problems("gsm8k_test")
+    assert wf.reset([0], "valid")["reference"][0] == pool[0]["answer"]  # every 20th problem: valid
+    assert wf.reset([0, 19], "train")["reference"].tolist() == [pool[1]["answer"], pool[21]["answer"]]
+    assert wf.reset([1], "olympiadbench")["problem"][0] == load_problems("olympiadbench")[1]["problem"]
+    assert wf.splits == {"valid": 66, "olympiadbench": 674, "aime25": 30}
+    assert wf.test_splits == ("olympiadbench", "aime25")
+    with pytest.raises(ValueError, match="has 30 problems"):
+        wf.reset([30], "aime25")  # every problem once: no wrap-around
     with pytest.raises(ValueError):
-        MathWorkflow(test_set="aime2030")
+        MathWorkflow(test_sets=("aime2030",))
     with pytest.raises(ValueError):
         wf.reset([0], "validation")
+    own = tmp_path / "my_test.jsonl"
+    own.write_text('{"id": "a", "problem": "1+1?", "answer": "2"}\n{"id": "b", "problem": "2+2?", "answer": "4"}\n')
+    mine = MathWorkflow(test_sets=(), test_path=str(own), train_path=str(own))
+    assert mine.test_splits == ("my_test",) and mine.reset([1], "my_test")["reference"][0] == "4"
+    (tmp_path / "bad.jsonl").write_text('{"id": "a", "question": "?"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: a record needs \['problem', 'answer'\]"):
+        MathWorkflow(test_path=str(tmp_path / "bad.jsonl"))
 
 
 def test_reasoner_rewards_and_parsing():
     wf = _workflow()
-    state = wf.reset([0, 1], "test")
+    state = wf.reset([0, 1], "aime24")
     refs = list(state["reference"])
     out = wf.step(state, 0, 0, [[f"so \\boxed{{{refs[0]}}}", f"\\boxed{{{int(refs[0]) + 1}}}", "no box"],
                                 [f"$\\boxed{{\\dfrac{{{refs[1]}}}{{1}}}}$", "\\boxed{", 17]])
@@ -166,7 +179,7 @@ def test_reasoner_rewards_and_parsing():
 
 def test_tool_rewards_termination_and_branch_selection():
     wf = _workflow()
-    state = wf.reset([0], "test")
+    state = wf.reset([0], "aime24")
     ref = state["reference"][0]
     out = wf.step(state, 0, 0, [[f"\\boxed{{{ref}}}", "\\boxed{1}"]])
     state = take_branch(out.state, np.array([0]))  # the correct reasoner branch
@@ -200,7 +213,7 @@ def test_tool_rewards_termination_and_branch_selection():
 
 def test_finished_tasks_are_frozen():
     wf = _workflow(single_agent=True)
-    state = wf.reset([0, 1], "test")
+    state = wf.reset([0, 1], "aime24")
     out = wf.step(state, 0, 0, [["\\boxed{3}", "\\boxed{4}"], ["no answer", "still none"]])
     np.testing.assert_array_equal(out.done, [[True, True], [False, False]])
     state = take_branch(out.state, np.array([1, 0]))
@@ -212,10 +225,10 @@ def test_finished_tasks_are_frozen():
 
 
 def test_single_agent_variant_and_factory():
-    wf = make_math_workflow(single_agent=True, test_set="aime25", limits={"wall_s": 1.0})
+    wf = make_math_workflow(single_agent=True, test_sets="aime25", limits={"wall_s": 1.0})
     assert [a.name for a in wf.agents] == ["reasoner"] and wf.name == "math_single"
-    assert wf.limits.wall_s == 1.0
-    state = wf.reset([2], "test")
+    assert wf.limits.wall_s == 1.0 and wf.test_splits == ("aime25",)
+    state = wf.reset([2], "aime25")
     ref = state["reference"][0]
     out = wf.step(state, 0, 0, [[f"\\boxed{{{ref}}}"]])
     assert out.done[0, 0] and out.success[0, 0] and out.local_reward[0, 0] + out.team_reward[0, 0] == 2

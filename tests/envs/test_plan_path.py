@@ -19,12 +19,12 @@ N_LEVELS = 1500
 
 @pytest.fixture(scope="module")
 def train_levels():
-    return batched_reset(plan_path, P, N_LEVELS, seed=0, holdout=False)
+    return batched_reset(plan_path, P, N_LEVELS, seed=0, split="train")
 
 
 @pytest.fixture(scope="module")
 def test_levels():
-    return batched_reset(plan_path, P, 300, seed=0, holdout=True)
+    return batched_reset(plan_path, P, 300, seed=0, split="test")
 
 
 def _actions(states, rng, length=24):
@@ -84,16 +84,19 @@ def test_scalar_action_equals_length_one_array(train_levels):
         assert np.array_equal(x, y)
 
 
-def test_train_and_test_levels_are_disjoint(train_levels, test_levels):
+def test_train_valid_and_test_levels_are_disjoint(train_levels, test_levels):
     def bucket(states, i):
         s = level(states, i)
         return grid.level_bucket_np([s.walls, s.start, s.goal])
 
-    assert all(bucket(train_levels, i) != 0 for i in range(300))
+    valid_levels = batched_reset(plan_path, P, 300, seed=0, split="valid")
+    assert all(bucket(train_levels, i) >= 2 for i in range(300))
+    assert all(bucket(valid_levels, i) == 1 for i in range(300))
     assert all(bucket(test_levels, i) == 0 for i in range(300))
     train = {plan_path.render(level(train_levels, i)) for i in range(N_LEVELS)}
+    valid = {plan_path.render(level(valid_levels, i)) for i in range(300)}
     test = {plan_path.render(level(test_levels, i)) for i in range(300)}
-    assert len(test) == 300 and not train & test
+    assert len(test) == 300 and len(valid) == 300 and not train & test and not train & valid and not valid & test
     # the JAX hash agrees with its NumPy mirror
     s = level(train_levels, 7)
     assert int(grid.level_bucket([jnp.asarray(s.walls), jnp.asarray(s.start), jnp.asarray(s.goal)])) == bucket(

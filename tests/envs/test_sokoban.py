@@ -20,7 +20,7 @@ BOXOBAN_STEP = batched_step(sokoban, sokoban.BOXOBAN)  # compiled once for both 
 
 @pytest.fixture(scope="module")
 def levels():
-    return batched_reset(sokoban, P, N_LEVELS, seed=0, holdout=False)
+    return batched_reset(sokoban, P, N_LEVELS, seed=0, split="train")
 
 
 @pytest.fixture(scope="module")

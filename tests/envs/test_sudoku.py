@@ -19,7 +19,7 @@ N_LEVELS = 1500
 
 @pytest.fixture(scope="module")
 def train_levels():
-    return batched_reset(sudoku, P, N_LEVELS, seed=0, holdout=False)
+    return batched_reset(sudoku, P, N_LEVELS, seed=0, split="train")
 
 
 def test_all_grids_are_the_288_valid_grids():
@@ -78,7 +78,7 @@ def test_hand_computed_rewards():
 
 
 def test_train_and_test_puzzles_are_disjoint(train_levels):
-    test_levels = batched_reset(sudoku, P, 300, seed=0, holdout=True)
+    test_levels = batched_reset(sudoku, P, 300, seed=0, split="test")
     for i in range(300):
         assert grid.level_bucket_np([level(test_levels, i).puzzle]) == 0
         assert grid.level_bucket_np([level(train_levels, i).puzzle]) != 0

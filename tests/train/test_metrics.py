@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from atgrpo_jax.train.metrics import MetricsWriter, ProgressBar, read_metrics, read_tb_scalars
+from atgrpo_jax.train.metrics import MetricsWriter, read_metrics, read_tb_scalars
+from atgrpo_jax.train.progress import ProgressBar
 
 
 def _rows(seed, steps):
@@ -178,3 +179,20 @@ def test_progress_bar_redraws_in_place_on_a_terminal_and_times_only_this_process
     quiet = io.StringIO()
     ProgressBar(5, stream=quiet, enabled=False).update(5, {"loss": 1.0})
     assert quiet.getvalue() == ""
+
+
+def test_episode_rows_and_text_are_truncated_on_resume_like_metrics(tmp_path):
+    from atgrpo_jax.train.metrics import EPISODES_FILE
+
+    with MetricsWriter(str(tmp_path)) as w:
+        for step in (1, 2, 3):
+            w.write(step, {"loss": float(step)})
+            w.write_rows(EPISODES_FILE, [{"step": step, "task": t} for t in range(2)])
+            w.write_text(step, "episodes", f"**step {step}**")
+        with pytest.raises(ValueError, match="metrics.jsonl"):
+            w.write_rows("metrics.jsonl", [{"step": 1}])
+    with MetricsWriter(str(tmp_path), resume_step=1):
+        pass
+    rows = [json.loads(line) for line in (tmp_path / EPISODES_FILE).read_text().splitlines()]
+    assert [(r["step"], r["task"]) for r in rows] == [(1, 0), (1, 1)]
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == [1]

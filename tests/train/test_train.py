@@ -155,3 +155,29 @@ def test_policy_names_are_those_of_checkpoints_written_before(sharing, names):
     c = tiny()
     c.policy.sharing = sharing
     assert list(policy_states(build_run(c))) == names
+
+
+def test_episode_logs_show_what_each_agent_said_and_earned(tmp_path):
+    from atgrpo_jax.train import loop
+
+    workdir = tmp_path / "run"
+    loop.run_training(tiny(**{"train.steps": 2, "train.eval_every": 0, "train.log_episodes_every": 2,
+                              "train.log_episodes_tasks": 2}), str(workdir))
+    records = [json.loads(line) for line in (workdir / "episodes.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["task"]) for r in records] == [(2, 0), (2, 1)]
+    for record in records:
+        assert [t["agent"] for t in record["log"]][:2] == ["planner", "executor"]
+        for turn in record["log"]:
+            branches = turn["branches"]
+            reward = np.array([b["reward"] for b in branches])
+            assert len(branches) == 2 and turn["selected"] == int(np.argmax(reward))  # the branch that continued
+            np.testing.assert_allclose(reward, [b["local"] + b["team"] for b in branches], rtol=1e-6)  # alpha 1
+            centered = reward - reward.mean()  # GRPO with 2 samples: +-1/sqrt(2) or 0
+            want = centered / (reward.std(ddof=1) + 1e-6) if reward.std() > 0 else centered
+            np.testing.assert_allclose([b["advantage"] for b in branches], want, rtol=1e-4, atol=1e-5)
+            assert turn["prompt"].startswith("<|im_start|>user\n") and all(b["parsed_as"] for b in branches)
+    from tensorboard.backend.event_processing import event_accumulator as ea  # the Text tab: the first record
+    acc = ea.EventAccumulator(str(workdir / "tb"), size_guidance={ea.TENSORS: 0})
+    acc.Reload()
+    (event,) = acc.Tensors("episodes")
+    assert event.step == 2 and b"**task 0**" in event.tensor_proto.string_val[0]

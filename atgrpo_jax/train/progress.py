@@ -1,0 +1,73 @@
+"""One console line of progress: step, a few metrics, elapsed time and ETA."""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any, Callable, Mapping, Sequence, TextIO
+
+
+def _hms(seconds: float) -> str:
+    s = int(max(seconds, 0))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _short(v: Any) -> str:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    return f"{x:.3g}" if math.isfinite(x) else "nan"
+
+
+class ProgressBar:
+    """One console line: step, a few metrics, elapsed time and ETA.
+
+    On a terminal the line is redrawn in place (`\\r`); otherwise (a log file,
+    a pipe) a plain line is printed every `print_every` steps and at the last
+    step. `start_step` is where this process started (after a resume), so the
+    ETA uses only the steps timed here. `keys` are the metric names shown when
+    present; a name is displayed by its last `/` component.
+    """
+
+    def __init__(self, total_steps: int, *, enabled: bool = True, start_step: int = 0,
+                 keys: Sequence[str] = ("success", "reward", "loss"), stream: TextIO | None = None,
+                 print_every: int | None = None, clock: Callable[[], float] = time.monotonic):
+        self.total = int(total_steps)
+        self.enabled = enabled
+        self.start_step = int(start_step)
+        self.keys = tuple(keys)
+        self.stream = stream if stream is not None else sys.stdout
+        isatty = getattr(self.stream, "isatty", None)
+        self.inplace = bool(isatty and isatty())
+        self.print_every = print_every or max(1, self.total // 20)
+        self.clock = clock
+        self.t0 = clock()
+        self._width = 0
+
+    def line(self, step: int, metrics: Mapping[str, Any] | None = None) -> str:
+        metrics = metrics or {}
+        elapsed = self.clock() - self.t0
+        done = step - self.start_step
+        eta = _hms((self.total - step) * elapsed / done) if done > 0 else "?"
+        pct = 100.0 * step / self.total if self.total else 100.0
+        parts = [f"step {step}/{self.total} [{pct:3.0f}%]"]
+        parts += [f"{k.rsplit('/', 1)[-1]} {_short(metrics[k])}" for k in self.keys if k in metrics]
+        return "  ".join(parts) + f"  | {_hms(elapsed)} elapsed, ETA {eta}"
+
+    def update(self, step: int, metrics: Mapping[str, Any] | None = None):
+        if not self.enabled:
+            return
+        text = self.line(step, metrics)
+        if self.inplace:
+            self.stream.write("\r" + text.ljust(self._width))
+            self._width = max(self._width, len(text))
+        elif step % self.print_every == 0 or step >= self.total or step == self.start_step + 1:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self):
+        if self.enabled and self.inplace and self._width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._width = 0
