@@ -18,12 +18,16 @@ Four workflows over one base (`make_grid_workflow(kind, game)`), their roles in 
   joined by '/' (or, for Plan-Path with view="local", the agent's surroundings).
 - "direct_single": one **actor** with the executor's format and rewards.
 
-Rewards (`ROLES`, one row per role): a role's local reward is `scale` x its
-step reward when its answer parses, else its `penalty`; its team reward is the
-step reward of the real environment when its actions move it, else 0. A "step
-reward" is the sum of the game's per-move rewards over the answer's actions
-(cut to `game.max_actions`). Turns after the environment is done get zero
-rewards and no sandbox runs. State: the game state (JAX arrays) plus NumPy
+Rewards (`ROLES`, one row per role; docs/reference.md): a role's local reward is
+its step reward r when its answer parses, else its `penalty`; its team reward is
+the environment's reward: for a role whose actions move the environment that is
+the same r (so the plan agent earns 2r in all, or the penalty when nothing
+parses: its empty answer moves nothing), for a role that only simulates its
+actions on a copy (the tool agent, the planner) it is the reward of the
+environment's latest real step (a constant within the group). A "step reward"
+is the sum of the game's per-move rewards over the answer's actions (cut to
+`game.max_actions`). Turns after the environment is done get zero rewards and
+no sandbox runs. State: the game state (JAX arrays) plus NumPy
 object arrays of text (history of earlier turns, this turn's hand-over).
 `reset(task_ids, split)`: task i is the level drawn from key
 fold_in(PRNGKey(seed), i), restricted to the split's level-hash buckets
@@ -60,8 +64,7 @@ class Role:
 
     answer: str  # "code" (a program prints the actions), "direct" (a few letters), "list" (#### [...])
     moves_env: bool  # its actions step the real environment (else they are simulated on a copy)
-    penalty: str  # its local reward when nothing parses
-    scale: str | None = None  # its step reward is multiplied by this (None: 1)
+    penalty: str  # its local reward when nothing parses (a WorkflowConfig field)
     length: str | None = None  # direct answers: the field holding their maximal length
     system: str = ""  # the system prompt of long prompts
 
@@ -70,11 +73,10 @@ ROLES = {
     "tool": Role("code", moves_env=False, penalty="tool_penalty", system=(
         "You are the tool agent of a two-agent team. You solve puzzles by writing Python "
         "code; a plan agent checks your result and makes the final move.")),
-    "plan": Role("list", moves_env=True, penalty="plan_penalty", scale="plan_scale", system=(
+    "plan": Role("list", moves_env=True, penalty="plan_penalty", system=(
         "You are the plan agent of a two-agent team. A tool agent wrote code for the task; "
         "check its actions against the state, correct them if needed, and give the final actions.")),
-    "solver": Role("list", moves_env=True, penalty="plan_penalty", scale="plan_scale",
-                   system="You solve grid puzzles step by step."),
+    "solver": Role("list", moves_env=True, penalty="plan_penalty", system="You solve grid puzzles step by step."),
     "planner": Role("direct", moves_env=False, penalty="format_penalty", length="plan_len"),
     "executor": Role("direct", moves_env=True, penalty="format_penalty", length="exec_len"),
     "actor": Role("direct", moves_env=True, penalty="format_penalty", length="exec_len"),
@@ -87,6 +89,7 @@ class GridState(NamedTuple):
     env: Any  # game State; leaves [B] (or [B, K] after a step)
     history: np.ndarray  # object str: one line per earlier turn
     handoff: np.ndarray  # object str: what this turn's first agent passed on
+    last_reward: np.ndarray  # float32: the environment's reward of its latest real step (0 before the first)
 
 
 @dataclasses.dataclass
@@ -95,7 +98,6 @@ class WorkflowConfig:
     seed: int = 0
     tool_penalty: float = -2.0
     plan_penalty: float = -2.0
-    plan_scale: float = 2.0
     format_penalty: float = -1.0
     plan_len: int = 4
     exec_len: int = 2
@@ -178,7 +180,7 @@ class GridWorkflow:
         if not ok or ids.min() < 0 or ids.max() >= 2**32:
             raise ValueError("task_ids must be a non-empty 1-D sequence of integers in [0, 2**32)")
         env = self._reset[split](jnp.asarray(ids.astype(np.uint32)))
-        return GridState(env, _texts(len(ids)), _texts(len(ids)))
+        return GridState(env, _texts(len(ids)), _texts(len(ids)), np.zeros(len(ids), np.float32))
 
     def done(self, state: GridState) -> np.ndarray:
         return np.asarray(state.env.done)
@@ -229,11 +231,10 @@ class GridWorkflow:
         padded = grid.pad_actions(rows, self.game.max_actions).reshape(n_tasks, k, -1)
         new_env, reward, done, success = self._step(state.env, jnp.asarray(padded))
         reward = np.asarray(reward, np.float32) * parsed
-        scale = getattr(self.config, role.scale) if role.scale else 1.0
         penalty = np.float32(getattr(self.config, role.penalty))
-        local = np.where(parsed, scale * reward, penalty) * active[:, None]
+        local = np.where(parsed, reward, penalty) * active[:, None]
         if role.moves_env:
-            team = reward
+            team, last_reward = reward, reward
             for b in range(n_tasks):
                 for j in range(k):
                     if active[b]:
@@ -241,9 +242,10 @@ class GridWorkflow:
                         line = f"Turn {turn + 1}: played {shown}, reward {reward[b, j]:+.2f}\n"
                         history[b, j] = _clip(history[b, j] + line, _HISTORY_CHARS, keep="tail")
         else:  # proposals are only simulated: the environment stays as it was
-            new_env, team = branch(state.env, k), np.zeros_like(reward)
+            new_env, last_reward = branch(state.env, k), branch(state.last_reward, k)
+            team = last_reward * active[:, None]
             done, success = branch(state.env.done, k), branch(state.env.success, k)
-        return StepOut(state=GridState(new_env, history, handoff), local_reward=local.astype(np.float32),
+        return StepOut(state=GridState(new_env, history, handoff, last_reward), local_reward=local.astype(np.float32),
                        team_reward=team.astype(np.float32), done=np.asarray(done), success=np.asarray(success),
                        info={"parsed": parsed}, parsed_as=parsed_as)
 

@@ -51,13 +51,17 @@ def group_advantages(rewards: jax.Array, mask: jax.Array, estimator: str = "grpo
 
 
 def group_filter(rewards: jax.Array, mask: jax.Array, drop_low_mean_frac: float = 0.0,
-                 drop_zero_variance: bool = False) -> jax.Array:
+                 drop_zero_variance: bool = False, scope: jax.Array | None = None) -> jax.Array:
     """[G] bool: groups kept for the update.
 
     drop_low_mean_frac drops that fraction of the live groups with the lowest
     mean reward (ties broken by group order); drop_zero_variance drops groups
-    whose samples all got the same reward (they carry no gradient).
+    whose samples all got the same reward (they carry no gradient). scope [G] int:
+    the low-mean filter ranks groups within each scope separately (e.g. each
+    policy's groups, as each model's batch is filtered on its own); None: one scope.
     """
+    g = rewards.shape[0]
+    scope = jnp.zeros(g, jnp.int32) if scope is None else jnp.asarray(scope, jnp.int32)
     m = mask.astype(rewards.dtype)
     n = m.sum(axis=1)
     live = n > 0
@@ -67,8 +71,11 @@ def group_filter(rewards: jax.Array, mask: jax.Array, drop_low_mean_frac: float 
         spread = jnp.where(mask, rewards, -jnp.inf).max(1) - jnp.where(mask, rewards, jnp.inf).min(1)
         keep = keep & (spread > 0)
     if drop_low_mean_frac > 0:
-        num_drop = jnp.floor(drop_low_mean_frac * live.sum()).astype(jnp.int32)
-        order = jnp.argsort(jnp.where(live, mean, jnp.inf), stable=True)
-        rank = jnp.empty_like(order).at[order].set(jnp.arange(order.shape[0]))
-        keep = keep & (rank >= num_drop)
+        order = jnp.lexsort((jnp.arange(g), jnp.where(live, mean, jnp.inf), scope))  # by scope, mean, group
+        position = jnp.empty_like(order).at[order].set(jnp.arange(g))
+        scopes = int(scope.max()) + 1 if g else 1
+        first = jax.ops.segment_min(position, scope, num_segments=scopes)  # where each scope starts in `order`
+        live_in_scope = jax.ops.segment_sum(live.astype(jnp.int32), scope, num_segments=scopes)
+        num_drop = jnp.floor(drop_low_mean_frac * live_in_scope).astype(jnp.int32)
+        keep = keep & (position - first[scope] >= num_drop[scope])
     return keep

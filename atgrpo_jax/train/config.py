@@ -18,6 +18,7 @@ import ml_collections
 from atgrpo_jax.registry import closest
 
 SCHEDULES = ("constant", "cosine")
+FILTER_SCOPES = ("policy", "agent", "batch")
 MODEL_INITS = ("auto", "random")
 # Presets small enough to train from random weights without saying so (the CPU demo, tests,
 # benchmarks); a larger one needs model.hf_path or model.init="random".
@@ -74,6 +75,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.algo.advantage = "grpo"  # advantage estimator, a name in atgrpo_jax.algo.advantages.ADVANTAGES (grpo, drgrpo)
     c.algo.drop_low_mean_frac = 0.5  # drop this fraction of the groups with the lowest mean reward
     c.algo.drop_zero_variance = False  # drop groups whose K rewards are all equal
+    c.algo.filter_scope = "policy"  # the low-mean filter ranks groups within each "policy" (as each model's batch is
+    # filtered on its own), each "agent", or the whole "batch"
     c.loss = ml_collections.ConfigDict()  # the clipped policy-gradient loss
     c.loss.eps_low = 0.2  # clip the ratio below at 1 - eps_low
     c.loss.eps_high = 0.2  # clip the ratio above at 1 + eps_high
@@ -232,6 +235,8 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     _require(a.advantage in ADVANTAGES, "algo.advantage",
              f"unknown {a.advantage!r}{closest(a.advantage, ADVANTAGES)}; known: {', '.join(ADVANTAGES)}")
     _require(0 <= a.drop_low_mean_frac < 1, "algo.drop_low_mean_frac", "must be in [0, 1)")
+    _require(a.filter_scope in FILTER_SCOPES, "algo.filter_scope", f"must be one of {FILTER_SCOPES}, got "
+             f"{a.filter_scope!r}")
     try:
         loss_config(c)
     except ValueError as e:

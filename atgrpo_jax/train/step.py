@@ -104,7 +104,8 @@ def train_step(run: Run, step: int, on_rollout=None) -> dict:
     t1 = time.perf_counter()
     rewards, mask = jnp.asarray(samples.reward), jnp.asarray(samples.mask)
     adv = np.asarray(group_advantages(rewards, mask, c.algo.advantage))
-    keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance))
+    scope = {"policy": run.policy_of_agent[samples.agent], "agent": samples.agent, "batch": None}[c.algo.filter_scope]
+    keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance, scope))
     rng = np.random.default_rng([c.train.seed, step])
     batches = policy_batches(samples, adv, keep, run.policy_of_agent, len(run.policies),
                              c.optim.mini_batch_size, rng)

@@ -62,6 +62,30 @@ def test_group_filter_matches_numpy():
     np.testing.assert_array_equal(keep, expected)
 
 
+def test_group_filter_ranks_within_each_scope():
+    """The issue's case: per_role, agent 1's rewards on a higher scale; one filter over both agents
+    kept only agent 1's groups. Within each policy's groups, each keeps its better half. A NumPy
+    reference on random data, scopes of uneven sizes, dead groups included."""
+    r = jnp.array([[.1, .3], [.2, .4], [.3, .9], [.6, 1.2]])
+    m = jnp.ones((4, 2), bool)
+    assert np.asarray(group_filter(r, m, 0.5)).tolist() == [False, False, True, True]
+    assert np.asarray(group_filter(r, m, 0.5, scope=jnp.array([0, 0, 1, 1]))).tolist() == [False, True, False, True]
+    rng = np.random.RandomState(2)
+    rewards = rng.randn(60, 4).astype(np.float32)
+    mask = rng.rand(60, 4) > 0.2
+    mask[50:] = False
+    scope = rng.randint(0, 3, 60)
+    keep = np.asarray(group_filter(jnp.asarray(rewards), jnp.asarray(mask), 0.4, scope=jnp.asarray(scope)))
+    expected = np.zeros(60, bool)
+    for s in range(3):
+        live = [g for g in range(60) if scope[g] == s and mask[g].any()]
+        means = [rewards[g][mask[g]].mean() for g in live]
+        drop = int(np.floor(0.4 * len(live)))
+        for rank, i in enumerate(np.argsort(means, kind="stable")):
+            expected[live[i]] = rank >= drop
+    np.testing.assert_array_equal(keep, expected)
+
+
 def np_loss(logp, old, adv, mask, eps_lo, eps_hi, dual, agg, kl_coef, ref, ent_coef, ent):
     ratio = np.exp(logp - old)
     a = adv[:, None]

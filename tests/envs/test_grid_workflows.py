@@ -82,7 +82,7 @@ def test_hostile_answers_step_with_documented_penalty(solver_wf):
             else:
                 expected, _ = _reference_reward(state.env, b, EXPECTED[name], params)
                 assert out.team_reward[b, j] == pytest.approx(expected, abs=1e-5), name
-                assert out.local_reward[b, j] == pytest.approx(2 * expected, abs=1e-5), name
+                assert out.local_reward[b, j] == pytest.approx(expected, abs=1e-5), name  # 2r in all
 
 
 def _fuzz_strings(n, seed):
@@ -255,7 +255,7 @@ def test_tool_then_plan_with_sandbox(solver_wf):
     answer = "The tool agent is right.\n#### " + str([grid.LETTERS[m] for m in path])
     out = wf.step(state, 1, 0, [[answer] + ["I give up"] * (k - 1)] * b)
     assert out.done[0, 0] and out.success[0, 0] and not out.done[0, 1]
-    assert out.local_reward[0, 0] == pytest.approx(2 * expected, abs=1e-5)
+    assert out.local_reward[0, 0] == pytest.approx(expected, abs=1e-5)
     assert out.team_reward[0, 0] == pytest.approx(expected, abs=1e-5)
     assert out.local_reward[0, 1] == -2.0
     # a finished task gets zero rewards and runs nothing
@@ -297,3 +297,59 @@ def test_a_new_game_is_one_module_and_one_registry_line(corridor):
         out = wf.step(state, len(roles) - 1, 0, [[right, bump]] * 3)  # 4 moves right reach the end
         assert out.success[:, 0].all() and not out.success[:, 1].any()
         assert (out.team_reward[:, 0] > 0.9).all() and (out.team_reward[:, 1] < 0).all()
+
+
+def paper_rewards(role, r_own, parsed, r_env_last):
+    """(local, team) of a grid role as the paper defines them (written from its text, not from the code):
+    the plan agent's answer steps the environment and earns 2x its step reward in all, -2 when nothing
+    parses; the tool agent's actions are simulated on a copy (its step reward, -2 when nothing parses)
+    and it adds the team's reward, the environment's (which the tool agent does not move)."""
+    if role == "plan":
+        return (r_own, r_own) if parsed else (-2.0, 0.0)
+    return (r_own if parsed else -2.0), r_env_last
+
+
+def test_reward_pairs_follow_the_paper_turn_after_turn(solver_wf):
+    """Two turns of tool -> plan on Plan-Path; every (local, team) pair against the paper's rule, with
+    step rewards from the reference stepper. The plan agent's total is 2r (it was 3r: local 2r + team r)."""
+    from atgrpo_jax.envs.sandbox import Limits
+
+    wf = gw.make_grid_workflow("tool_plan", "plan_path", sandbox_limits=Limits(wall_s=10, cpu_s=10))
+    b, k = SOLVER_BK
+    state = wf.reset(range(b), "train")
+    params, r_env_last = wf.game.params, np.zeros(b)
+    prints = lambda moves: f"```python\nprint('**Actions List**: {moves}')\n```"  # noqa: E731
+    for turn in range(2):
+        tools = [prints('["U", "U"]'), prints('["R"]'), "no code", prints("nothing")] + ["..."] * (k - 4)
+        out = wf.step(state, 0, turn, [tools] * b)
+        for task in range(b):
+            for j, moves in enumerate([[0, 0], [3], None, None] + [None] * (k - 4)):
+                r = _reference_reward(state.env, task, moves, params)[0] if moves else 0.0
+                want = paper_rewards("tool", r, moves is not None, r_env_last[task])
+                assert (out.local_reward[task, j], out.team_reward[task, j]) == pytest.approx(want, abs=1e-5)
+        state = take_branch(out.state, np.zeros(b, int))
+        plans = ['#### ["D", "D", "L"]', '#### ["U"]', "no answer"] + ['#### ["L"]'] * (k - 3)
+        out = wf.step(state, 1, turn, [plans] * b)
+        for task in range(b):
+            for j, moves in enumerate([[1, 1, 2], [0], None] + [[2]] * (k - 3)):
+                r = _reference_reward(state.env, task, moves, params)[0] if moves else 0.0
+                want = paper_rewards("plan", r, moves is not None, r_env_last[task])
+                assert (out.local_reward[task, j], out.team_reward[task, j]) == pytest.approx(want, abs=1e-5)
+        state = take_branch(out.state, np.zeros(b, int))
+        r_env_last = out.team_reward[:, 0]  # the real step of the branch the episode continues from
+    assert (r_env_last != 0).all()  # the second turn's tool groups did see a real step's reward
+
+
+def test_a_parsed_answer_beats_the_format_penalty_whenever_its_step_reward_exceeds_minus_1(solver_wf):
+    """With the old pairs (local 2r + team r = 3r) an unparsed answer (-2) beat a parsed one for
+    r in (-1, -0.67); with the paper's 2r it does not. Nine bumps into the top edge, next to the goal:
+    each -0.1 for the invalid move + 0.01 of shaping (gamma - 1) * Phi at distance 1, r = -0.81."""
+    rows = ["SG........"] + [".........."] * 9
+    env = grid.stack_states([plan_path.from_ascii("\n".join(rows))])
+    texts = np.array([""], dtype=object)
+    state = gw.GridState(env, texts, texts.copy(), np.zeros(1, np.float32))
+    out = solver_wf.step(state, 0, 0, [['#### ' + str(["U"] * 9), "nothing"]])
+    total = out.local_reward + out.team_reward
+    assert out.team_reward[0, 0] == pytest.approx(9 * (-0.1 + 0.01), abs=1e-5)
+    assert total[0, 0] == pytest.approx(-1.62, abs=1e-5) and total[0, 1] == -2.0  # parsed beats unparsed
+    assert 3 * out.team_reward[0, 0] < -2.0  # (as 3r, it would not have)
