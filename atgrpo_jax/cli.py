@@ -24,7 +24,7 @@ import ml_collections
 from atgrpo_jax.registry import UnknownName, closest
 
 EXIT_USAGE = 2
-OPEN_SECTIONS = ("env.kwargs",)  # sections whose keys the user chooses
+OPEN_SECTIONS = ("env.kwargs", "rollout.agents")  # sections whose keys the user chooses
 
 
 class UsageError(ValueError):
@@ -122,12 +122,17 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[tuple
         *parents, leaf = key.split(".")
         node = config
         for i, name in enumerate(parents):
+            if isinstance(node, ml_collections.ConfigDict) and name not in node and \
+                    ".".join(parents[:i]) in OPEN_SECTIONS:  # a new entry of an open section: rollout.agents.NAME
+                with node.unlocked():
+                    node[name] = ml_collections.ConfigDict()
             if not isinstance(node, ml_collections.ConfigDict) or name not in node:
                 node = None
                 break
             node = node[name]
         section = ".".join(parents)
-        if isinstance(node, ml_collections.ConfigDict) and section in OPEN_SECTIONS and leaf not in node:
+        in_open = any(section == s or section.startswith(s + ".") for s in OPEN_SECTIONS)
+        if isinstance(node, ml_collections.ConfigDict) and in_open and leaf not in node:
             with node.unlocked():
                 node[leaf] = _literal(text)
             continue

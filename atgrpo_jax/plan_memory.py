@@ -37,7 +37,7 @@ from jax.sharding import AbstractMesh, AxisType
 from atgrpo_jax.models.config import DTYPES, Qwen3Config, get_preset
 from atgrpo_jax.models.qwen3 import LAYER_PARAMS, LORA_TARGETS, KVCache
 from atgrpo_jax.sharding import MESH_AXES, RULES, MeshConfig, logical_spec, pool_sizes
-from atgrpo_jax.train.config import sharing
+from atgrpo_jax.train.config import max_new_tokens, sharing
 
 GiB = 1024**3
 
@@ -303,13 +303,13 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
                      "are trained; the sampler uses a merged copy of the weights")
 
     # Rows are padded to a power of two times 32 (train/batch.py), so 4096 + 2048 tokens -> 8192.
-    width = length_bucket(r.max_prompt_len + r.max_new_tokens)
+    width = length_bucket(r.max_prompt_len + max_new_tokens(config))
     upd = update_memory(cfg, mesh, trainable, config.optim.mini_batch_size, width, lo.logprob_chunk,
                         bool(lo.kl_coef))
     acts = {remat: update_activations(cfg.replace(remat=remat), mesh, config.optim.mini_batch_size, width - 1,
                                       lo.logprob_chunk, remat) for remat in (False, True)}
     cache_dtype = r.get("cache_dtype", None) or cfg.compute_dtype
-    sampling = sampling_memory(cfg, mesh, r.num_tasks, r.k, r.max_prompt_len, r.max_new_tokens,
+    sampling = sampling_memory(cfg, mesh, r.num_tasks, r.k, r.max_prompt_len, max_new_tokens(config),
                                _itemsize(cache_dtype))
     resident = p_bytes + optimizer + reference
     update_peak = resident + upd["total"]

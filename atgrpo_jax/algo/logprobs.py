@@ -5,6 +5,13 @@ float32 logits and reduces them to a log-prob and an entropy per token, so
 peak memory is one chunk's logits, not B*T*V*4 bytes (1.2 GB for 8 x 256
 tokens at V = 151,669).
 
+The distribution is the one the sampler drew from (`SampledFrom`): ids past the
+tokenizer's vocabulary excluded, logits divided by the token's temperature, cut to
+top-k and to the token's top-p nucleus, so old and new log-probs and the sampler's
+are of one distribution and the importance ratio compares like with like. The cut
+(which tokens are in) is taken as given, not differentiated; the sampled token is
+always counted in it (it is, at the sampler's weights; after an update it might not be).
+
 Two ways to differentiate through it:
 - `token_logprobs` rematerializes each chunk's logits in the backward pass
   (any loss of the log-probs; the head matmul runs three times per chunk);
@@ -15,18 +22,61 @@ Two ways to differentiate through it:
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
+from atgrpo_jax.sampling.nucleus import nucleus_mask
 
-def _chunk_stats(h, w, targets):
+
+@dataclasses.dataclass(frozen=True)
+class SampledFrom:
+    """The static part of the sampling distribution (per-token temperature and top-p are arrays)."""
+
+    vocab_limit: int | None = None  # ids >= it were never drawn (the LM head has more rows than the tokenizer)
+    top_k: int = 0  # 0: off
+    top_p: bool = False  # tokens were drawn from a top-p nucleus (each with its own top_p)
+    top_p_cap: int = 256  # as the sampler's
+
+
+def _kept(logits, inv_temp, targets, top_p, how: SampledFrom):
+    """[c, V] bool: the tokens the sampler could draw (the top-k, then the top-p of those), computed
+    the way the sampler does (sampling/sample.py, nucleus.py), so a token's membership does not hang
+    on rounding. None: all of them."""
+    inv = jnp.ones(logits.shape[:1], jnp.float32) if inv_temp is None else inv_temp
+    scaled = logits * inv[:, None]
+    if how.top_k:
+        vals, _ = jax.lax.top_k(scaled, min(how.top_k, scaled.shape[-1]))  # descending
+        if how.top_p:
+            w = jnp.exp(vals - vals[:, :1])
+            inside = jnp.cumsum(w, axis=-1) - w < top_p[:, None] * jnp.sum(w, axis=-1, keepdims=True)
+            vals = jnp.where(inside, vals, jnp.inf)
+        keep = scaled >= jnp.min(vals, axis=-1, keepdims=True)
+    elif how.top_p:
+        full = top_p >= 1.0
+        keep = nucleus_mask(logits, inv, jnp.where(full, 0.5, top_p), how.top_p_cap) | full[:, None]
+    else:
+        return None
+    return keep | (jnp.arange(scaled.shape[-1]) == targets[:, None])
+
+
+def _chunk_stats(h, w, targets, how: SampledFrom = SampledFrom(), inv_temp=None, top_p=None):
+    """log p(target) and the entropy, per row of one chunk, under the sampling distribution."""
+    if how.vocab_limit:
+        w = w[:, :how.vocab_limit]
     logits = jnp.einsum("nd,dv->nv", h, w, preferred_element_type=jnp.float32)
+    keep = _kept(jax.lax.stop_gradient(logits), inv_temp, targets, top_p, how)
+    if inv_temp is not None:
+        logits = logits * inv_temp[:, None]
+    if keep is not None:
+        logits = jnp.where(keep, logits, -jnp.inf)
     lse = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
     probs = jnp.exp(logits - lse[:, None])
-    entropy = lse - (probs * logits).sum(-1)
+    plogp = probs * logits if keep is None else jnp.where(keep, probs * logits, 0.0)
+    entropy = lse - plogp.sum(-1)
     return target_logit - lse, entropy
 
 
@@ -43,27 +93,40 @@ def _from_chunks(x: jax.Array, b: int, t: int) -> jax.Array:
     return x.reshape(-1)[:b * t].reshape(b, t)
 
 
-def token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array,
-                   chunk_size: int = 1024) -> tuple[jax.Array, jax.Array]:
-    """log p(targets) and entropy per position.
+def _sampling_inputs(how: SampledFrom, inv_temp, top_p, b: int, t: int) -> dict:
+    """The per-token sampling arrays the chunks need ([B, T] each; ones when not given)."""
+    out = {}
+    if inv_temp is not None:
+        out["inv_temp"] = jnp.broadcast_to(inv_temp, (b, t)).astype(jnp.float32)
+    if how.top_p:
+        out["top_p"] = jnp.ones((b, t), jnp.float32) if top_p is None else jnp.broadcast_to(top_p, (b, t))
+    return out
 
-    hidden [B, T, D] (final-normed), head [D, V], targets [B, T] int.
-    Returns two float32 [B, T] arrays.
+
+def token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, chunk_size: int = 1024,
+                   how: SampledFrom = SampledFrom(), inv_temp=None, top_p=None) -> tuple[jax.Array, jax.Array]:
+    """log p(targets) and entropy per position, under the sampling distribution (`SampledFrom`).
+
+    hidden [B, T, D] (final-normed), head [D, V], targets [B, T] int; inv_temp and top_p:
+    [B, T] per-token 1 / temperature and top-p (None: 1). Returns two float32 [B, T] arrays.
     """
     b, t, _ = hidden.shape
     chunk = min(chunk_size, b * t)
     w = head.astype(hidden.dtype)
+    per_token = {k: _to_chunks(v, chunk) for k, v in _sampling_inputs(how, inv_temp, top_p, b, t).items()}
 
     @jax.checkpoint
     def body(_, xs):
-        return None, _chunk_stats(xs[0], w, xs[1])
+        h, y, x = xs
+        return None, _chunk_stats(h, w, y, how, **x)
 
-    _, (logp, ent) = jax.lax.scan(body, None, (_to_chunks(hidden, chunk), _to_chunks(targets, chunk)))
+    _, (logp, ent) = jax.lax.scan(body, None, (_to_chunks(hidden, chunk), _to_chunks(targets, chunk), per_token))
     return _from_chunks(logp, b, t), _from_chunks(ent, b, t)
 
 
 def fused_head_loss(hidden: jax.Array, head: jax.Array, targets: jax.Array, token_inputs: dict,
-                    loss_of_tokens: Callable, chunk_size: int = 1024, head_grad: bool = True):
+                    loss_of_tokens: Callable, chunk_size: int = 1024, head_grad: bool = True,
+                    how: SampledFrom = SampledFrom(), inv_temp=None, top_p=None):
     """(loss, (logp, entropy)) where loss = sum over tokens of loss_of_tokens.
 
     loss_of_tokens(logp [c], entropy [c], inputs) -> [c] per-token loss terms,
@@ -72,27 +135,29 @@ def fused_head_loss(hidden: jax.Array, head: jax.Array, targets: jax.Array, toke
     a per-token weight). The loss is differentiable in `hidden` and, if
     `head_grad`, in `head` (pass False for a frozen head: its [D, V] gradient
     is then never computed); logp and entropy [B, T] are returned for
-    diagnostics and are not differentiable.
+    diagnostics and are not differentiable. how, inv_temp, top_p: as `token_logprobs`.
     """
     b, t, _ = hidden.shape
     chunk = min(chunk_size, b * t)
     hs, ys = _to_chunks(hidden, chunk), _to_chunks(targets, chunk)
     xs = jax.tree.map(lambda x: _to_chunks(x, chunk), token_inputs)
+    ss = {k: _to_chunks(v, chunk) for k, v in _sampling_inputs(how, inv_temp, top_p, b, t).items()}
 
     def forward(hs, w):
         def body(dw, c):
-            hc, yc, xc = c
+            hc, yc, xc, sc = c
+            stats = lambda h, w: _chunk_stats(h, w, yc, how, **sc)  # noqa: E731
             if head_grad:
-                (lp, ent), pull = jax.vjp(lambda h, w: _chunk_stats(h, w, yc), hc, w)
+                (lp, ent), pull = jax.vjp(stats, hc, w)
             else:
-                (lp, ent), pull_h = jax.vjp(lambda h: _chunk_stats(h, w, yc), hc)
+                (lp, ent), pull_h = jax.vjp(lambda h: stats(h, w), hc)
                 pull = lambda g: (*pull_h(g), None)
             terms, pull_terms = jax.vjp(lambda lp, ent: loss_of_tokens(lp, ent, xc), lp, ent)
             dh, dwc = pull(pull_terms(jnp.ones_like(terms)))
             return (dw + dwc if head_grad else dw), (terms.sum(), dh, lp, ent)
 
         dw0 = jnp.zeros(w.shape, jnp.float32) if head_grad else jnp.zeros((), jnp.float32)
-        dw, (sums, dh, lp, ent) = jax.lax.scan(body, dw0, (hs, ys, xs))
+        dw, (sums, dh, lp, ent) = jax.lax.scan(body, dw0, (hs, ys, xs, ss))
         return (sums.sum(), (lp, ent)), (dh, dw.astype(w.dtype) if head_grad else None)
 
     @jax.custom_vjp

@@ -124,7 +124,9 @@ def torch_side(run: Run, temperature: float | None = None) -> Side:
                           vocab_limit=len(run.tokenizer))  # as the trainer's sampler (rollout.router)
 
     def update(p: int, batch: dict) -> dict:
-        return torch_update_policy(model, opt, loss_cfg, batch, c.optim.mini_batch_size, c.optim.grad_clip)
+        limit = len(run.tokenizer) if len(run.tokenizer) < run.policies[0].model().cfg.vocab_size else None
+        return torch_update_policy(model, opt, loss_cfg, batch, c.optim.mini_batch_size, c.optim.grad_clip,
+                                   limit, t if t > 0 else 1.0)  # the distribution sampled from, as ours
 
     return Side("pytorch", sample, update)
 

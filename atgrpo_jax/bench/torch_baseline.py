@@ -35,11 +35,11 @@ def torch_optimizer(model, optim):
                              weight_decay=optim.weight_decay)
 
 
-def torch_token_logprobs(logits, tokens):
-    """The baseline's log-probs: full log_softmax over V, then gather. [B, T, V] -> [B, T]
-    (column 0 is 0, like ours)."""
+def torch_token_logprobs(logits, tokens, vocab_limit: int | None = None, temperature: float = 1.0):
+    """The baseline's log-probs: a full log_softmax over the ids the sampler could draw (the first
+    vocab_limit) at the sampling temperature, then gather. [B, T, V] -> [B, T] (column 0 is 0, like ours)."""
     import torch
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    logp = torch.log_softmax(logits[:, :-1, :vocab_limit].float() / temperature, dim=-1)
     logp = logp.gather(-1, tokens[:, 1:, None])[..., 0]
     return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1)
 
@@ -52,12 +52,13 @@ def torch_loss(cfg: LossConfig, logp, old_logp, adv, mask):
     return (pg * mask).sum() / mask.sum().clamp(min=1)
 
 
-def torch_step(model, opt, loss_cfg: LossConfig, tb: dict, clip: float) -> tuple[float, float]:
+def torch_step(model, opt, loss_cfg: LossConfig, tb: dict, clip: float, vocab_limit: int | None = None,
+               temperature: float = 1.0) -> tuple[float, float]:
     """One baseline update; returns (loss, grad norm before clipping)."""
     import torch
     opt.zero_grad(set_to_none=True)
     logits = model(input_ids=tb["tokens"], attention_mask=tb["valid"]).logits
-    logp = torch_token_logprobs(logits, tb["tokens"])
+    logp = torch_token_logprobs(logits, tb["tokens"], vocab_limit, temperature)
     loss = torch_loss(loss_cfg, logp, tb["old_logp"], tb["adv"], tb["is_resp"])
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -82,7 +83,7 @@ def trim_padding(mb: dict) -> dict:
 
 
 def torch_update_policy(model, opt, loss_cfg: LossConfig, batch: dict, mini_batch: int,
-                        clip: float) -> dict:
+                        clip: float, vocab_limit: int | None = None, temperature: float = 1.0) -> dict:
     """The trainer's update of one policy (`train.step.update_policy`) in PyTorch: old
     log-probs of every mini-batch under the current weights, then one clipped step per
     mini-batch. batch: the trainer's arrays (`train.batch.policy_batches`)."""
@@ -96,10 +97,10 @@ def torch_update_policy(model, opt, loss_cfg: LossConfig, batch: dict, mini_batc
         for mb in mbs:
             tokens = torch.tensor(mb["tokens"], dtype=torch.long)
             logits = model(input_ids=tokens, attention_mask=torch.tensor(mb["valid"], dtype=torch.long)).logits
-            olds.append(torch_token_logprobs(logits, tokens).numpy() * mb["is_resp"])
+            olds.append(torch_token_logprobs(logits, tokens, vocab_limit, temperature).numpy() * mb["is_resp"])
     losses, norms = [], []
     for mb, old in zip(mbs, olds):
-        loss, norm = torch_step(model, opt, loss_cfg, torch_batch(mb, old), clip)
+        loss, norm = torch_step(model, opt, loss_cfg, torch_batch(mb, old), clip, vocab_limit, temperature)
         losses.append(loss)
         norms.append(norm)
     return {"loss": float(np.mean(losses)), "grad_norm": float(np.mean(norms)),

@@ -26,12 +26,14 @@ def branch_keys(prompt_keys: jax.Array, k: int) -> jax.Array:
     return jax.vmap(fold)(prompt_keys).reshape(-1)
 
 
-def make_sample_fn(policies, policy_of_agent: np.ndarray, tokenizer, *, max_new_tokens: int,
-                   temperature: float, top_k: int, top_p: float, stop_ids: Sequence[int],
-                   prompt_buckets: Sequence[int], max_tasks: int):
+def make_sample_fn(policies, policy_of_agent: np.ndarray, tokenizer, *, sampling: Sequence,
+                   stop_ids: Sequence[int], prompt_buckets: Sequence[int], max_tasks: int,
+                   temperature: float | None = None):
     """SampleFn(agent, prompts, k, keys) for the rollout; `policies` may be updated in place.
     A policy samples where its weights live: on its pool, and with several
-    processes on this process's part of it (`policy.local_mesh`)."""
+    processes on this process's part of it (`policy.local_mesh`). sampling[agent]
+    (train.config.AgentSampling) sets the agent's temperature (unless `temperature`
+    overrides it for all, as evaluation does), top-k, top-p and response length."""
     rows = batch_buckets(max_tasks)
     pad_id = tokenizer.pad_token_id or 0
     stops = set(int(s) for s in stop_ids)
@@ -39,14 +41,16 @@ def make_sample_fn(policies, policy_of_agent: np.ndarray, tokenizer, *, max_new_
     def sample_fn(agent: int, prompts, k: int, keys: jax.Array) -> SampleOut:
         policy = policies[int(policy_of_agent[agent])]
         model = local_model(policy.sampler_model(), policy.local_mesh)
+        s = sampling[agent]
         if not jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
             keys = jax.random.wrap_key_data(keys)  # raw uint32 [n, 2] keys
-        gen = generate(model, [list(map(int, p)) for p in prompts], max_new_tokens=max_new_tokens,
-                       row_keys=branch_keys(keys, k), temperature=temperature, top_k=top_k, top_p=top_p,
+        gen = generate(model, [list(map(int, p)) for p in prompts], max_new_tokens=s.max_new_tokens,
+                       row_keys=branch_keys(keys, k), top_k=s.top_k, top_p=s.top_p,
+                       temperature=s.temperature if temperature is None else temperature,
                        stop_ids=tuple(stops), num_branches=k, pad_id=pad_id, buckets=prompt_buckets,
                        batch_buckets=rows, vocab_limit=len(tokenizer))  # never ids the tokenizer lacks
         texts = [tokenizer.decode([int(t) for t in row[:n] if int(t) not in stops])
                  for row, n in zip(gen.tokens, gen.lengths)]
-        return SampleOut.from_rows(gen.tokens, gen.lengths, gen.logprobs, texts, max_new_tokens)
+        return SampleOut.from_rows(gen.tokens, gen.lengths, gen.logprobs, texts, s.max_new_tokens)
 
     return sample_fn

@@ -25,6 +25,7 @@ from atgrpo_jax.rollout.samples import SampleOut, Samples, concat, right_padded
 
 # sample_fn(agent, prompt_ids, k, keys) -> SampleOut, keys [len(prompt_ids)]: one PRNG
 # key per prompt (branch k draws from fold_in(key, k)); the router lives inside it.
+# encode(messages, agent) -> prompt token ids (the agent's chat template settings).
 SampleFn = Callable[[int, Sequence[Sequence[int]], int, jax.Array], SampleOut]
 
 
@@ -106,7 +107,7 @@ def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, sp
             live = ~np.asarray(workflow.done(state))
             if not live.any():
                 break
-            prompts = [np.asarray(encode(m), np.int32) for m in workflow.prompts(state, agent, turn)]
+            prompts = [np.asarray(encode(m, agent), np.int32) for m in workflow.prompts(state, agent, turn)]
             rows = np.flatnonzero(live)  # sample only live tasks
             out = _spread(sample_fn(agent, [prompts[i] for i in rows], k, prompt_keys(key, streams[rows], turn, agent)),
                           rows, b, k)

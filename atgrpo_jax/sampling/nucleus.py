@@ -219,16 +219,19 @@ def _by_threshold(nucleus: Nucleus, score, index):
     return _at_least(score, nucleus.above) | (_at_least(score, nucleus.lo) & (index <= tie))
 
 
-def _with_nucleus(logits, inv_t, top_p: float, cap: int, use: Callable):
-    """use(score, w, nucleus) for each row's nucleus, w = exp((logits - max) * inv_t)."""
+def _with_nucleus(logits, inv_t, top_p, cap: int, use: Callable):
+    """use(score, w, nucleus) for each row's nucleus, w = exp((logits - max) * inv_t); inv_t and top_p
+    are scalars or one per row."""
     n, vocab = logits.shape
     m = jnp.max(logits, axis=-1, keepdims=True)
-    w = jax.lax.optimization_barrier(jnp.exp((logits - m) * inv_t))  # stored once, read by every pass
+    inv_col = inv_t[:, None] if jnp.ndim(inv_t) == 1 else inv_t
+    w = jax.lax.optimization_barrier(jnp.exp((logits - m) * inv_col))  # stored once, read by every pass
     total = jnp.sum(w, axis=-1)
     need = top_p * total
     # log-normal fit: logits ~ N(mu, s^2) puts the cut at log w = log(mean w) + s^2/2 - s * z_p
     s2 = jnp.maximum(jnp.log(vocab * jnp.sum(w * w, axis=-1) / total ** 2), 0.0)
-    first = jnp.exp(jnp.log(total / vocab) + s2 / 2 - jnp.sqrt(s2) * NormalDist().inv_cdf(top_p))
+    z = NormalDist().inv_cdf(top_p) if isinstance(top_p, float) else jax.scipy.special.ndtri(top_p)
+    first = jnp.exp(jnp.log(total / vocab) + s2 / 2 - jnp.sqrt(s2) * z)
     zeros = jnp.zeros(n, jnp.float32)
     start = Bracket(to_key(zeros), to_key(jnp.ones(n, jnp.float32)) + 1, total, zeros)
     b, _ = _search(w, w, need, start, first, from_key, cap, exact_counts=False)
@@ -278,8 +281,9 @@ def top_p_draw(logits: jax.Array, inv_t, u: jax.Array, top_p: float, cap: int = 
     return _with_nucleus(logits.astype(jnp.float32), inv_t, top_p, cap, draw)
 
 
-def nucleus_mask(logits: jax.Array, inv_t, top_p: float, cap: int = 256) -> jax.Array:
-    """[N, V] bool: each row's top-p nucleus of softmax(logits * inv_t) (for checks)."""
+def nucleus_mask(logits: jax.Array, inv_t, top_p, cap: int = 256) -> jax.Array:
+    """[N, V] bool: each row's top-p nucleus of softmax(logits * inv_t); top_p a float or one per
+    row in (0, 1) (the trainer scores samples under the distribution they were drawn from)."""
     def mask(score, w, nucleus: Nucleus):
         n, vocab = w.shape
         index = jnp.broadcast_to(jnp.arange(vocab, dtype=jnp.int32), (n, vocab))

@@ -33,9 +33,12 @@ def fine_bucket(n: int, minimum: int = 8, per_octave: int = 8) -> int:
 
 
 def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_of_agent: np.ndarray,
-                   num_policies: int, mini_batch: int, rng: np.random.Generator) -> list[dict | None]:
-    """Per policy: arrays tokens/valid/is_resp/sampler_logp [N, L], adv [N] and share [N] (rows
-    with one share id >= 0 answer one prompt; -1: an empty row), with N a multiple of
+                   num_policies: int, mini_batch: int, rng: np.random.Generator,
+                   inv_temp_of_agent: np.ndarray | None = None,
+                   top_p_of_agent: np.ndarray | None = None) -> list[dict | None]:
+    """Per policy: arrays tokens/valid/is_resp/sampler_logp [N, L], adv [N], share [N] (rows
+    with one share id >= 0 answer one prompt; -1: an empty row) and the sampling settings of
+    each row's agent, inv_temp and top_p [N] (default 1: temperature 1, no top-p), with N a multiple of
     `mini_batch` (the last mini-batch padded with empty rows). Groups are shuffled and each
     group's samples stay together, so a mini-batch holds whole groups (as verl's, and so
     `pack_minibatch` can share their prompt). A policy with no kept sample gets None.
@@ -55,8 +58,11 @@ def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_o
         tokens, is_resp, valid, logp = sequences(samples, g, k, width)
         share = g if samples.shared_prompt else g * samples.mask.shape[1] + k
         pad = lambda x, fill=0: np.concatenate([x, np.full((n - len(x),) + x.shape[1:], fill, x.dtype)])
+        per_agent = lambda values: pad(np.ones(len(g), np.float32) if values is None else  # noqa: E731
+                                       np.asarray(values, np.float32)[samples.agent[g]], 1.0)
         out.append(dict(tokens=pad(tokens), valid=pad(valid), is_resp=pad(is_resp), sampler_logp=pad(logp),
                         adv=pad(adv[g, k].astype(np.float32)), share=pad(share.astype(np.int64), -1),
+                        inv_temp=per_agent(inv_temp_of_agent), top_p=per_agent(top_p_of_agent),
                         num_samples=len(g)))
     return out
 
@@ -120,6 +126,7 @@ def pack_minibatch(mb: dict, shards: int = 1, share_prompts: bool = True, slots:
                segment=np.full((r, w), -1, np.int32), pred=np.zeros((r, m), np.int32),
                target=np.zeros((r, m), np.int32), scored=np.zeros((r, m), bool),
                sample_len=np.zeros((r, m), np.int32), adv=np.zeros((r, m), np.float32),
+               inv_temp=np.ones((r, m), np.float32), top_p=np.ones((r, m), np.float32),
                sampler_logp=np.zeros((r, m), np.float32), sample=np.full((r, m), -1, np.int32))
     # Prompts: columns [0, p) of each row.
     cols = np.arange(w)
@@ -141,6 +148,9 @@ def pack_minibatch(mb: dict, shards: int = 1, share_prompts: bool = True, slots:
     out["scored"][rr, entry] = True
     out["sample_len"][rr, entry] = n_resp[owner]
     out["adv"][rr, entry] = mb["adv"][i]
+    for name in ("inv_temp", "top_p"):  # the distribution each token was drawn from
+        if name in mb:
+            out[name][rr, entry] = mb[name][i]
     out["sampler_logp"][rr, entry] = mb["sampler_logp"][i, src]
     out["sample"][rr, entry] = i
     return out

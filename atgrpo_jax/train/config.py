@@ -62,7 +62,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.num_tasks = 32  # tasks per training step (B)
     c.rollout.k = 8  # branches (tree) or episodes (plain) per task: the group size K
     c.rollout.max_turns = 4  # turns per episode (T); every agent acts once per turn
-    c.rollout.temperature = 1.0  # sampling temperature in training (0 = greedy)
+    c.rollout.temperature = 1.0  # sampling temperature in training (0: greedy; the update then scores at 1)
     c.rollout.top_p = 1.0  # nucleus sampling in training and evaluation (1 = off)
     c.rollout.top_k = 0  # top-k sampling in training and evaluation (0 = off)
     c.rollout.max_prompt_len = 4096  # prompt tokens kept (cut from the left)
@@ -70,6 +70,9 @@ def base_config() -> ml_collections.ConfigDict:
     # max_prompt_len
     c.rollout.max_new_tokens = 2048  # response tokens per sample
     c.rollout.eval_temperature = 0.0  # sampling temperature in evaluation (0 = greedy)
+    c.rollout.thinking = False  # Qwen3's thinking mode (the chat template's enable_thinking); the paper's runs: off
+    c.rollout.agents = ml_collections.ConfigDict()  # per agent: {name: {temperature, top_p, max_new_tokens,
+    # thinking}}, e.g. --config.rollout.agents.reasoner.max_new_tokens=4096; unset keys: the rollout's
     c.algo = ml_collections.ConfigDict()  # rewards, advantages, group filters
     c.algo.alpha = 1.0  # an agent's reward = its own + alpha * the team's
     c.algo.advantage = "grpo"  # advantage estimator, a name in atgrpo_jax.algo.advantages.ADVANTAGES (grpo, drgrpo)
@@ -122,6 +125,38 @@ def base_config() -> ml_collections.ConfigDict:
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message names the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentSampling:
+    """How one agent's responses are sampled (rollout.* with its rollout.agents.<name> overrides)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    thinking: bool
+
+    @property
+    def inv_temp(self) -> float:
+        """What the update divides the logits by (greedy samples: scored at temperature 1)."""
+        return 1.0 / self.temperature if self.temperature > 0 else 1.0
+
+
+AGENT_KEYS = ("temperature", "top_p", "max_new_tokens", "thinking")
+
+
+def agent_sampling(c, name: str) -> AgentSampling:
+    r = c.rollout
+    mine = dict(r.agents.get(name, {}))
+    get = lambda key: mine.get(key, r[key])  # noqa: E731
+    return AgentSampling(float(get("temperature")), float(get("top_p")), int(r.top_k), int(get("max_new_tokens")),
+                         bool(get("thinking")))
+
+
+def max_new_tokens(c) -> int:
+    """The longest response any agent may give."""
+    return max([c.rollout.max_new_tokens] + [int(a.get("max_new_tokens", 0)) for a in c.rollout.agents.values()])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +266,12 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
              "rollout.prompt_buckets", "must be a non-empty increasing list")
     _require(r.prompt_buckets[-1] >= r.max_prompt_len, "rollout.prompt_buckets",
              f"largest bucket {r.prompt_buckets[-1]} < rollout.max_prompt_len {r.max_prompt_len}")
+    for name, mine in r.agents.items():
+        _require(hasattr(mine, "keys") and set(mine) <= set(AGENT_KEYS), f"rollout.agents.{name}",
+                 f"must set some of {AGENT_KEYS}, got {dict(mine) if hasattr(mine, 'keys') else mine!r}")
+        s = agent_sampling(c, name)
+        _require(s.temperature >= 0 and 0 < s.top_p <= 1 and s.max_new_tokens > 0, f"rollout.agents.{name}",
+                 "needs temperature >= 0, top_p in (0, 1] and max_new_tokens > 0")
     a = c.algo
     _require(a.advantage in ADVANTAGES, "algo.advantage",
              f"unknown {a.advantage!r}{closest(a.advantage, ADVANTAGES)}; known: {', '.join(ADVANTAGES)}")

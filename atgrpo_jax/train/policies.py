@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from flax import nnx
 
+from atgrpo_jax.algo.logprobs import SampledFrom
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models.lora import attach_lora, merge_lora, split_lora
 from atgrpo_jax.models.qwen3 import Qwen3
@@ -48,7 +49,8 @@ class Policy:
 
 def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: LossConfig, chunk: int,
                    lora_rank: int = 16, lora_alpha: float = 32.0, seed: int = 0,
-                   model_copy: Callable[[int], Qwen3] | None = None) -> list[Policy]:
+                   model_copy: Callable[[int], Qwen3] | None = None,
+                   how: SampledFrom = SampledFrom()) -> list[Policy]:
     """The policies of a sharing layout, all starting from `base`'s weights.
 
     One full model per agent calls `model_copy(i)` for every agent i after the
@@ -57,7 +59,7 @@ def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: Los
     def plain(model, name):
         graphdef, params = nnx.split(model)
         frozen = nnx.State({})
-        lp, up = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk)
+        lp, up = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk, how)
         return Policy(name, graphdef, frozen, init_state(params, tx), lp, up)
 
     if sharing.per_agent and not sharing.lora:
@@ -67,7 +69,7 @@ def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: Los
         out = []
         for i, name in enumerate(agent_names):
             graphdef, adapters, frozen = split_lora(attach_lora(base, lora_rank, lora_alpha, seed + i))
-            lp, up = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk)
+            lp, up = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk, how)
             out.append(Policy(f"lora_{name}", graphdef, frozen, init_state(adapters, tx), lp, up, True))
         return out
     return [plain(base, "policy")]

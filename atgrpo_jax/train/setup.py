@@ -17,7 +17,8 @@ from atgrpo_jax.models.hf_io import load_pretrained
 from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
 from atgrpo_jax.sampling import shard_model
 from atgrpo_jax.sharding import make_mesh, sub_meshes
-from atgrpo_jax.train.config import ConfigError, loss_config, resolve, sharing
+from atgrpo_jax.algo.logprobs import SampledFrom
+from atgrpo_jax.train.config import AgentSampling, ConfigError, agent_sampling, loss_config, resolve, sharing
 from atgrpo_jax.train.policies import Policy, build_policies
 from atgrpo_jax.train.update import make_optimizer
 
@@ -32,11 +33,13 @@ class Run:
     policy_of_agent: np.ndarray
     stop_ids: tuple[int, ...]
     lr_schedule: Any
+    sampling: list[AgentSampling]  # per agent
     ref_params: dict = dataclasses.field(default_factory=dict)  # policy name -> frozen params (KL)
 
-    def encode(self, messages) -> list[int]:
-        """Chat prompt ids, cut from the left to rollout.max_prompt_len."""
-        return encode_chat(self.tokenizer, messages)[-self.config.rollout.max_prompt_len:]
+    def encode(self, messages, agent: int = 0) -> list[int]:
+        """Agent `agent`'s chat prompt ids (its thinking mode), cut from the left to rollout.max_prompt_len."""
+        ids = encode_chat(self.tokenizer, messages, enable_thinking=self.sampling[agent].thinking)
+        return ids[-self.config.rollout.max_prompt_len:]
 
 
 def make_tokenizer(name: str, hf_path: str = "", alphabet: str = ""):
@@ -82,6 +85,10 @@ def build_run(config) -> Run:
     except ValueError as e:
         raise ConfigError(f"config.{e}" if str(e).startswith("env.") else f"config.env: {e}") from None
     names = [a.name for a in workflow.agents]
+    unknown = sorted(set(config.rollout.agents) - set(names))
+    if unknown:
+        raise ConfigError(f"config.rollout.agents: {unknown} are not agents of {config.env.workflow} ({names})")
+    sampling = [agent_sampling(config, n) for n in names]
     try:
         pools = sub_meshes(mesh, len(names)) if config.policy.pools else [mesh] * len(names)
         local_meshes = [local_mesh(m) if is_multiprocess() else None for m in pools]
@@ -92,13 +99,15 @@ def build_run(config) -> Run:
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
     tx, lr = make_optimizer(config.optim, config.train.steps * updates_per_step(config))
     layout = sharing(config)
+    limit = len(tokenizer) if len(tokenizer) < base.cfg.vocab_size else None  # as the sampler's (rollout.router)
+    how = SampledFrom(vocab_limit=limit, top_k=config.rollout.top_k, top_p=any(s.top_p < 1 for s in sampling))
     policies = build_policies(layout, base, names, tx, loss_config(config), config.loss.logprob_chunk,
                               config.lora.rank, config.lora.alpha, config.model.init_seed,
-                              model_copy=lambda i: build_model(config, pools[i]))
+                              model_copy=lambda i: build_model(config, pools[i]), how=how)
     per_agent_pool = len(policies) == len(names)
     for i, p in enumerate(policies):
         p.mesh, p.local_mesh = (pools[i], local_meshes[i]) if per_agent_pool else (mesh, local_meshes[0])
     stops = tuple(sorted({tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}))
     # The KL reference is the starting policy; nothing is kept when the KL is off.
     ref = {p.name: jax.tree.map(jnp.copy, p.state.params) for p in policies} if config.loss.kl_coef else {}
-    return Run(config, mesh, tokenizer, workflow, policies, layout.route(len(names)), stops, lr, ref)
+    return Run(config, mesh, tokenizer, workflow, policies, layout.route(len(names)), stops, lr, sampling, ref)

@@ -17,18 +17,18 @@ from atgrpo_jax.rollout.router import make_sample_fn
 from atgrpo_jax.rollout.tree import merge_rollouts, plain_rollout, tree_rollout
 from atgrpo_jax.sharding import batch_shards
 from atgrpo_jax.train.batch import length_bucket, pack_minibatch, policy_batches
+from atgrpo_jax.train.config import max_new_tokens
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.train.update import Packed, TrainState
 
 TRAIN_TASK_STRIDE = 1_000_003  # task ids of step s: s * stride + [0, B); test ids are another split
 
 
-def sample_fn_for(run: Run, temperature: float, max_prompts: int):
-    r = run.config.rollout
-    return make_sample_fn(run.policies, run.policy_of_agent, run.tokenizer,
-                          max_new_tokens=r.max_new_tokens, temperature=temperature, top_k=r.top_k,
-                          top_p=r.top_p, stop_ids=run.stop_ids, prompt_buckets=r.prompt_buckets,
-                          max_tasks=max_prompts)
+def sample_fn_for(run: Run, temperature: float | None, max_prompts: int):
+    """The rollout's sample function: each agent's sampling settings (`temperature`, if given, for all)."""
+    return make_sample_fn(run.policies, run.policy_of_agent, run.tokenizer, sampling=run.sampling,
+                          temperature=temperature, stop_ids=run.stop_ids,
+                          prompt_buckets=run.config.rollout.prompt_buckets, max_tasks=max_prompts)
 
 
 def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float, k: int, key):
@@ -50,7 +50,7 @@ def evaluation_splits(run: Run) -> list[str]:
 def rollout_step(run: Run, step: int, key):
     r = run.config.rollout
     fn = tree_rollout if r.tree else plain_rollout
-    return rollout(run, fn, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", r.temperature, r.k, key)
+    return rollout(run, fn, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", None, r.k, key)
 
 
 def _minibatches(batch: dict, size: int):
@@ -61,7 +61,7 @@ def _minibatches(batch: dict, size: int):
 def packed_minibatches(run: Run, policy, batch: dict) -> list[dict]:
     """The policy batch's mini-batches in the update's packed layout (a group's prompt once)."""
     o, r = run.config.optim, run.config.rollout
-    widest = length_bucket(r.max_prompt_len + r.max_new_tokens)  # an unshared row's, as the planner's
+    widest = length_bucket(r.max_prompt_len + max_new_tokens(run.config))  # an unshared row's, as the planner's
     return [pack_minibatch(mb, batch_shards(policy.mesh), o.share_prompts, r.k, widest)
             for mb in _minibatches(batch, o.mini_batch_size)]
 
@@ -108,7 +108,8 @@ def train_step(run: Run, step: int, on_rollout=None) -> dict:
     keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance, scope))
     rng = np.random.default_rng([c.train.seed, step])
     batches = policy_batches(samples, adv, keep, run.policy_of_agent, len(run.policies),
-                             c.optim.mini_batch_size, rng)
+                             c.optim.mini_batch_size, rng, np.array([s.inv_temp for s in run.sampling], np.float32),
+                             np.array([s.top_p for s in run.sampling], np.float32))
     if on_rollout is not None:
         on_rollout(samples, episodes, adv)
     metrics = {"success": float(np.mean(episodes.success)), "turns": float(np.mean(episodes.turns)),

@@ -24,11 +24,12 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from atgrpo_jax.algo.logprobs import fused_head_loss, token_logprobs
+from atgrpo_jax.algo.logprobs import SampledFrom, fused_head_loss, token_logprobs
 from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, token_loss_terms, weighted_policy_loss
 
 
@@ -56,13 +57,17 @@ class Packed(NamedTuple):
     scored: jax.Array  # [R, M] bool
     sample_len: jax.Array  # [R, M] int: scored tokens of the token's sample (seq-mean weights)
     adv: jax.Array  # [R, M] float32: the token's advantage
+    inv_temp: jax.Array  # [R, M] float32: 1 / the temperature the token was sampled at
+    top_p: jax.Array  # [R, M] float32: the top-p it was sampled with (1: none)
     old_logp: jax.Array | None = None  # [R, M]
     ref_logp: jax.Array | None = None
 
     @classmethod
     def from_arrays(cls, arrays: dict, place: Callable = jnp.asarray) -> "Packed":
-        """The inputs (all but the log-probs) from `pack_minibatch`'s dict, each `place`d."""
-        return cls(*(place(arrays[f]) for f in cls._fields[:-2]))
+        """The inputs (all but the log-probs) from `pack_minibatch`'s dict, each `place`d; a dict
+        without inv_temp / top_p was sampled at temperature 1 without top-p."""
+        ones = np.ones(arrays["target"].shape, np.float32)
+        return cls(*(place(arrays.get(f, ones)) for f in cls._fields[:-2]))
 
 
 def packed_from_rows(b: Batch) -> Packed:
@@ -70,10 +75,11 @@ def packed_from_rows(b: Batch) -> Packed:
     n, l = b.tokens.shape
     scored_cols = lambda x: None if x is None else x[:, 1:]  # column j scores token j
     adv = jnp.broadcast_to(b.adv[:, None] if b.adv.ndim == 1 else b.adv, (n, l))
+    ones = jnp.ones((n, l - 1), jnp.float32)  # sampled at temperature 1, no top-p
     return Packed(b.tokens, jnp.maximum(jnp.cumsum(b.valid, axis=1) - 1, 0), jnp.where(b.valid, 0, -1),
                   jnp.broadcast_to(jnp.arange(l - 1, dtype=jnp.int32), (n, l - 1)), b.tokens[:, 1:],
                   b.is_resp[:, 1:], jnp.broadcast_to(b.is_resp.sum(1, keepdims=True), (n, l - 1)),
-                  adv[:, 1:], scored_cols(b.old_logp), scored_cols(b.ref_logp))
+                  adv[:, 1:], ones, ones, scored_cols(b.old_logp), scored_cols(b.ref_logp))
 
 
 def rows_from_packed(x: jax.Array) -> jax.Array:
@@ -111,13 +117,15 @@ def scoring_states(model, p: Packed) -> jax.Array:
     return jnp.take_along_axis(h, p.pred[..., None], axis=1)
 
 
-def packed_logprobs(model, p: Packed, chunk: int) -> jax.Array:
-    """log p of every scored entry, [R, M] (unscored entries hold junk)."""
-    return token_logprobs(scoring_states(model, p), model.head_weight(), p.target, chunk)[0]
+def packed_logprobs(model, p: Packed, chunk: int, how: SampledFrom = SampledFrom()) -> jax.Array:
+    """log p of every scored entry under its sampling distribution, [R, M] (unscored entries hold junk)."""
+    return token_logprobs(scoring_states(model, p), model.head_weight(), p.target, chunk, how, p.inv_temp,
+                          p.top_p)[0]
 
 
-def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int):
-    """(logprobs_fn, update_fn) for one policy.
+def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how: SampledFrom = SampledFrom()):
+    """(logprobs_fn, update_fn) for one policy; tokens are scored under the distribution the sampler drew
+    them from (`how`, and each token's temperature and top-p in the batch).
 
     `graphdef` and `frozen` (the non-trainable part of the model state, e.g. a
     LoRA base; may be empty) come from `nnx.split`. logprobs_fn(params, packed)
@@ -132,12 +140,12 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int):
 
     @jax.jit
     def packed_logprobs_fn(params, packed: Packed):
-        return packed_logprobs(model_of(params), packed, chunk)
+        return packed_logprobs(model_of(params), packed, chunk, how)
 
     @jax.jit
     def rows_logprobs_fn(params, tokens, valid):
         rows = Batch(tokens, valid, valid, None, jnp.zeros(tokens.shape[0]))
-        return rows_from_packed(packed_logprobs(model_of(params), packed_from_rows(rows), chunk))
+        return rows_from_packed(packed_logprobs(model_of(params), packed_from_rows(rows), chunk, how))
 
     def logprobs_fn(params, batch, valid=None):
         """[R, M] for a Packed batch; [N, L] for (tokens, valid) rows."""
@@ -158,7 +166,8 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int):
             per_token["ref"] = p.ref_logp
         loss, (logp, ent) = fused_head_loss(
             scoring_states(model, p), model.head_weight(), p.target, per_token,
-            lambda lp, en, x: token_loss_terms(loss_cfg, lp, en, x), chunk, head_grad=train_head)
+            lambda lp, en, x: token_loss_terms(loss_cfg, lp, en, x), chunk, head_grad=train_head,
+            how=how, inv_temp=p.inv_temp, top_p=p.top_p)
         _, metrics = weighted_policy_loss(loss_cfg, w, logp, p.old_logp, p.adv, p.ref_logp, ent)  # diagnostics
         return loss, dict(metrics, loss=loss)
 

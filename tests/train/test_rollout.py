@@ -196,3 +196,33 @@ def test_kl_reference_starts_at_zero_and_stays_small():
     assert 0.0 <= first["kl_ref"] < 1e-5  # the policy is still the reference when it is scored
     second = train_step(run, 2)
     assert np.isfinite(second["kl_ref"]) and second["kl_ref"] > first["kl_ref"]
+
+
+def test_old_logprobs_are_of_the_distribution_sampled_from():
+    """At temperature 0.7 and top-p 0.9 the trainer's old log-probs equal the sampler's (the importance
+    ratio starts at 1); scored at temperature 1 over the whole vocabulary, as before, they did not."""
+    from atgrpo_jax.rollout.tree import tree_rollout
+    from atgrpo_jax.train import batch as batch_mod
+    from atgrpo_jax.train.step import packed_minibatches, sample_fn_for, update_policy
+    from atgrpo_jax.train.update import Packed
+
+    config = tiny_config()
+    config.rollout.update(temperature=0.7, top_p=0.9)
+    config.rollout.agents = {"executor": {"temperature": 1.3}}  # per agent: another temperature
+    run = build_run(config)
+    assert [s.temperature for s in run.sampling] == [0.7, 1.3]
+    samples, _ = tree_rollout(run.workflow, sample_fn_for(run, None, 3), run.encode, [11, 12, 13], "train", k=K,
+                              max_turns=2, alpha=1.0, key=jax.random.key(7))
+    keep = samples.mask.any(1)
+    (batch,) = batch_mod.policy_batches(samples, np.zeros(samples.reward.shape, np.float32), keep,
+                                        run.policy_of_agent, 1, config.optim.mini_batch_size, np.random.default_rng(0),
+                                        np.array([1 / 0.7, 1 / 1.3], np.float32), np.array([0.9, 0.9], np.float32))
+    policy = run.policies[0]
+    for mb in packed_minibatches(run, policy, batch):
+        scored = mb["scored"]
+        exact = np.asarray(policy.logprobs_fn(policy.state.params, Packed.from_arrays(mb)))
+        plain = np.asarray(policy.logprobs_fn(policy.state.params, Packed.from_arrays(
+            {k: v for k, v in mb.items() if k not in ("inv_temp", "top_p")})))  # temperature 1, no top-p
+        assert np.abs(exact - mb["sampler_logp"])[scored].max() < 1e-4
+        assert np.abs(plain - mb["sampler_logp"])[scored].mean() > 0.05
+    assert update_policy(run, policy, batch)["logprob_gap"] < 1e-4
