@@ -155,7 +155,7 @@ def run_step(run: Run, side: Side, step: int) -> dict:
     rewards, mask = jnp.asarray(samples.reward), jnp.asarray(samples.mask)
     adv = np.asarray(group_advantages(rewards, mask, c.algo.advantage))
     keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance,
-                                   run.policy_of_agent[samples.agent]))
+                                   run.policy_of_agent[np.maximum(samples.agent, 0)]))
     batches = policy_batches(samples, adv, keep, run.policy_of_agent, len(run.policies),
                              c.optim.mini_batch_size, np.random.default_rng([c.train.seed, step]))
     model_s, metrics = 0.0, {}

@@ -58,7 +58,8 @@ class Samples:
     team_reward: np.ndarray  # [G, K] float32: the team's (environment's) reward
     mask: np.ndarray  # [G, K] bool
     task: np.ndarray  # [G] the task's position in the step's task list
-    agent: np.ndarray  # [G]
+    agent: np.ndarray  # [G] the agent of the group's samples (-1: several, see sample_agent)
+    sample_agent: np.ndarray  # [G, K] the agent of each sample (it routes the sample to its policy)
     turn: np.ndarray  # [G] (-1: the last turn each episode reached, plain GRPO)
     text: np.ndarray  # [G, K] object: the decoded responses
     parsed_as: np.ndarray  # [G, K] object: what the environment read from each response (or why nothing)
@@ -70,7 +71,7 @@ class Samples:
         z = lambda *shape, dtype=np.int32: np.zeros(shape, dtype)
         f = lambda: z(0, k, dtype=np.float32)
         return cls(z(0, k, 0), z(0, k), z(0, k, 0), z(0, k), z(0, k, 0, dtype=np.float32), f(), f(), f(),
-                   z(0, k, dtype=bool), z(0), z(0), z(0), z(0, k, dtype=object), z(0, k, dtype=object), z(0),
+                   z(0, k, dtype=bool), z(0), z(0), z(0, k), z(0), z(0, k, dtype=object), z(0, k, dtype=object), z(0),
                    shared_prompt)
 
     @property
@@ -115,8 +116,8 @@ def concat(parts: Sequence[Samples]) -> Samples:
         [getattr(s, name) if width is None else pad_to(getattr(s, name), width) for s in parts])
     return Samples(cat("prompt", p), cat("prompt_len"), cat("response", r), cat("response_len"),
                    cat("sampler_logp", r), cat("reward"), cat("local_reward"), cat("team_reward"), cat("mask"),
-                   cat("task"), cat("agent"), cat("turn"), cat("text"), cat("parsed_as"), cat("selected"),
-                   all(s.shared_prompt for s in parts))
+                   cat("task"), cat("agent"), cat("sample_agent"), cat("turn"), cat("text"), cat("parsed_as"),
+                   cat("selected"), all(s.shared_prompt for s in parts))
 
 
 def sequences(samples: Samples, groups: np.ndarray, branches: np.ndarray, width: int):

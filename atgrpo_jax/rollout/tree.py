@@ -132,7 +132,8 @@ def _record_samples(r: _Record, k: int, streams: np.ndarray) -> Samples:
         prompt=np.repeat(r.prompt[:, None], k, axis=1), prompt_len=np.repeat(r.prompt_len[:, None], k, axis=1),
         response=r.out.tokens.reshape(b, k, width), response_len=r.out.lengths.reshape(b, k),
         sampler_logp=r.out.logprobs.reshape(b, k, width), reward=r.reward, local_reward=r.local,
-        team_reward=r.team, mask=r.mask, task=np.asarray(streams), agent=np.full(b, r.agent), turn=np.full(b, r.turn),
+        team_reward=r.team, mask=r.mask, task=np.asarray(streams), agent=np.full(b, r.agent),
+        sample_agent=np.full((b, k), r.agent), turn=np.full(b, r.turn),
         text=obj_array(r.out.texts).reshape(b, k), parsed_as=r.parsed_as,
         selected=np.where(r.mask[:, 0], r.best, -1))
 
@@ -151,47 +152,72 @@ def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task
 
 
 def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
-                  split: str, *, k: int, max_turns: int, alpha: float, key: jax.Array, first_task: int = 0):
-    """Plain GRPO: K independent episodes per task, no selection; each group is
-    (task, agent) with the last-turn sample of each of the K episodes."""
-    b = len(task_ids)
+                  split: str, *, k: int, max_turns: int, alpha: float, key: jax.Array, first_task: int = 0,
+                  grouping: str = "task"):
+    """Plain GRPO: K independent episodes per task, no selection. grouping "task" (the reference
+    system's): one group per task, every agent's sample at the task's maximum turn (the last turn
+    any of its K episodes reached; an episode that ended earlier has none), K * agents wide;
+    "task_agent": one group per (task, agent) with the last sample of each of the K episodes."""
+    if grouping not in PLAIN_GROUPINGS:
+        raise ValueError(f"grouping must be one of {PLAIN_GROUPINGS}, got {grouping!r}")
+    b, num_agents = len(task_ids), len(workflow.agents)
     episode_tasks = np.repeat(np.asarray(task_ids), k)  # episode e = task e // k, branch e % k
     streams = first_task * k + np.arange(b * k)
     records, state, turns = _run(workflow, sample_fn, encode, episode_tasks, split, 1, max_turns, alpha, key,
                                  streams)
-    one = [_record_samples(r, 1, streams) for r in records]  # [B*K] groups of one sample each
-    num_agents = len(workflow.agents)
-    parts = []
-    for agent in range(num_agents):
-        mine = [s for r, s in zip(records, one) if r.agent == agent]
-        if not mine:
-            continue
-        stacked = concat(mine)  # [n * B*K] in record order
-        live = stacked.mask[:, 0].reshape(len(mine), b * k)
-        last = len(mine) - 1 - np.argmax(live[::-1], axis=0)  # the last record each episode lived in
-        pick = stacked.take(last * (b * k) + np.arange(b * k))
-        grouped = lambda x: x.reshape(b, k, *x.shape[2:])  # episodes of task i: rows i*K .. i*K+K-1
-        has = live.any(0).reshape(b, k)
-        zero_if_none = lambda x: np.where(has, grouped(x), np.float32(0)).astype(np.float32)
-        parts.append(Samples(
-            prompt=grouped(pick.prompt), prompt_len=grouped(pick.prompt_len), response=grouped(pick.response),
-            response_len=np.where(has, grouped(pick.response_len), 0), sampler_logp=grouped(pick.sampler_logp),
-            reward=zero_if_none(pick.reward), local_reward=zero_if_none(pick.local_reward),
-            team_reward=zero_if_none(pick.team_reward), mask=has, task=first_task + np.arange(b),
-            agent=np.full(b, agent), turn=np.full(b, -1), text=grouped(pick.text), parsed_as=grouped(pick.parsed_as),
-            selected=np.full(b, -1), shared_prompt=False))
-    samples = concat(parts) if parts else Samples.empty(k, shared_prompt=False)
+    one = concat([_record_samples(r, 1, streams) for r in records]) if records else None  # [R * B*K] of 1
+    samples = Samples.empty(k if grouping == "task_agent" else k * num_agents, shared_prompt=False)
+    if records:
+        n = b * k
+        live = one.mask[:, 0].reshape(len(records), n)  # [R, B*K]: episode e took part in record r
+        rec_agent = np.array([r.agent for r in records])
+        rec_turn = np.array([r.turn for r in records])
+        tasks = first_task + np.arange(b)
+        if grouping == "task_agent":
+            parts = []
+            for a in np.unique(rec_agent):
+                mine = np.flatnonzero(rec_agent == a)
+                last = mine[len(mine) - 1 - np.argmax(live[mine][::-1], axis=0)]  # [B*K] its last record
+                has = live[mine].any(0)
+                parts.append(_gather(one, (last * n + np.arange(n)).reshape(b, k), has.reshape(b, k),
+                                     task=tasks, agent=np.full(b, a), turn=np.full(b, -1)))
+            samples = concat(parts)
+        else:
+            last_turn = np.max(np.where(live, rec_turn[:, None], -1), axis=0)  # [B*K]
+            top = last_turn.reshape(b, k).max(1)  # each task's maximum turn
+            at = {(t, a): i for i, (t, a) in enumerate(zip(rec_turn, rec_agent))}
+            cols = [(j, a) for j in range(k) for a in range(num_agents)]  # column j * A + a: episode j, agent a
+            rec = np.array([[at.get((top[i], a), -1) for _, a in cols] for i in range(b)])
+            ep = np.arange(b)[:, None] * k + np.array([j for j, _ in cols])[None]
+            has = (rec >= 0) & live[np.maximum(rec, 0), ep]
+            rec = np.maximum(rec, 0)
+            samples = _gather(one, rec * n + ep, has, task=tasks, agent=np.full(b, -1), turn=top)
     success = np.asarray(workflow.success(state)).reshape(b, k)
-    trajectory = concat(one) if one else None
     return samples, Episodes(success.mean(1), turns.reshape(b, k).mean(1), _agent_reward(samples, num_agents),
-                             success, trajectory)
+                             success, one)
+
+
+PLAIN_GROUPINGS = ("task", "task_agent")
+
+
+def _gather(one: Samples, idx: np.ndarray, has: np.ndarray, **group) -> Samples:
+    """Groups [G, W] made of `one`'s one-sample groups idx[g, w] (samples where `has`)."""
+    g, w = idx.shape
+    flat = one.take(idx.ravel())
+    shaped = lambda x: x.reshape(g, w, *x.shape[2:])  # noqa: E731
+    zero = lambda x: np.where(has, shaped(x), 0).astype(x.dtype)  # noqa: E731
+    return Samples(prompt=shaped(flat.prompt), prompt_len=shaped(flat.prompt_len), response=shaped(flat.response),
+                   response_len=zero(flat.response_len), sampler_logp=shaped(flat.sampler_logp),
+                   reward=zero(flat.reward), local_reward=zero(flat.local_reward), team_reward=zero(flat.team_reward),
+                   mask=has, sample_agent=shaped(flat.sample_agent), text=shaped(flat.text),
+                   parsed_as=shaped(flat.parsed_as), selected=np.full(g, -1), shared_prompt=False, **group)
 
 
 def _agent_reward(samples: Samples, num_agents: int) -> np.ndarray:
     out = np.zeros(num_agents, np.float32)
     for a in range(num_agents):
-        m = samples.mask[samples.agent == a]
-        out[a] = samples.reward[samples.agent == a][m].mean() if m.any() else np.nan
+        m = samples.mask & (samples.sample_agent == a)
+        out[a] = samples.reward[m].mean() if m.any() else np.nan
     return out
 
 

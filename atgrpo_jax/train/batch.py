@@ -44,11 +44,12 @@ def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_o
     `pack_minibatch` can share their prompt). A policy with no kept sample gets None.
     """
     has_response = samples.mask & (samples.response_len > 0)
+    policy = policy_of_agent[samples.sample_agent]  # [G, K]: a sample goes to its agent's policy
     out: list[dict | None] = []
     for p in range(num_policies):
-        groups = np.flatnonzero(keep & (policy_of_agent[samples.agent] == p))
+        groups = np.flatnonzero(keep & (has_response & (policy == p)).any(1))
         groups = groups[rng.permutation(len(groups))]
-        g, k = np.nonzero(has_response[groups])  # group-major: a group's samples together
+        g, k = np.nonzero((has_response & (policy == p))[groups])  # group-major: a group's samples together
         g = groups[g]
         if not len(g):
             out.append(None)
@@ -59,7 +60,7 @@ def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_o
         share = g if samples.shared_prompt else g * samples.mask.shape[1] + k
         pad = lambda x, fill=0: np.concatenate([x, np.full((n - len(x),) + x.shape[1:], fill, x.dtype)])
         per_agent = lambda values: pad(np.ones(len(g), np.float32) if values is None else  # noqa: E731
-                                       np.asarray(values, np.float32)[samples.agent[g]], 1.0)
+                                       np.asarray(values, np.float32)[samples.sample_agent[g, k]], 1.0)
         out.append(dict(tokens=pad(tokens), valid=pad(valid), is_resp=pad(is_resp), sampler_logp=pad(logp),
                         adv=pad(adv[g, k].astype(np.float32)), share=pad(share.astype(np.int64), -1),
                         inv_temp=per_agent(inv_temp_of_agent), top_p=per_agent(top_p_of_agent),

@@ -59,6 +59,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout = ml_collections.ConfigDict()  # sampling of training episodes
     c.rollout.tree = True  # AT-GRPO tree sampling (K branches per state, best branch continues); False: K independent
     # episodes per task
+    c.rollout.plain_grouping = "task"  # without tree sampling: one group per "task" (every agent's sample at the
+    # task's last turn, as the reference system), or per "task_agent" (each agent's last sample of each episode)
     c.rollout.num_tasks = 32  # tasks per training step (B)
     c.rollout.k = 8  # branches (tree) or episodes (plain) per task: the group size K
     c.rollout.max_turns = 4  # turns per episode (T); every agent acts once per turn
@@ -259,6 +261,8 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     for key in ("num_tasks", "k", "max_turns", "max_new_tokens", "max_prompt_len"):
         _require(isinstance(r[key], int) and r[key] > 0, f"rollout.{key}", f"must be a positive int, got {r[key]!r}")
     _require(r.k >= 2 or not r.tree, "rollout.k", "tree sampling needs k >= 2 branches")
+    _require(r.plain_grouping in ("task", "task_agent"), "rollout.plain_grouping",
+             f"must be 'task' or 'task_agent', got {r.plain_grouping!r}")
     _require(r.temperature >= 0 and r.eval_temperature >= 0, "rollout.temperature", "must be >= 0")
     _require(0 < r.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {r.top_p}")
     _require(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)")

@@ -25,8 +25,9 @@ def _prompt(tokenizer, samples: Samples, g: int, k: int) -> str:
     return _clip(tokenizer.decode([int(t) for t in samples.prompt[g, k, :samples.prompt_len[g, k]]]))
 
 
-def _branch(samples: Samples, g: int, k: int, adv: np.ndarray | None) -> dict:
-    out = {"response": _clip(samples.text[g, k]), "parsed_as": _clip(samples.parsed_as[g, k]),
+def _branch(samples: Samples, g: int, k: int, adv: np.ndarray | None, agent_names=None) -> dict:
+    out = {"agent": agent_names[int(samples.sample_agent[g, k])]} if agent_names else {}
+    out |= {"response": _clip(samples.text[g, k]), "parsed_as": _clip(samples.parsed_as[g, k]),
            "local": float(samples.local_reward[g, k]), "team": float(samples.team_reward[g, k]),
            "reward": float(samples.reward[g, k])}
     if adv is not None:
@@ -42,9 +43,11 @@ def training_records(step: int, samples: Samples, episodes: Episodes, adv: np.nd
         turns = []
         for g in np.flatnonzero(samples.task == task):  # (turn, agent) order: the rollout merged them so
             live = np.flatnonzero(samples.mask[g])
-            turns.append({"turn": int(samples.turn[g]), "agent": agent_names[int(samples.agent[g])],
+            mixed = samples.agent[g] < 0  # a plain-GRPO group of every agent: each branch names its agent
+            turns.append({"turn": int(samples.turn[g]),
+                          "agent": "(several)" if mixed else agent_names[int(samples.agent[g])],
                           "prompt": _prompt(tokenizer, samples, g, live[0]), "selected": int(samples.selected[g]),
-                          "branches": [_branch(samples, g, k, adv) for k in live]})
+                          "branches": [_branch(samples, g, k, adv, agent_names if mixed else None) for k in live]})
         records.append({"step": int(step), "task": task, "success": float(episodes.success[task]),
                         "turns": float(episodes.turns[task]), "log": turns})
     return records

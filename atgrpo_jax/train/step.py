@@ -37,8 +37,9 @@ def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float, 
     mine = task_slice(len(task_ids))
     prompts = (mine.stop - mine.start) * (k if fn is plain_rollout else 1)
     r = run.config.rollout
+    extra = {"grouping": r.plain_grouping} if fn is plain_rollout else {}
     part = fn(run.workflow, sample_fn_for(run, temperature, prompts), run.encode, task_ids[mine], split,
-              k=k, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key, first_task=mine.start)
+              k=k, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key, first_task=mine.start, **extra)
     return merge_rollouts(gather_objects(part), len(run.workflow.agents))
 
 
@@ -104,7 +105,9 @@ def train_step(run: Run, step: int, on_rollout=None) -> dict:
     t1 = time.perf_counter()
     rewards, mask = jnp.asarray(samples.reward), jnp.asarray(samples.mask)
     adv = np.asarray(group_advantages(rewards, mask, c.algo.advantage))
-    scope = {"policy": run.policy_of_agent[samples.agent], "agent": samples.agent, "batch": None}[c.algo.filter_scope]
+    mixed = samples.agent < 0  # a group of several agents' samples (plain GRPO by task): a scope of its own
+    scope = {"policy": np.where(mixed, len(run.policies), run.policy_of_agent[samples.agent]),
+             "agent": np.where(mixed, len(run.workflow.agents), samples.agent), "batch": None}[c.algo.filter_scope]
     keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance, scope))
     rng = np.random.default_rng([c.train.seed, step])
     batches = policy_batches(samples, adv, keep, run.policy_of_agent, len(run.policies),

@@ -103,9 +103,31 @@ def test_next_agent_observes_the_selected_branch(run):
 
 
 def test_plain_grpo_groups_episodes_by_task_and_agent(run):
-    _, s, episodes = rollout(run, plain_rollout, seed=2)
+    import functools
+    spy, s, episodes = rollout(run, functools.partial(plain_rollout, grouping="task_agent"), seed=2)
     assert s.reward.shape == (3 * 2, K)  # (task, agent) groups, K independent episodes
     assert sorted(zip(s.task, s.agent)) == [(t, a) for t in range(3) for a in range(2)]
+
+
+def test_plain_grpo_as_the_reference_groups_by_task_at_its_last_turn(run):
+    """One group per task: both agents' samples at the task's maximum turn over its K episodes,
+    checked against the trajectory (every sample of every turn) in plain Python."""
+    _, s, episodes = rollout(run, plain_rollout, seed=2)
+    t = episodes.trajectory  # one-sample groups, task = episode index (task * K + k)
+    assert s.reward.shape == (3, K * 2) and list(s.task) == [0, 1, 2] and (s.agent == -1).all()
+    for task in range(3):
+        steps = [(int(t.turn[g]), int(t.agent[g]), int(t.task[g]) % K, g) for g in range(t.num_groups)
+                 if t.task[g] // K == task and t.mask[g, 0]]
+        top = max(turn for turn, *_ in steps)
+        assert s.turn[task] == top
+        want = {(a, e): g for turn, a, e, g in steps if turn == top}
+        for col in range(K * 2):
+            e, a = divmod(col, 2)
+            assert s.mask[task, col] == ((a, e) in want) and s.sample_agent[task, col] == a
+            if (a, e) in want:
+                g = want[(a, e)]
+                assert s.reward[task, col] == t.reward[g, 0]
+                np.testing.assert_array_equal(s.response[task, col], t.response[g, 0])
 
 
 def param_leaves(policy):
