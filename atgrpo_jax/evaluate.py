@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+import types
 
 from absl import app, flags, logging
 
@@ -26,14 +27,6 @@ from atgrpo_jax.train.metrics import METRICS_FILE
 EVAL_FILE = "eval.json"
 EVAL_EPISODES_FILE = "eval_episodes.jsonl"
 
-_CONFIG = flags.DEFINE_string("config", None, "config file (default with --checkpoint: the run's config.json)")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "a run's workdir, or WORKDIR/checkpoints/STEP")
-_HF_PATH = flags.DEFINE_string("hf_path", None, "a Hugging Face Qwen3 model directory to evaluate instead")
-_SPLITS = flags.DEFINE_list("splits", [], "splits to evaluate (default: the workflow's test splits)")
-_TASKS = flags.DEFINE_integer("tasks", 0, "tasks of a split of generated tasks (default: config.train.eval_tasks)")
-_K = flags.DEFINE_integer("k", 0, "episodes per task (default: config.train.eval_k)")
-_TEMPERATURE = flags.DEFINE_float("temperature", -1.0, "sampling temperature (default: rollout.eval_temperature)")
-_OUT = flags.DEFINE_string("out", "", "directory for the outputs (default: the run's workdir)")
 
 
 def write_eval_outputs(result: dict, workdir: str | None, out: str, *, label: str, title: str) -> list[str]:
@@ -49,9 +42,45 @@ def write_eval_outputs(result: dict, workdir: str | None, out: str, *, label: st
     return written
 
 
+def parse_policies(items) -> dict[str, tuple[str, str | None, int | None]]:
+    """{agent: (workdir, policy name or None, step or None)} from AGENT=WORKDIR[:POLICY][@STEP] items."""
+    out = {}
+    for item in items:
+        agent, eq, source = item.partition("=")
+        if not eq or not agent or not source:
+            raise cli.UsageError(f"--policies: {item!r} is not AGENT=WORKDIR[:POLICY][@STEP]")
+        source, _, step = source.partition("@")
+        workdir, _, policy = source.partition(":")
+        if step and not step.isdigit():
+            raise cli.UsageError(f"--policies: step {step!r} of {item!r} is not a number")
+        out[agent] = (workdir, policy or None, int(step) if step else None)
+    return out
+
+
+def load_policies_from(run, sources: dict) -> None:
+    """Replace the policy acting for each agent of `sources` by one restored from another run."""
+    from atgrpo_jax.train.checkpoint import Checkpointer
+    from atgrpo_jax.train.step import policy_states
+
+    names = [a.name for a in run.workflow.agents]
+    if len(run.policies) != len(names):
+        raise cli.UsageError("--policies needs one policy per agent (policy.sharing per_role or lora)")
+    for agent, (workdir, policy, step) in sources.items():
+        if agent not in names:
+            raise cli.UsageError(f"--policies: {agent!r} is not an agent ({names})")
+        mine = run.policies[int(run.policy_of_agent[names.index(agent)])]
+        ckpt = Checkpointer(wd.checkpoint_dir(workdir), keep_last=0, read_only=True)
+        states, _ = ckpt.restore(step, target=policy_states(run))
+        name = policy or mine.name
+        if name not in states:
+            raise cli.UsageError(f"--policies: {workdir} has no policy {name!r} ({sorted(states)})")
+        mine.state = states[name]
+
+
 def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = None, splits=(), tasks: int = 0,
-                   k: int = 0, temperature: float | None = None, out: str = "") -> dict:
-    """Evaluate a checkpoint of a run (config: the run's) or the model at `hf_path`; returns eval.json's dict."""
+                   k: int = 0, temperature: float | None = None, out: str = "", policies_from=None) -> dict:
+    """Evaluate a checkpoint of a run (config: the run's) or the model at `hf_path`; returns eval.json's dict.
+    policies_from: `parse_policies`' mapping (some agents' policies from other runs)."""
     from atgrpo_jax.train.checkpoint import Checkpointer
     from atgrpo_jax.train.config import resolve
     from atgrpo_jax.train.episodes import evaluation_records
@@ -85,10 +114,13 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
             raise FileNotFoundError(f"no complete checkpoint in {ckpt_dir}")
         states, _ = ckpt.restore(step, target=policy_states(run))
         set_policy_states(run, states)
+    if policies_from:
+        load_policies_from(run, policies_from)
     tasks, k = tasks or config.train.eval_tasks, k or config.train.eval_k
     metrics, episodes = evaluation(run, splits, tasks, k, temperature)
     result = {"model": hf_path or checkpoint, "step": step, "workflow": config.env.workflow,
-              "sharing": config.policy.sharing, "k": k, "splits": splits, **metrics}
+              "sharing": config.policy.sharing, "k": k, "splits": splits,
+              **({"policies_from": {a: list(v) for a, v in policies_from.items()}} if policies_from else {}), **metrics}
     write_eval_outputs(result, workdir, out, label=config.policy.sharing,
                        title=f"{config.env.workflow}: held-out success")
     names = [a.name for a in run.workflow.agents]
@@ -115,18 +147,35 @@ def config_for(checkpoint: str | None, spec: str | None, overrides):
     return cli.apply_overrides(from_saved(saved), overrides)
 
 
-def main(argv, overrides=()):
+def main(argv, f, overrides=()):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    temperature = None if _TEMPERATURE.value < 0 else _TEMPERATURE.value
+    temperature = None if f.temperature.value < 0 else f.temperature.value
     with cli.fail():
-        config = config_for(_CHECKPOINT.value, _CONFIG.value, overrides)
-        run_evaluation(config, _CHECKPOINT.value, _HF_PATH.value, _SPLITS.value, _TASKS.value, _K.value,
-                       temperature, _OUT.value)
+        config = config_for(f.checkpoint.value, f.config.value, overrides)
+        run_evaluation(config, f.checkpoint.value, f.hf_path.value, f.splits.value, f.tasks.value, f.k.value,
+                       temperature, f.out.value, parse_policies(f.policies.value))
+
+
+def _flags() -> types.SimpleNamespace:
+    """The command's flags (defined when it runs, so importing this module defines none)."""
+    return types.SimpleNamespace(
+        config=flags.DEFINE_string("config", None, "config file (default with --checkpoint: the run's config.json)"),
+        checkpoint=flags.DEFINE_string("checkpoint", None, "a run's workdir, or WORKDIR/checkpoints/STEP"),
+        hf_path=flags.DEFINE_string("hf_path", None, "a Hugging Face Qwen3 model directory to evaluate instead"),
+        splits=flags.DEFINE_list("splits", [], "splits to evaluate (default: the workflow's test splits)"),
+        tasks=flags.DEFINE_integer("tasks", 0, "tasks of a split of generated tasks (default: train.eval_tasks)"),
+        k=flags.DEFINE_integer("k", 0, "episodes per task (default: config.train.eval_k)"),
+        temperature=flags.DEFINE_float("temperature", -1.0, "sampling temperature (default: rollout.eval_temperature)"),
+        out=flags.DEFINE_string("out", "", "directory for the outputs (default: the run's workdir)"),
+        policies=flags.DEFINE_list("policies", [], "AGENT=WORKDIR[:POLICY][@STEP],...: the policy acting for AGENT "
+                                   "comes from another run's checkpoint (its policy POLICY, default AGENT's own): "
+                                   "roles trained apart then combined, or swapped, as the paper's ablations"))
 
 
 if __name__ == "__main__":
+    _f = _flags()
     with cli.fail():
         _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _overrides), argv=_argv)
+    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv)

@@ -36,18 +36,20 @@ def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_o
                    num_policies: int, mini_batch: int, rng: np.random.Generator,
                    inv_temp_of_agent: np.ndarray | None = None,
                    top_p_of_agent: np.ndarray | None = None) -> list[dict | None]:
-    """Per policy: arrays tokens/valid/is_resp/sampler_logp [N, L], adv [N], share [N] (rows
-    with one share id >= 0 answer one prompt; -1: an empty row) and the sampling settings of
-    each row's agent, inv_temp and top_p [N] (default 1: temperature 1, no top-p), with N a multiple of
-    `mini_batch` (the last mini-batch padded with empty rows). Groups are shuffled and each
+    """Per policy, its kept samples (keep: [G] groups or [G, K] samples) as arrays tokens/valid/
+    is_resp/sampler_logp [N, L], adv [N], share [N] (rows with one share id >= 0 answer one
+    prompt; -1: an empty row) and the sampling settings of each row's agent, inv_temp and
+    top_p [N] (default 1: temperature 1, no top-p), with N a multiple of `mini_batch` (the
+    last mini-batch padded with empty rows). Groups are shuffled and each
     group's samples stay together, so a mini-batch holds whole groups (as verl's, and so
     `pack_minibatch` can share their prompt). A policy with no kept sample gets None.
     """
-    has_response = samples.mask & (samples.response_len > 0)
+    keep = keep[:, None] if keep.ndim == 1 else keep  # groups kept, or samples kept
+    has_response = samples.mask & (samples.response_len > 0) & keep
     policy = policy_of_agent[samples.sample_agent]  # [G, K]: a sample goes to its agent's policy
     out: list[dict | None] = []
     for p in range(num_policies):
-        groups = np.flatnonzero(keep & (has_response & (policy == p)).any(1))
+        groups = np.flatnonzero((has_response & (policy == p)).any(1))
         groups = groups[rng.permutation(len(groups))]
         g, k = np.nonzero((has_response & (policy == p))[groups])  # group-major: a group's samples together
         g = groups[g]

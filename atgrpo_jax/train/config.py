@@ -54,6 +54,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.policy.sharing = "shared"  # "shared" (one model, role prompts), "per_role" (one model per agent), "lora" (one
     # adapter per agent on a frozen shared base)
     c.policy.pools = False  # per_role: each agent's model on its own disjoint part of the mesh
+    c.policy.frozen_agents = ()  # agents whose samples are not trained on (the paper's ablation: one role
+    # trained alone while the other stays the base model)
     c.regime = ""  # shorthand expanded once by resolve(): shared, per_role, lora, single_agent, plain_grpo (see
     # REGIMES)
     c.rollout = ml_collections.ConfigDict()  # sampling of training episodes

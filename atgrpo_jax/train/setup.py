@@ -85,9 +85,11 @@ def build_run(config) -> Run:
     except ValueError as e:
         raise ConfigError(f"config.{e}" if str(e).startswith("env.") else f"config.env: {e}") from None
     names = [a.name for a in workflow.agents]
-    unknown = sorted(set(config.rollout.agents) - set(names))
-    if unknown:
-        raise ConfigError(f"config.rollout.agents: {unknown} are not agents of {config.env.workflow} ({names})")
+    for key, given in (("rollout.agents", set(config.rollout.agents)), ("policy.frozen_agents",
+                                                                          set(config.policy.frozen_agents))):
+        if given - set(names):
+            raise ConfigError(f"config.{key}: {sorted(given - set(names))} are not agents of "
+                              f"{config.env.workflow} ({names})")
     sampling = [agent_sampling(config, n) for n in names]
     try:
         pools = sub_meshes(mesh, len(names)) if config.policy.pools else [mesh] * len(names)

@@ -109,8 +109,10 @@ def train_step(run: Run, step: int, on_rollout=None) -> dict:
     scope = {"policy": np.where(mixed, len(run.policies), run.policy_of_agent[samples.agent]),
              "agent": np.where(mixed, len(run.workflow.agents), samples.agent), "batch": None}[c.algo.filter_scope]
     keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance, scope))
+    frozen = [i for i, a in enumerate(run.workflow.agents) if a.name in c.policy.frozen_agents]
+    trained = keep[:, None] & ~np.isin(samples.sample_agent, frozen)  # [G, K]: the samples the update sees
     rng = np.random.default_rng([c.train.seed, step])
-    batches = policy_batches(samples, adv, keep, run.policy_of_agent, len(run.policies),
+    batches = policy_batches(samples, adv, trained, run.policy_of_agent, len(run.policies),
                              c.optim.mini_batch_size, rng, np.array([s.inv_temp for s in run.sampling], np.float32),
                              np.array([s.top_p for s in run.sampling], np.float32))
     if on_rollout is not None:

@@ -155,7 +155,7 @@ def test_per_role_router_updates_each_policy_from_its_own_agent_only(pools):
     real = batch_mod.policy_batches
 
     def only_executor(samples, adv, keep, policy_of_agent, *a, **kw):
-        keep = keep & (samples.agent == 1)
+        keep = keep & (samples.agent == 1)[:, None]
         return real(samples, adv, keep, policy_of_agent, *a, **kw)
 
     import atgrpo_jax.train.step as loop

@@ -1,0 +1,132 @@
+"""Compare training regimes at an equal budget, over several seeds: a markdown table and a plot.
+
+    python -m atgrpo_jax.ablate --config=configs/demo.py --regimes=shared,per_role,single_agent,plain_grpo \\
+        --seeds=0,1,2 --out=runs/regimes --config.train.steps=80
+
+Each (regime, seed) trains in OUT/<regime>/seed<k> with the same config and number of steps
+(train.seed and model.init_seed set to the seed, no time budget), resuming a run that was
+interrupted and skipping one that is complete. Then OUT/table.md (held-out success at the end:
+mean and standard deviation over seeds, each seed's value, samples per step), OUT/table.json
+and OUT/curves.png (mean curve per regime with a band of one standard deviation).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+
+import numpy as np
+from absl import app, flags, logging
+
+from atgrpo_jax import cli
+
+
+
+def run_table(config, regimes, seeds, out: str) -> dict:
+    """Train every (regime, seed) (see the module docstring); returns table.json's dict."""
+    from atgrpo_jax.train.config import REGIMES, resolve
+    from atgrpo_jax.train.loop import run_training
+    from atgrpo_jax.train.metrics import read_metrics
+
+    unknown = [r for r in regimes if r not in REGIMES]
+    if unknown:
+        raise cli.UsageError(f"--regimes: {unknown} are not regimes ({', '.join(REGIMES)})")
+    runs = {}
+    for regime in regimes:
+        for seed in seeds:
+            c = config.copy_and_resolve_references()
+            c.regime, c.train.seed, c.model.init_seed, c.train.time_budget_s = regime, int(seed), int(seed), 0.0
+            resolve(c)
+            workdir = os.path.join(out, regime, f"seed{seed}")
+            rows = read_metrics(workdir) if os.path.exists(os.path.join(workdir, "metrics.jsonl")) else []
+            if not rows or rows[-1]["step"] < c.train.steps:
+                print(f"training {regime}, seed {seed}: {workdir}", flush=True)
+                run_training(c, workdir)
+                rows = read_metrics(workdir)
+            runs[(regime, seed)] = rows
+    table = summarize(runs, regimes, seeds)
+    write_outputs(table, runs, out)
+    return table
+
+
+def summarize(runs: dict, regimes, seeds) -> dict:
+    """Per regime: the held-out success of each seed at its last evaluation, their mean and std."""
+    table = {}
+    for regime in regimes:
+        finals, samples = [], []
+        for seed in seeds:
+            rows = runs[(regime, seed)]
+            evals = [r for r in rows if r.get("eval_success") is not None]
+            finals.append(evals[-1]["eval_success"] if evals else float("nan"))
+            samples += [r["samples"] for r in rows if r.get("samples") is not None]
+        table[regime] = {"final": finals, "mean": float(np.mean(finals)), "std": float(np.std(finals, ddof=1))
+                         if len(finals) > 1 else 0.0, "samples_per_step": float(np.mean(samples)) if samples else 0.0}
+    return table
+
+
+def markdown(table: dict, steps: int) -> str:
+    lines = [f"| regime | held-out success after {steps} steps (mean ± std) | per seed | samples per step |",
+             "|---|---|---|---|"]
+    for regime, t in table.items():
+        seeds = ", ".join(f"{x:.0%}" for x in t["final"])
+        lines.append(f"| {regime} | {t['mean']:.1%} ± {t['std']:.1%} | {seeds} | {t['samples_per_step']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(table: dict, runs: dict, out: str):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    steps = max(r["step"] for rows in runs.values() for r in rows)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(markdown(table, steps))
+    with open(os.path.join(out, "table.json"), "w") as f:
+        json.dump(table, f, indent=2)
+    fig = Figure(figsize=(6.4, 4.0), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for regime in table:
+        curves = [{r["step"]: r["eval_success"] for r in rows if r.get("eval_success") is not None}
+                  for (reg, _), rows in runs.items() if reg == regime]
+        xs = sorted(set.intersection(*(set(c) for c in curves)))
+        ys = np.array([[c[x] for x in xs] for c in curves])
+        ax.plot(xs, ys.mean(0), marker="o", markersize=3, label=f"{regime} ({len(curves)} seeds)")
+        ax.fill_between(xs, ys.mean(0) - ys.std(0), ys.mean(0) + ys.std(0), alpha=0.2)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("success rate (held out)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "curves.png"))
+
+
+def main(argv, f, overrides=()):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)
+    with cli.fail():
+        if not f.out.value:
+            raise cli.UsageError("--out is required")
+        config = cli.apply_overrides(cli.load_config(f.config.value), overrides)
+        os.makedirs(f.out.value, exist_ok=True)
+        table = run_table(config, f.regimes.value, f.seeds.value, f.out.value)
+        print(open(os.path.join(f.out.value, "table.md")).read())
+        return table
+
+
+def _flags() -> types.SimpleNamespace:
+    """The command's flags (defined when it runs, so importing this module defines none)."""
+    return types.SimpleNamespace(
+        config=flags.DEFINE_string("config", None, "config file configs/X.py[:ARG]; its keys: --config.KEY=VALUE"),
+        regimes=flags.DEFINE_list("regimes", ["shared", "per_role", "single_agent", "plain_grpo"],
+                                  "regimes (train.config.REGIMES) to compare"),
+        seeds=flags.DEFINE_list("seeds", ["0", "1", "2"], "seeds (train.seed and model.init_seed)"),
+        out=flags.DEFINE_string("out", None, "directory of the runs, the table and the plot"))
+
+
+if __name__ == "__main__":
+    _f = _flags()
+    with cli.fail():
+        _overrides, _argv = cli.pop_overrides(sys.argv)
+    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv)

@@ -1,0 +1,72 @@
+"""The paper's ablations: a regime table at equal budget, roles trained alone, policies combined or swapped."""
+import importlib.util
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+CONFIG = os.path.join(os.path.dirname(__file__), "train", "tiny_config.py")
+
+
+def tiny():
+    spec = importlib.util.spec_from_file_location("tiny_config", CONFIG)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    c.train.update(steps=2, eval_every=2, checkpoint_every=2, log_episodes_every=0)
+    return c
+
+
+def leaves(policy):
+    return [np.asarray(x) for x in jax.tree.leaves(policy.state.params)]
+
+
+def test_regime_table_over_seeds(tmp_path):
+    from atgrpo_jax.ablate import run_table
+    from atgrpo_jax.train.metrics import read_metrics
+
+    table = run_table(tiny(), ["shared", "plain_grpo"], ["0", "1"], str(tmp_path))
+    for regime in ("shared", "plain_grpo"):
+        finals = [read_metrics(str(tmp_path / regime / f"seed{s}"))[-1]["eval_success"] for s in (0, 1)]
+        assert table[regime]["final"] == finals
+        assert table[regime]["mean"] == pytest.approx(np.mean(finals))
+        assert table[regime]["std"] == pytest.approx(np.std(finals, ddof=1))
+    assert table["shared"]["samples_per_step"] > table["plain_grpo"]["samples_per_step"]  # the tree samples more
+    text = (tmp_path / "table.md").read_text()
+    assert "| shared |" in text and "| plain_grpo |" in text and (tmp_path / "curves.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "table.json").read_text()) == table
+    before = os.path.getmtime(tmp_path / "shared" / "seed0" / "metrics.jsonl")
+    run_table(tiny(), ["shared"], ["0"], str(tmp_path))  # complete runs are not trained again
+    assert os.path.getmtime(tmp_path / "shared" / "seed0" / "metrics.jsonl") == before
+
+
+def test_a_role_trained_alone_leaves_the_other_as_it_was_and_policies_can_be_swapped(tmp_path):
+    from atgrpo_jax.evaluate import load_policies_from, parse_policies
+    from atgrpo_jax.train.loop import run_training
+    from atgrpo_jax.train.setup import build_run
+
+    c = tiny()
+    c.policy.sharing, c.policy.frozen_agents = "per_role", ("planner",)
+    start = build_run(c.copy_and_resolve_references())
+    run_training(c, str(tmp_path / "executor_alone"))
+    trained = build_run(_per_role())
+    load_policies_from(trained, parse_policies([f"planner={tmp_path / 'executor_alone'}",
+                                                f"executor={tmp_path / 'executor_alone'}"]))
+    planner, executor = trained.policies
+    assert all(np.array_equal(a, b) for a, b in zip(leaves(planner), leaves(start.policies[0])))  # frozen
+    assert any(not np.array_equal(a, b) for a, b in zip(leaves(executor), leaves(start.policies[1])))
+    swapped = build_run(_per_role())  # the paper's swap: each agent played by the other's policy
+    load_policies_from(swapped, parse_policies([f"planner={tmp_path / 'executor_alone'}:policy_executor",
+                                                f"executor={tmp_path / 'executor_alone'}:policy_planner"]))
+    assert all(np.array_equal(a, b) for a, b in zip(leaves(swapped.policies[0]), leaves(executor)))
+    assert all(np.array_equal(a, b) for a, b in zip(leaves(swapped.policies[1]), leaves(planner)))
+    with pytest.raises(Exception, match="is not AGENT=WORKDIR"):
+        parse_policies(["planner"])
+
+
+def _per_role():
+    c = tiny()
+    c.policy.sharing = "per_role"
+    return c
