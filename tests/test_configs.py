@@ -33,11 +33,17 @@ def test_config_resolves_in_every_regime_and_builds_its_workflow(path):
     base = load(path)
     if path in PAPER:
         base.model.hf_path = "/checkpoints/qwen3"  # resolve checks the setting, not the files
-    for regime in REGIMES:
+    own_layout = base.policy.sharing != "shared"  # a config that chose its layout takes no regime shorthand
+    for regime in [""] if own_layout else REGIMES:
         c = copy.deepcopy(base)
         c.regime = regime
         resolve(c)
         assert c.regime == ""
+    if own_layout:
+        c = copy.deepcopy(base)
+        c.regime = "shared"
+        with pytest.raises(ConfigError, match="contradicts regime='shared'"):
+            resolve(c)
     for single in (False, True):
         wf = make_workflow(base.env.workflow, single_agent=single, **dict(base.env.kwargs))
         assert len(wf.agents) == (1 if single else 2)
