@@ -159,6 +159,22 @@ def _ends_with_newline(path: str) -> bool:
         return f.read(1) == b"\n"
 
 
+def _wait_for_a_later_file_name(tb_dir: str) -> None:
+    """Sleep (< 1 s) until a new event file's name sorts after every existing one.
+
+    TensorBoard reads a directory's event files in name order, and the name is
+    `events.out.tfevents.<second>.<host>.<pid>.<counter>`: within one second
+    the counter decides, and "10" sorts before "9". A resumed run's file read
+    before the old one would look like steps going backwards.
+    """
+    if not os.path.isdir(tb_dir):
+        return
+    seconds = [int(n[len(_EVENTS_PREFIX):].split(".", 1)[0]) for n in os.listdir(tb_dir)
+               if n.startswith(_EVENTS_PREFIX) and n[len(_EVENTS_PREFIX):].split(".", 1)[0].isdigit()]
+    if seconds and time.time() < max(seconds) + 1:
+        time.sleep(max(seconds) + 1 - time.time())
+
+
 class MetricsWriter:
     """Appends scalars to metrics.jsonl and TensorBoard; see the module docstring."""
 
@@ -201,6 +217,7 @@ class MetricsWriter:
         if tensorboard:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+            _wait_for_a_later_file_name(self._local_tb)
             self._events = EventFileWriter(self._local_tb)
         self._last_sync = -math.inf
         self.sync()  # the store holds the truncated files (or an empty metrics.jsonl) from the start

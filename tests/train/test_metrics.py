@@ -81,7 +81,13 @@ def test_bad_values_raise_naming_the_key(tmp_path):
     assert read_metrics(str(tmp_path)) == [{"step": 1, "ok": 1.0}]
 
 
-def test_resumed_run_equals_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("uid", [0, 8])
+def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch, uid):
+    # uid 8 (the full run takes it): the killed run's event file ends in ".9", the resumed one's in
+    # ".10", which sorts first when both are made in the same second.
+    from tensorboard.summary.writer import event_file_writer
+
+    monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(uid))
     full = str(tmp_path / "full")
     _write(full, _rows(0, range(1, 9))).close()
 
