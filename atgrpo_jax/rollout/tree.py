@@ -13,33 +13,22 @@ episode reached.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from atgrpo_jax.envs.text_state import obj_array
-from atgrpo_jax.envs.workflow import Workflow, take_branch
-from atgrpo_jax.rollout.samples import SampleOut, Samples, concat, right_padded
+from atgrpo_jax.envs.workflow import Workflow
+from atgrpo_jax.rollout.cohort import Record, Stages, combine, run_sync
+from atgrpo_jax.rollout.dispatch import run_async, split_cohorts
+from atgrpo_jax.rollout.samples import SampleOut, Samples, concat
+from atgrpo_jax.trace import Tracer
 
 # sample_fn(agent, prompt_ids, k, keys) -> SampleOut, keys [len(prompt_ids)]: one PRNG
 # key per prompt (branch k draws from fold_in(key, k)); the router lives inside it.
 # encode(messages, agent) -> prompt token ids (the agent's chat template settings).
 SampleFn = Callable[[int, Sequence[Sequence[int]], int, jax.Array], SampleOut]
-
-
-@jax.jit
-def _prompt_keys(key, streams, turn, agent):
-    fold = jax.random.fold_in
-    return jax.vmap(lambda s: fold(fold(fold(key, s), turn), agent))(streams)
-
-
-def prompt_keys(key: jax.Array, streams: np.ndarray, turn: int, agent: int) -> jax.Array:
-    """One key per prompt from its stream (its task's position in the step), the
-    turn and the agent: a task's samples do not depend on which other tasks share
-    the batch, or on which process rolls it out."""
-    return _prompt_keys(key, np.asarray(streams, np.uint32), np.uint32(turn), np.uint32(agent))
 
 
 @dataclasses.dataclass
@@ -53,78 +42,43 @@ class Episodes:
     trajectory: Samples | None = None
 
 
-@dataclasses.dataclass
-class _Record:
-    """One agent's turn over B tasks (K branches each)."""
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How a rollout runs its stages: one cohort of all tasks, stage after stage (the default), or
+    `cohorts` cohorts interleaved by the asynchronous dispatcher (dispatch.py)."""
 
-    turn: int
-    agent: int
-    prompt: np.ndarray  # [B, P] right-padded
-    prompt_len: np.ndarray  # [B]
-    out: SampleOut  # B*K rows (dead tasks: empty rows)
-    reward: np.ndarray  # [B, K]
-    local: np.ndarray  # [B, K]
-    team: np.ndarray  # [B, K]
-    parsed_as: np.ndarray  # [B, K] object
-    mask: np.ndarray  # [B, K]
-    best: np.ndarray  # [B]
+    cohorts: int = 1
+    asynchronous: bool = False
+    host_workers: int = 4
+    pool_of_agent: tuple = ()  # the pool (policy) that samples for each agent
+    pool_names: tuple = ()
+    tracer: Tracer | None = None
 
 
-def _where_live(live: np.ndarray, new: Any, old: Any) -> Any:
-    """Per task: the new state where live, else the old one (finished tasks freeze)."""
-    def pick(n, o):
-        cond = live.reshape(live.shape + (1,) * (np.ndim(n) - 1))
-        return jnp.where(cond, n, o) if isinstance(n, jax.Array) else np.where(cond, n, o)
-    return jax.tree.map(pick, new, old)
+def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, split: str, k: int, max_turns: int,
+         alpha: float, key: jax.Array, streams: np.ndarray, schedule: Schedule | None = None):
+    """The loop both modes share: (one record per stage over all tasks, success [B], turns [B]).
+    streams [B]: the random stream of each task (see cohort.prompt_keys)."""
+    schedule = schedule or Schedule()
+    task_ids = np.asarray(task_ids)
+    stages = Stages(workflow, encode, k, max_turns, alpha, key, np.asarray(streams))
+    cohorts = [stages.start(task_ids, split, rows) for rows in split_cohorts(len(task_ids), schedule.cohorts)]
+    if schedule.asynchronous:
+        pools = schedule.pool_of_agent or (0,) * len(workflow.agents)
+        run_async(stages, cohorts, sample_fn, pools, schedule.host_workers, schedule.tracer,
+                  schedule.pool_names or None)
+    else:
+        names = schedule.pool_names
+        label = (lambda agent: f"pool {names[schedule.pool_of_agent[agent]]}") if names else None  # noqa: E731
+        for c in cohorts:
+            run_sync(stages, c, sample_fn, schedule.tracer, label)
+    success, turns = np.zeros(len(task_ids), bool), np.zeros(len(task_ids), np.int32)
+    for c in cohorts:
+        success[c.rows], turns[c.rows] = np.asarray(workflow.success(c.state)), c.turns
+    return combine(cohorts, len(task_ids), k), success, turns
 
 
-def _spread(out: SampleOut, rows: np.ndarray, b: int, k: int) -> SampleOut:
-    """The sampled rows of the live tasks `rows` placed among B tasks (dead tasks: empty)."""
-    width = out.tokens.shape[1]
-    dest = (rows[:, None] * k + np.arange(k)).ravel()
-    tokens, logps = np.zeros((b * k, width), np.int32), np.zeros((b * k, width), np.float32)
-    lengths, texts = np.zeros(b * k, np.int32), [""] * (b * k)
-    tokens[dest], logps[dest], lengths[dest] = out.tokens, out.logprobs, out.lengths
-    for d, text in zip(dest, out.texts):
-        texts[d] = text
-    return SampleOut(tokens, lengths, logps, texts)
-
-
-def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, split: str,
-         k: int, max_turns: int, alpha: float, key: jax.Array, streams: np.ndarray):
-    """The loop both modes share. Returns the records, the final state and turns per task.
-    streams [B]: the random stream of each task (see prompt_keys)."""
-    state = workflow.reset(task_ids, split)
-    b = len(task_ids)
-    turns = np.zeros(b, np.int32)
-    records = []
-    for turn in range(max_turns):
-        live = ~np.asarray(workflow.done(state))
-        if not live.any():
-            break
-        turns += live
-        for agent in range(len(workflow.agents)):
-            live = ~np.asarray(workflow.done(state))
-            if not live.any():
-                break
-            prompts = [np.asarray(encode(m, agent), np.int32) for m in workflow.prompts(state, agent, turn)]
-            rows = np.flatnonzero(live)  # sample only live tasks
-            out = _spread(sample_fn(agent, [prompts[i] for i in rows], k, prompt_keys(key, streams[rows], turn, agent)),
-                          rows, b, k)
-            texts = [out.texts[i * k:(i + 1) * k] for i in range(b)]
-            step = workflow.step(state, agent, turn, texts)
-            reward = np.asarray(step.local_reward + alpha * step.team_reward, np.float32)
-            mask = np.repeat(live[:, None], k, axis=1)
-            best = np.argmax(np.where(mask, reward, -np.inf), axis=1)
-            state = _where_live(live, take_branch(step.state, best), state)
-            parsed_as = step.parsed_as if step.parsed_as is not None else np.full((b, k), "", object)
-            records.append(_Record(turn, agent, *right_padded(prompts), out, reward,
-                                   np.asarray(step.local_reward, np.float32), np.asarray(step.team_reward, np.float32),
-                                   parsed_as, mask, best))
-    return records, state, turns
-
-
-def _record_samples(r: _Record, k: int, streams: np.ndarray) -> Samples:
+def _record_samples(r: Record, k: int, streams: np.ndarray) -> Samples:
     """One record's B groups (task, agent, turn) of K samples."""
     b = len(streams)
     width = r.out.tokens.shape[1]
@@ -139,21 +93,22 @@ def _record_samples(r: _Record, k: int, streams: np.ndarray) -> Samples:
 
 
 def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
-                 split: str, *, k: int, max_turns: int, alpha: float, key: jax.Array, first_task: int = 0):
+                 split: str, *, k: int, max_turns: int, alpha: float, key: jax.Array, first_task: int = 0,
+                 schedule: Schedule | None = None):
     """AT-GRPO tree sampling: groups (task, agent, turn) of exactly K samples.
 
     Samples.task is a task's position in the step's task list: `first_task` + i
     for task_ids[i] (a process rolling out a slice passes where it starts)."""
     streams = first_task + np.arange(len(task_ids))
-    records, state, turns = _run(workflow, sample_fn, encode, task_ids, split, k, max_turns, alpha, key, streams)
+    records, success, turns = _run(workflow, sample_fn, encode, task_ids, split, k, max_turns, alpha, key, streams,
+                                   schedule)
     samples = concat([_record_samples(r, k, streams) for r in records]) if records else Samples.empty(k)
-    success = np.asarray(workflow.success(state))
     return samples, Episodes(success, turns, _agent_reward(samples, len(workflow.agents)), success[:, None], samples)
 
 
 def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
                   split: str, *, k: int, max_turns: int, alpha: float, key: jax.Array, first_task: int = 0,
-                  grouping: str = "task"):
+                  grouping: str = "task", schedule: Schedule | None = None):
     """Plain GRPO: K independent episodes per task, no selection. grouping "task" (the reference
     system's): one group per task, every agent's sample at the task's maximum turn (the last turn
     any of its K episodes reached; an episode that ended earlier has none), K * agents wide;
@@ -163,8 +118,8 @@ def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, tas
     b, num_agents = len(task_ids), len(workflow.agents)
     episode_tasks = np.repeat(np.asarray(task_ids), k)  # episode e = task e // k, branch e % k
     streams = first_task * k + np.arange(b * k)
-    records, state, turns = _run(workflow, sample_fn, encode, episode_tasks, split, 1, max_turns, alpha, key,
-                                 streams)
+    records, success, turns = _run(workflow, sample_fn, encode, episode_tasks, split, 1, max_turns, alpha, key,
+                                   streams, schedule)
     one = concat([_record_samples(r, 1, streams) for r in records]) if records else None  # [R * B*K] of 1
     samples = Samples.empty(k if grouping == "task_agent" else k * num_agents, shared_prompt=False)
     if records:
@@ -192,7 +147,7 @@ def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, tas
             has = (rec >= 0) & live[np.maximum(rec, 0), ep]
             rec = np.maximum(rec, 0)
             samples = _gather(one, rec * n + ep, has, task=tasks, agent=np.full(b, -1), turn=top)
-    success = np.asarray(workflow.success(state)).reshape(b, k)
+    success = success.reshape(b, k)
     return samples, Episodes(success.mean(1), turns.reshape(b, k).mean(1), _agent_reward(samples, num_agents),
                              success, one)
 

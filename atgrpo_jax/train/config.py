@@ -103,6 +103,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.mini_batch_size = 16  # samples per optimizer step (whole groups go together)
     c.optim.epochs = 1  # passes over each step's samples
     c.optim.share_prompts = True  # a group's samples share one forward pass of their prompt in the update
+    c.system = ml_collections.ConfigDict()  # how a step's work is scheduled (atgrpo_jax/rollout/dispatch.py)
+    c.system.schedule = "sync"  # "sync": each stage over all tasks in turn; "async": cohorts of tasks through one
+    # sampling queue per policy and a pool of host workers, and the policies' updates at once (same samples)
+    c.system.cohorts = 4  # async: the step's tasks move through their turns in this many independent cohorts
+    c.system.host_workers = 4  # async: threads for environment steps (sandbox runs, grading, parsing)
+    c.system.staleness = 0  # 1: step n+1's rollout runs on the weights from before step n's update while it runs
+    # (the importance ratio is then taken against the sampler's log-probs); 0: exactly on-policy
+    c.system.trace_every = 0  # write trace/step_N.json (Chrome/Perfetto timeline) every this many steps
     c.lora = ml_collections.ConfigDict()  # adapters (policy.sharing = "lora")
     c.lora.rank = 16  # adapter rank r
     c.lora.alpha = 32.0  # adapter scale alpha (the update is alpha / r * A @ B)
@@ -296,6 +304,11 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
              "warmup_steps and weight_decay must be >= 0 and grad_clip > 0")
     _require(o.mini_batch_size > 0 and o.epochs > 0, "optim.mini_batch_size", "mini_batch_size and epochs must be > 0")
     _require(c.lora.rank > 0, "lora.rank", "must be > 0")
+    y = c.system
+    _require(y.schedule in ("sync", "async"), "system.schedule", f"must be 'sync' or 'async', got {y.schedule!r}")
+    _require(y.cohorts >= 1 and y.host_workers >= 1, "system.cohorts", "cohorts and host_workers must be >= 1")
+    _require(y.staleness in (0, 1), "system.staleness", f"must be 0 or 1, got {y.staleness!r}")
+    _require(y.trace_every >= 0, "system.trace_every", "must be >= 0")
     t = c.train
     _require(t.steps > 0, "train.steps", "must be > 0")
     for key in ("eval_every", "checkpoint_every", "keep_last", "log_episodes_every", "log_episodes_tasks"):
@@ -364,7 +377,7 @@ def flat(c) -> dict:
 # Keys a resumed run may change: how long and how often, and where it runs.
 RESUMABLE = ("train.steps", "train.time_budget_s", "train.eval_every", "train.eval_tasks", "train.eval_k",
              "train.log_every", "train.log_episodes", "train.checkpoint_every", "train.keep_last", "mesh.",
-             "distributed.")
+             "distributed.", "system.schedule", "system.cohorts", "system.host_workers", "system.trace_every")
 
 
 def changed_keys(saved: ml_collections.ConfigDict, now: ml_collections.ConfigDict) -> dict[str, tuple]:

@@ -17,7 +17,9 @@ from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, from_s
 from atgrpo_jax.train.episodes import as_markdown, training_records
 from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
 from atgrpo_jax.train.progress import ProgressBar
-from atgrpo_jax.train.step import evaluation, evaluation_splits, policy_states, set_policy_states, train_step
+from atgrpo_jax.trace import Tracer
+from atgrpo_jax.train.step import (evaluation, evaluation_splits, policy_states, rollout_step, set_policy_states,
+                                   train_step)
 
 
 def check_resume(config, workdir: str, allow_config_change: bool) -> dict:
@@ -34,6 +36,13 @@ def check_resume(config, workdir: str, allow_config_change: bool) -> dict:
         raise ConfigError(f"{workdir} holds a run with another config ({shown}). Resume with the run's config, "
                           "use a new --workdir, or pass --allow_config_change to continue with this one")
     return changed
+
+
+def pool_busy(tracer: Tracer, run, seconds: float) -> dict:
+    """The fraction of the step each pool (policy) spent sampling or updating, and the host workers stepping."""
+    out = {f"pool_busy/{p.name}": tracer.busy_seconds(f"pool {p.name}") / max(seconds, 1e-9) for p in run.policies}
+    out["host_busy"] = tracer.busy_seconds("host") / max(seconds, 1e-9)
+    return out
 
 
 def run_training(config, workdir: str, *, allow_config_change: bool = False) -> dict:
@@ -75,6 +84,14 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False) -> 
                 writer.write_text(step, "episodes", as_markdown(records[0]))
         return write if t.log_episodes_every and step % t.log_episodes_every == 0 else None
 
+    stale = bool(config.system.staleness)
+    ahead = {}  # staleness 1: the next step's rollout, made while this step's update ran
+
+    def next_rollout(step, tracer):
+        def go():  # runs while this step's updates are on the devices, with the weights from before them
+            ahead["rollout"] = rollout_step(run, step + 1, tracer, stale=True)
+        return go if stale and step < t.steps else None
+
     try:
         if start == 0 and t.eval_every:
             last, _ = evaluation(run, splits, t.eval_tasks, t.eval_k)
@@ -82,7 +99,15 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False) -> 
             if lead:
                 print(f"step 0 (before training): held-out success {last['eval_success']:.1%}", flush=True)
         for step in range(start + 1, t.steps + 1):
-            metrics = train_step(run, step, on_rollout=log_episodes(step))
+            tracer = Tracer()
+            step_began = time.perf_counter()
+            metrics = train_step(run, step, on_rollout=log_episodes(step), tracer=tracer, ro=ahead.pop("rollout", None),
+                                 then=next_rollout(step, tracer))
+            for p in run.policies:
+                p.behavior = None
+            metrics.update(pool_busy(tracer, run, time.perf_counter() - step_began))
+            if lead and config.system.trace_every and step % config.system.trace_every == 0:
+                tracer.write(wd.join(workdir, "trace", f"step_{step}.json"))
             out_of_time = bool(t.time_budget_s) and time.time() - began > t.time_budget_s
             evaluating = t.eval_every and (step % t.eval_every == 0 or step == t.steps or out_of_time)
             if evaluating:

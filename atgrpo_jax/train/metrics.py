@@ -53,6 +53,15 @@ EPISODES_FILE = "episodes.jsonl"  # what the agents said (train/episodes.py)
 JSONL_FILES = (METRICS_FILE, EPISODES_FILE)  # rows with a "step": truncated alike on resume
 TB_DIR = "tb"
 _EVENTS_PREFIX = "events.out.tfevents."
+# Metrics measured by the wall clock (they differ between two runs of the same steps).
+WALL_CLOCK = ("rollout_s", "update_s", "tokens_per_s", "rollout_tokens_per_s", "time_s", "host_busy")
+WALL_CLOCK_PREFIXES = ("pool_busy/",)
+
+
+def is_wall_clock(key: str) -> bool:
+    return key.startswith(WALL_CLOCK_PREFIXES) or key.rsplit("/", 1)[-1] in WALL_CLOCK
+
+
 SYNC_EVERY_S = 30.0  # object stores: upload period (GCS allows ~1 write/s per object)
 
 

@@ -32,19 +32,30 @@ class Policy:
     is_lora: bool = False
     mesh: Any = None  # where its weights live and its update runs
     local_mesh: Any = None  # with several processes: this process's part of `mesh` (it samples there)
-    _merged: Any = dataclasses.field(default=None, repr=False)  # (state, LoRA-merged model) cache
+    # system.staleness = 1: the weights the sampler uses while an update runs (a copy of the params
+    # from before it) and the optimizer step they are from; None: the sampler uses `state`.
+    behavior: Any = None
+    behavior_step: int = 0
+    _merged: Any = dataclasses.field(default=None, repr=False)  # (params, LoRA-merged model) cache
 
-    def model(self) -> Qwen3:
-        return nnx.merge(self.graphdef, self.state.params, self.frozen)
+    def model(self, params=None) -> Qwen3:
+        return nnx.merge(self.graphdef, self.state.params if params is None else params, self.frozen)
 
     def sampler_model(self) -> Qwen3:
-        """The model the sampler runs: adapters merged into the weights once per
-        update (the merge is cached until `state` changes)."""
+        """The model the sampler runs (its behavior weights if set): adapters merged into the
+        weights once per update (the merge is cached until the params change)."""
+        params = self.state.params if self.behavior is None else self.behavior
         if not self.is_lora:
-            return self.model()
-        if self._merged is None or self._merged[0] is not self.state:
-            self._merged = (self.state, merge_lora(self.model()))
+            return self.model(params)
+        if self._merged is None or self._merged[0] is not params:
+            self._merged = (params, merge_lora(self.model(params)))
         return self._merged[1]
+
+    def hold_behavior(self):
+        """Keep a copy of the current params for the sampler (the update then replaces `state`)."""
+        import jax
+        import jax.numpy as jnp
+        self.behavior, self.behavior_step = jax.tree.map(jnp.copy, self.state.params), int(self.state.step)
 
 
 def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: LossConfig, chunk: int,

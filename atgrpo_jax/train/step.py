@@ -5,7 +5,10 @@ from the checkpoint of step s continues exactly as an uninterrupted one.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -14,11 +17,12 @@ import numpy as np
 from atgrpo_jax.algo.advantages import group_advantages, group_filter
 from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_host
 from atgrpo_jax.rollout.router import make_sample_fn
-from atgrpo_jax.rollout.tree import merge_rollouts, plain_rollout, tree_rollout
+from atgrpo_jax.rollout.tree import Schedule, merge_rollouts, plain_rollout, tree_rollout
 from atgrpo_jax.sharding import batch_shards
 from atgrpo_jax.train.batch import length_bucket, pack_minibatch, policy_batches
 from atgrpo_jax.train.config import max_new_tokens
 from atgrpo_jax.train.setup import Run
+from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train.update import Packed, TrainState
 
 TRAIN_TASK_STRIDE = 1_000_003  # task ids of step s: s * stride + [0, B); test ids are another split
@@ -31,7 +35,15 @@ def sample_fn_for(run: Run, temperature: float | None, max_prompts: int):
                           prompt_buckets=run.config.rollout.prompt_buckets, max_tasks=max_prompts)
 
 
-def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float, k: int, key):
+def schedule_for(run: Run, tracer: Tracer | None) -> Schedule:
+    """The rollout schedule of config.system: one pool (sampling worker) per policy."""
+    s = run.config.system
+    return Schedule(cohorts=s.cohorts if s.schedule == "async" else 1, asynchronous=s.schedule == "async",
+                    host_workers=s.host_workers, pool_of_agent=tuple(int(p) for p in run.policy_of_agent),
+                    pool_names=tuple(p.name for p in run.policies), tracer=tracer)
+
+
+def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float, k: int, key, tracer=None):
     """`fn` (tree_rollout or plain_rollout) over this process's slice of task_ids,
     then the slices of all processes merged (every process gets the whole step)."""
     mine = task_slice(len(task_ids))
@@ -39,19 +51,14 @@ def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float, 
     r = run.config.rollout
     extra = {"grouping": r.plain_grouping} if fn is plain_rollout else {}
     part = fn(run.workflow, sample_fn_for(run, temperature, prompts), run.encode, task_ids[mine], split,
-              k=k, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key, first_task=mine.start, **extra)
+              k=k, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key, first_task=mine.start,
+              schedule=schedule_for(run, tracer), **extra)
     return merge_rollouts(gather_objects(part), len(run.workflow.agents))
 
 
 def evaluation_splits(run: Run) -> list[str]:
     """What the trainer evaluates: the validation split (if the workflow has one), then its test splits."""
     return [s for s in ("valid",) if s in run.workflow.splits] + list(run.workflow.test_splits)
-
-
-def rollout_step(run: Run, step: int, key):
-    r = run.config.rollout
-    fn = tree_rollout if r.tree else plain_rollout
-    return rollout(run, fn, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", None, r.k, key)
 
 
 def _minibatches(batch: dict, size: int):
@@ -67,41 +74,108 @@ def packed_minibatches(run: Run, policy, batch: dict) -> list[dict]:
             for mb in _minibatches(batch, o.mini_batch_size)]
 
 
-def update_policy(run: Run, policy, batch: dict) -> dict:
-    """Old log-probs, then epochs x mini-batches of clipped updates. Returns mean metrics."""
+@dataclasses.dataclass
+class PendingUpdate:
+    """A policy's update, dispatched to its devices and not yet read back."""
+
+    policy: Any
+    metrics: list  # per mini-batch step: device arrays
+    old: list | None  # recomputed old log-probs per mini-batch (None: the sampler's were used)
+    packed: list[dict]
+    samples: int
+
+
+def start_update(run: Run, policy, batch: dict, behavior_logprobs: bool = False) -> PendingUpdate:
+    """Old log-probs, then epochs x mini-batches of clipped updates, all dispatched to the policy's
+    devices without waiting (so the updates of policies on other devices run at the same time).
+    behavior_logprobs: the importance ratio is taken against the sampler's log-probs (a rollout
+    made with older weights, system.staleness = 1) instead of recomputed ones."""
     o = run.config.optim
-    params = policy.state.params
     # Each mini-batch is packed (a group's prompt once) and placed on the policy's mesh
     # once (every process holds the same batch); old and reference log-probs stay there.
     packed = packed_minibatches(run, policy, batch)
     placed = [Packed.from_arrays(mb, lambda x: global_array(x, policy.mesh)) for mb in packed]
-    logprobs = lambda params: [policy.logprobs_fn(params, mb) for mb in placed]
-    old = logprobs(params)
-    scored = np.concatenate([mb["scored"].ravel() for mb in packed])
-    old_host = np.concatenate([to_host(x).ravel() for x in old])
-    sampler = np.concatenate([mb["sampler_logp"].ravel() for mb in packed])
-    gap = float(np.abs(old_host - sampler)[scored].mean()) if scored.any() else 0.0
+    logprobs = lambda params: [policy.logprobs_fn(params, mb) for mb in placed]  # noqa: E731
+    if behavior_logprobs:
+        old, recomputed = [global_array(mb["sampler_logp"], policy.mesh) for mb in packed], None
+    else:
+        old = recomputed = logprobs(policy.state.params)
     ref = run.ref_params.get(policy.name)  # the KL reference's log-probs, once per batch like old
     ref_logp = [None] * len(placed) if ref is None else logprobs(ref)
-    logs = []
+    metrics = []
     for _ in range(o.epochs):
         for mb, old_mb, ref_mb in zip(placed, old, ref_logp):
             policy.state, m = policy.update_fn(policy.state, mb._replace(old_logp=old_mb, ref_logp=ref_mb))
-            logs.append(jax.device_get(m))
-    out = {k: float(np.mean([l[k] for l in logs])) for k in logs[0]}
-    out["skipped"] = float(np.sum([l["skipped"] for l in logs]))
-    out["logprob_gap"] = gap
-    out["samples"] = float(batch["num_samples"])
+            metrics.append(m)
+    return PendingUpdate(policy, metrics, recomputed, packed, int(batch["num_samples"]))
+
+
+def finish_update(p: PendingUpdate) -> dict:
+    """Wait for a dispatched update and read its metrics (once, at the end): their means, and the
+    gap between the recomputed old log-probs and the sampler's (0 when the two are one distribution)."""
+    logs = jax.device_get(p.metrics)
+    out = {k: float(np.mean([log[k] for log in logs])) for k in logs[0]}
+    out["skipped"] = float(np.sum([log["skipped"] for log in logs]))
+    if p.old is not None:
+        scored = np.concatenate([mb["scored"].ravel() for mb in p.packed])
+        old = np.concatenate([to_host(x).ravel() for x in p.old])
+        sampler = np.concatenate([mb["sampler_logp"].ravel() for mb in p.packed])
+        out["logprob_gap"] = float(np.abs(old - sampler)[scored].mean()) if scored.any() else 0.0
+    out["samples"] = float(p.samples)
     return out
 
 
-def train_step(run: Run, step: int, on_rollout=None) -> dict:
-    """One AT-GRPO step on every policy; returns scalar metrics. on_rollout(samples, episodes, adv),
-    if given, sees the step's rollout (episode logs)."""
-    c = run.config
+def update_policy(run: Run, policy, batch: dict) -> dict:
+    """Old log-probs, then epochs x mini-batches of clipped updates. Returns mean metrics."""
+    return finish_update(start_update(run, policy, batch))
+
+
+def finish_updates(pending: list[PendingUpdate], tracer: Tracer) -> list[dict]:
+    """Wait for every policy's update at once, one thread each, so the timeline shows when each ended."""
+    if len(pending) == 1:
+        with tracer.span("update", track=f"pool {pending[0].policy.name}"):
+            return [finish_update(pending[0])]
+
+    def wait(p):
+        with tracer.span("update", track=f"pool {p.policy.name}"):
+            return finish_update(p)
+
+    with ThreadPoolExecutor(max_workers=len(pending)) as threads:
+        return list(threads.map(wait, pending))
+
+
+@dataclasses.dataclass
+class Rollout:
+    """A step's rollout and what the update needs from it."""
+
+    step: int
+    samples: Any
+    episodes: Any
+    seconds: float
+    stale: bool = False  # sampled with the weights before the previous step's update (system.staleness)
+
+
+def rollout_step(run: Run, step: int, tracer: Tracer | None = None, stale: bool = False) -> Rollout:
+    """The step's tree (or plain) rollout of its training tasks, with each agent's sampling settings."""
+    c, r = run.config, run.config.rollout
     key = jax.random.fold_in(jax.random.key(c.train.seed), step)
     t0 = time.perf_counter()
-    samples, episodes = rollout_step(run, step, key)
+    fn = tree_rollout if r.tree else plain_rollout
+    samples, episodes = rollout(run, fn, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", None, r.k, key,
+                                tracer)
+    return Rollout(step, samples, episodes, time.perf_counter() - t0, stale)
+
+
+def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = None, ro: Rollout | None = None,
+               then=None) -> dict:
+    """One AT-GRPO step on every policy; returns scalar metrics. on_rollout(samples, episodes, adv),
+    if given, sees the step's rollout (episode logs). ro: the step's rollout if it was made already
+    (system.staleness = 1); then(), if given, runs while the updates are on the devices (the next
+    step's rollout, made with the weights from before this update)."""
+    c = run.config
+    tracer = tracer or Tracer()
+    ro = ro or rollout_step(run, step, tracer)
+    samples, episodes = ro.samples, ro.episodes
     t1 = time.perf_counter()
     rewards, mask = jnp.asarray(samples.reward), jnp.asarray(samples.mask)
     adv = np.asarray(group_advantages(rewards, mask, c.algo.advantage))
@@ -123,17 +197,24 @@ def train_step(run: Run, step: int, on_rollout=None) -> dict:
                "reward_mean": float(samples.reward[samples.mask].mean()) if samples.mask.any() else 0.0}
     for a, agent in enumerate(run.workflow.agents):
         metrics[f"reward/{agent.name}"] = float(episodes.agent_reward[a])
-    tokens = 0
-    for policy, batch in zip(run.policies, batches):
-        if batch is None:
-            continue
-        tokens += int(batch["is_resp"].sum())
-        for k, v in update_policy(run, policy, batch).items():
-            metrics[f"{policy.name}/{k}" if len(run.policies) > 1 else k] = v
+    lags = [int(p.state.step) - p.behavior_step for p in run.policies] if ro.stale else []
+    if then is not None:  # the next rollout samples with the weights from before this update
+        for p in run.policies:
+            p.hold_behavior()
+    pending = [start_update(run, p, b, behavior_logprobs=ro.stale) for p, b in zip(run.policies, batches)
+               if b is not None]
+    tokens = sum(int(b["is_resp"].sum()) for b in batches if b is not None)
+    if then is not None:
+        then()
+    for p, out in zip(pending, finish_updates(pending, tracer)):
+        for k, v in out.items():
+            metrics[f"{p.policy.name}/{k}" if len(run.policies) > 1 else k] = v
     t2 = time.perf_counter()
-    metrics.update(rollout_s=t1 - t0, update_s=t2 - t1, lr=float(run.lr_schedule(int(run.policies[0].state.step))),
-                   tokens_per_s=tokens / max(t2 - t1, 1e-9),
-                   rollout_tokens_per_s=float(samples.response_len[samples.mask].sum()) / max(t1 - t0, 1e-9))
+    if ro.stale:  # optimizer steps between the weights that sampled and those this update started from
+        metrics["lag_updates"] = float(np.mean(lags))
+    metrics.update(rollout_s=ro.seconds, update_s=t2 - t1,
+                   lr=float(run.lr_schedule(int(run.policies[0].state.step))), tokens_per_s=tokens / max(t2 - t1, 1e-9),
+                   rollout_tokens_per_s=float(samples.response_len[samples.mask].sum()) / max(ro.seconds, 1e-9))
     return metrics
 
 

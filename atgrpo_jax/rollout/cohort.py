@@ -1,0 +1,194 @@
+"""One step of a rollout as stages of cohorts: the unit both schedules run.
+
+A cohort is a set of the step's tasks that move through the stages (turn, agent) together.
+A stage is: render the live tasks' prompts (host), sample K responses per prompt (the
+agent's policy, on its device pool), step the K branches and keep the best (host). The
+synchronous schedule runs one cohort of all tasks, stage after stage; the asynchronous one
+(dispatch.py) runs several cohorts whose stages interleave. Either way each task's stages,
+keys and groups are the same, and `combine` turns the cohorts' records into one record per
+stage over all tasks, as one cohort would have made them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from atgrpo_jax.envs.workflow import Workflow, take_branch
+from atgrpo_jax.rollout.samples import SampleOut, right_padded
+
+
+@jax.jit
+def _prompt_keys(key, streams, turn, agent):
+    fold = jax.random.fold_in
+    return jax.vmap(lambda s: fold(fold(fold(key, s), turn), agent))(streams)
+
+
+def prompt_keys(key: jax.Array, streams: np.ndarray, turn: int, agent: int) -> jax.Array:
+    """One key per prompt from its stream (its task's position in the step), the
+    turn and the agent: a task's samples do not depend on which other tasks share
+    the batch, or on which process rolls it out."""
+    return _prompt_keys(key, np.asarray(streams, np.uint32), np.uint32(turn), np.uint32(agent))
+
+
+@dataclasses.dataclass
+class Record:
+    """One agent's turn over B tasks (K branches each)."""
+
+    turn: int
+    agent: int
+    prompt: np.ndarray  # [B, P] right-padded
+    prompt_len: np.ndarray  # [B]
+    out: SampleOut  # B*K rows (dead tasks: empty rows)
+    reward: np.ndarray  # [B, K]
+    local: np.ndarray  # [B, K]
+    team: np.ndarray  # [B, K]
+    parsed_as: np.ndarray  # [B, K] object
+    mask: np.ndarray  # [B, K]
+    best: np.ndarray  # [B]
+
+
+@dataclasses.dataclass
+class Request:
+    """A stage's sampling work: the live tasks' prompts, one key each."""
+
+    turn: int
+    agent: int
+    prompts: list[np.ndarray]  # every task's prompt (the dead ones' too: records keep them)
+    rows: np.ndarray  # the live tasks (indices into the cohort)
+    keys: jax.Array  # [len(rows)]
+
+    @property
+    def live_prompts(self) -> list[np.ndarray]:
+        return [self.prompts[i] for i in self.rows]
+
+
+@dataclasses.dataclass
+class Cohort:
+    rows: np.ndarray  # the cohort's tasks: positions in the step's task list
+    state: Any  # the workflow state of those tasks
+    turns: np.ndarray  # turns taken per task
+    records: list[Record] = dataclasses.field(default_factory=list)
+    turn: int = 0  # the next stage
+    agent: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Stages:
+    """What every stage needs (the same for every cohort of a step)."""
+
+    workflow: Workflow
+    encode: Callable  # encode(messages, agent) -> ids
+    k: int
+    max_turns: int
+    alpha: float
+    key: jax.Array
+    streams: np.ndarray  # the random stream of each of the step's tasks
+
+    def start(self, task_ids: np.ndarray, split: str, rows: np.ndarray) -> Cohort:
+        return Cohort(rows, self.workflow.reset(task_ids[rows], split), np.zeros(len(rows), np.int32))
+
+    def next_request(self, c: Cohort) -> Request | None:
+        """The cohort's next stage (prompts rendered), or None: it is finished (its turns are used
+        up, or none of its tasks is live)."""
+        live = ~np.asarray(self.workflow.done(c.state))
+        if c.turn >= self.max_turns or not live.any():
+            return None
+        if c.agent == 0:
+            c.turns += live
+        prompts = [np.asarray(self.encode(m, c.agent), np.int32) for m in self.workflow.prompts(c.state, c.agent, c.turn)]
+        rows = np.flatnonzero(live)  # sample only live tasks
+        return Request(c.turn, c.agent, prompts, rows, prompt_keys(self.key, self.streams[c.rows[rows]], c.turn, c.agent))
+
+    def finish(self, c: Cohort, req: Request, out: SampleOut):
+        """Step the K branches of the stage's sampled responses, keep each task's best, record it."""
+        b, k = len(c.rows), self.k
+        out = _spread(out, req.rows, b, k)
+        live = np.zeros(b, bool)
+        live[req.rows] = True
+        step = self.workflow.step(c.state, req.agent, req.turn, [out.texts[i * k:(i + 1) * k] for i in range(b)])
+        reward = np.asarray(step.local_reward + self.alpha * step.team_reward, np.float32)
+        mask = np.repeat(live[:, None], k, axis=1)
+        best = np.argmax(np.where(mask, reward, -np.inf), axis=1)
+        c.state = _where_live(live, take_branch(step.state, best), c.state)
+        parsed_as = step.parsed_as if step.parsed_as is not None else np.full((b, k), "", object)
+        c.records.append(Record(req.turn, req.agent, *right_padded(req.prompts), out, reward,
+                                np.asarray(step.local_reward, np.float32), np.asarray(step.team_reward, np.float32),
+                                parsed_as, mask, best))
+        c.agent += 1
+        if c.agent == len(self.workflow.agents):
+            c.turn, c.agent = c.turn + 1, 0
+
+
+def _where_live(live: np.ndarray, new: Any, old: Any) -> Any:
+    """Per task: the new state where live, else the old one (finished tasks freeze)."""
+    def pick(n, o):
+        cond = live.reshape(live.shape + (1,) * (np.ndim(n) - 1))
+        return jnp.where(cond, n, o) if isinstance(n, jax.Array) else np.where(cond, n, o)
+    return jax.tree.map(pick, new, old)
+
+
+def _spread(out: SampleOut, rows: np.ndarray, b: int, k: int) -> SampleOut:
+    """The sampled rows of the live tasks `rows` placed among B tasks (dead tasks: empty)."""
+    width = out.tokens.shape[1]
+    dest = (rows[:, None] * k + np.arange(k)).ravel()
+    tokens, logps = np.zeros((b * k, width), np.int32), np.zeros((b * k, width), np.float32)
+    lengths, texts = np.zeros(b * k, np.int32), [""] * (b * k)
+    tokens[dest], logps[dest], lengths[dest] = out.tokens, out.logprobs, out.lengths
+    for d, text in zip(dest, out.texts):
+        texts[d] = text
+    return SampleOut(tokens, lengths, logps, texts)
+
+
+def run_sync(stages: Stages, c: Cohort, sample_fn, tracer=None, pool_label=None) -> Cohort:
+    """Every stage of one cohort, one after the other (timed on `tracer`: pool_label(agent) names
+    the pool that samples for an agent)."""
+    from atgrpo_jax.trace import Tracer
+
+    tracer = tracer or Tracer(enabled=False)
+    with tracer.span("start", track="host"):
+        req = stages.next_request(c)
+    while req is not None:
+        with tracer.span(f"sample agent {req.agent} turn {req.turn}", track=pool_label(req.agent) if pool_label
+                         else "pool", prompts=len(req.rows)):
+            out = sample_fn(req.agent, req.live_prompts, stages.k, req.keys)
+        with tracer.span("step", track="host"):
+            stages.finish(c, req, out)
+            req = stages.next_request(c)
+    return c
+
+
+def combine(cohorts: list[Cohort], n: int, k: int) -> list[Record]:
+    """One record per stage over all n tasks, in stage order (tasks of a cohort that had no such
+    stage: masked out), as a single cohort of all tasks would have recorded them."""
+    stages = sorted({(r.turn, r.agent) for c in cohorts for r in c.records})
+    out = []
+    for turn, agent in stages:
+        parts = [(c.rows, r) for c in cohorts for r in c.records if (r.turn, r.agent) == (turn, agent)]
+        if len(parts) == 1 and len(parts[0][0]) == n:
+            out.append(parts[0][1])
+            continue
+        width = max(r.out.tokens.shape[1] for _, r in parts)
+        plen = np.zeros(n, np.int32)
+        prompt = np.zeros((n, max(r.prompt.shape[1] for _, r in parts)), np.int32)
+        tokens, logps = np.zeros((n * k, width), np.int32), np.zeros((n * k, width), np.float32)
+        lengths, texts = np.zeros(n * k, np.int32), [""] * (n * k)
+        arrays = {name: np.zeros((n, k), np.float32) for name in ("reward", "local", "team")}
+        parsed_as, mask, best = np.full((n, k), "", object), np.zeros((n, k), bool), np.zeros(n, np.int64)
+        for rows, r in parts:
+            dest = (rows[:, None] * k + np.arange(k)).ravel()
+            prompt[rows, :r.prompt.shape[1]], plen[rows] = r.prompt, r.prompt_len
+            tokens[dest, :r.out.tokens.shape[1]] = r.out.tokens
+            logps[dest, :r.out.tokens.shape[1]] = r.out.logprobs
+            lengths[dest] = r.out.lengths
+            for d, text in zip(dest, r.out.texts):
+                texts[d] = text
+            for name in arrays:
+                arrays[name][rows] = getattr(r, name)
+            parsed_as[rows], mask[rows], best[rows] = r.parsed_as, r.mask, r.best
+        out.append(Record(turn, agent, prompt, plen, SampleOut(tokens, lengths, logps, texts), arrays["reward"],
+                          arrays["local"], arrays["team"], parsed_as, mask, best))
+    return out

@@ -1,0 +1,90 @@
+"""The asynchronous schedule: cohorts of tasks move through their stages independently.
+
+    pools (one worker thread each)        host workers (a bounded thread pool)
+    queue -> sample K responses  ----->   step the K branches, keep the best, render
+      ^     (the agent's policy,          the next stage's prompts (sandbox runs,
+      |      on its devices)              grading, parsing)
+      +---------- router: the next stage's request goes to its agent's pool -----+
+
+Each policy (device pool) has one worker that takes sampling requests from its queue in
+order; each finished sample goes to the host pool; each finished step routes the cohort's
+next request to the pool of the agent that acts next. So while one cohort's agent-0 request
+decodes on pool A, another's agent-1 request decodes on pool B and a third cohort's programs
+run in the sandbox. A task's stages keep their order and their keys, so the samples are
+those of the synchronous schedule (cohort.combine puts them back in stage order).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
+
+import numpy as np
+
+from atgrpo_jax.rollout.cohort import Cohort, Request, Stages
+from atgrpo_jax.trace import Tracer
+
+
+def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, pool_of_agent: Sequence[int],
+              host_workers: int, tracer: Tracer | None = None, pool_names: Sequence[str] | None = None) -> None:
+    """Run every stage of every cohort (see the module docstring); errors in a worker re-raise here."""
+    tracer = tracer or Tracer(enabled=False)
+    pools = sorted(set(int(p) for p in pool_of_agent))
+    label = lambda p: f"pool {pool_names[p] if pool_names else p}"  # noqa: E731 (as run_sync's)
+    requests = {p: queue.Queue() for p in pools}
+    events: queue.Queue = queue.Queue()
+
+    def pool_worker(p: int):
+        while (item := requests[p].get()) is not None:
+            ci, req = item
+            try:
+                with tracer.span(f"sample agent {req.agent} turn {req.turn}", track=label(p), cohort=ci,
+                                 prompts=len(req.rows)):
+                    out = sample_fn(req.agent, req.live_prompts, stages.k, req.keys)
+                events.put(("sampled", ci, req, out))
+            except BaseException as e:  # noqa: BLE001 - re-raised by the scheduler
+                events.put(("error", e))
+
+    def host_job(ci: int, req: Request | None, out):
+        try:
+            with tracer.span("step" if req is not None else "start", track="host", cohort=ci):
+                if req is not None:
+                    stages.finish(cohorts[ci], req, out)
+                nxt = stages.next_request(cohorts[ci])
+            events.put(("stepped", ci, nxt))
+        except BaseException as e:  # noqa: BLE001
+            events.put(("error", e))
+
+    threads = [threading.Thread(target=pool_worker, args=(p,), name=f"pool-{p}", daemon=True) for p in pools]
+    for t in threads:
+        t.start()
+    host = ThreadPoolExecutor(max_workers=max(1, host_workers), thread_name_prefix="host")
+    try:
+        for ci in range(len(cohorts)):
+            host.submit(host_job, ci, None, None)
+        running = len(cohorts)
+        while running:
+            event = events.get()
+            if event[0] == "error":
+                raise event[1]
+            if event[0] == "sampled":
+                _, ci, req, out = event
+                host.submit(host_job, ci, req, out)
+            else:
+                _, ci, nxt = event
+                if nxt is None:
+                    running -= 1
+                else:
+                    requests[int(pool_of_agent[nxt.agent])].put((ci, nxt))
+    finally:
+        for p in pools:
+            requests[p].put(None)
+        host.shutdown(wait=True)
+        for t in threads:
+            t.join()
+
+
+def split_cohorts(n: int, cohorts: int) -> list[np.ndarray]:
+    """The step's n tasks in `cohorts` contiguous, near-equal parts (at least one task each)."""
+    return [part for part in np.array_split(np.arange(n), max(1, min(cohorts, n))) if len(part)]

@@ -1,0 +1,127 @@
+"""The asynchronous schedule: the same samples, metrics and parameters as the synchronous one;
+pools and host workers really overlap; staleness 1 samples with the weights from before the update."""
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from atgrpo_jax.rollout.tree import Schedule, tree_rollout
+from atgrpo_jax.trace import Tracer, overlap_seconds
+from atgrpo_jax.train.metrics import is_wall_clock
+from atgrpo_jax.train.setup import build_run
+from atgrpo_jax.train.step import train_step
+
+
+
+def config(sharing="shared", pools=False, schedule="sync", **system):
+    from atgrpo_jax.train.config import base_config
+    c = base_config()
+    c.model.update(preset="demo-tiny", init_seed=0)
+    c.tokenizer = "char"
+    c.env.workflow = "plan_path_demo"
+    c.rollout.update(num_tasks=6, k=3, max_turns=2, max_prompt_len=128, prompt_buckets=(128,), max_new_tokens=4)
+    c.algo.drop_low_mean_frac = 0.0
+    c.optim.update(lr=1e-2, mini_batch_size=16)
+    c.policy.update(sharing=sharing, pools=pools)
+    c.mesh = dict(data=1, fsdp=2, tensor=1) if pools else dict(data=1, fsdp=1, tensor=1)  # pools: one device each
+    c.system.update(schedule=schedule, cohorts=3, host_workers=2, **system)
+    return c
+
+
+def two_steps(c):
+    run = build_run(c)
+    metrics = [train_step(run, step) for step in (1, 2)]
+    params = [np.asarray(x) for p in run.policies for x in jax.tree.leaves(p.state.params)]
+    return metrics, params
+
+
+@pytest.mark.parametrize("sharing,pools", [("shared", False), ("per_role", True)], ids=["shared", "per_role_pools"])
+def test_async_schedule_equals_the_synchronous_loop(sharing, pools):
+    (m_sync, p_sync), (m_async, p_async) = (two_steps(config(sharing, pools, s)) for s in ("sync", "async"))
+    for a, b in zip(m_sync, m_async):
+        assert set(a) == set(b)
+        for key in a:
+            if is_wall_clock(key):
+                continue
+            if key.endswith(("samples", "groups", "groups_kept", "success", "turns")) or key.startswith("reward"):
+                assert a[key] == b[key], key  # the same samples and rewards, exactly
+            else:
+                np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    for x, y in zip(p_sync, p_async):
+        np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-7)
+
+
+def slow_sample_fn(delay_s):
+    """A stand-in for a pool's decoding: the device's time (a sleep), then K answers per prompt."""
+    from atgrpo_jax.rollout.samples import SampleOut
+
+    def sample(agent, prompts, k, keys):
+        time.sleep(delay_s)
+        n = len(prompts) * k
+        return SampleOut.from_rows(np.full((n, 2), 7), np.full(n, 2), np.zeros((n, 2)), ["RD"] * n, 4)
+    return sample
+
+
+class SlowEnv:
+    """The workflow with host time added to every step (a sandbox run, say)."""
+
+    def __init__(self, wf, delay_s):
+        self.wf, self.delay_s = wf, delay_s
+        self.agents, self.max_turns, self.name, self.splits = wf.agents, wf.max_turns, wf.name, wf.splits
+
+    def __getattr__(self, name):
+        return getattr(self.wf, name)
+
+    def step(self, *args):
+        time.sleep(self.delay_s)
+        return self.wf.step(*args)
+
+
+def test_pools_and_host_workers_overlap_on_the_timeline():
+    """Two pools and a slow environment (sleeps stand in for device and sandbox time, so what is
+    checked is the schedule, not this machine's speed): the timeline shows them at work at once."""
+    from atgrpo_jax.envs.registry import make_workflow
+
+    wf = SlowEnv(make_workflow("plan_path_demo", view="local", lenient=True, plan_len=2, exec_len=2), 0.1)
+    tracer = Tracer()
+    schedule = Schedule(cohorts=4, asynchronous=True, host_workers=2, pool_of_agent=(0, 1),
+                        pool_names=("A", "B"), tracer=tracer)
+    tree_rollout(wf, slow_sample_fn(0.1), lambda m, a: [1, 2, 3], np.arange(8), "train", k=3, max_turns=2,
+                 alpha=1.0, key=jax.random.key(0), schedule=schedule)
+    a, b, host = tracer.spans("pool A"), tracer.spans("pool B"), tracer.spans("host")
+    assert len(a) == len(b) == 4 * 2  # every cohort's two turns, each agent on its own pool
+    assert overlap_seconds(a, b) > 0.1  # the two pools sampled at the same time
+    assert overlap_seconds([s for s in host if s[1] - s[0] > 0.09], a + b) > 0.2  # steps ran while pools decoded
+    out = tracer.to_json()["traceEvents"]
+    assert {e["args"]["name"] for e in out if e["ph"] == "M"} == {"pool A", "pool B", "host"}
+
+
+def test_staleness_1_samples_with_the_weights_before_the_update(tmp_path):
+    from atgrpo_jax.train.loop import run_training
+    from atgrpo_jax.train.metrics import read_metrics
+
+    c = config()
+    c.system.staleness = 1
+    c.train.update(steps=3, eval_every=0, checkpoint_every=0, log_episodes_every=0)
+    run_training(c, str(tmp_path))
+    rows = read_metrics(str(tmp_path))
+    assert "lag_updates" not in rows[0]  # the first step samples with its own weights
+    assert all(r["lag_updates"] >= 1 for r in rows[1:])  # later ones with those before the last update
+    assert all("logprob_gap" not in r for r in rows[1:])  # the ratio is against the sampler's log-probs
+
+
+def test_the_stale_rollout_is_the_one_of_the_weights_before_the_update():
+    from atgrpo_jax.train.step import rollout_step
+
+    c = config()
+    run, fresh = build_run(c), build_run(c)
+    ahead = {}
+    train_step(run, 1, then=lambda: ahead.update(ro=rollout_step(run, 2, stale=True)))
+    for p in run.policies:
+        p.behavior = None
+    before, after = rollout_step(fresh, 2), rollout_step(run, 2)  # step 2 at the initial / updated weights
+    np.testing.assert_array_equal(ahead["ro"].samples.response, before.samples.response)
+    np.testing.assert_allclose(ahead["ro"].samples.sampler_logp, before.samples.sampler_logp, rtol=1e-6, atol=1e-6)
+    gap = np.abs(after.samples.sampler_logp - before.samples.sampler_logp)[before.samples.mask].max()
+    assert gap > 1e-3  # at the updated weights the distribution is another one
