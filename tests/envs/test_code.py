@@ -7,7 +7,8 @@ import pytest
 from atgrpo_jax.envs.code_grading import TestVerdict as Verdict
 from atgrpo_jax.envs.code_grading import (
     io_tests, load_code_problems, outputs_match, pass_rate, run_assert_tests, run_io_tests)
-from atgrpo_jax.envs.code_workflow import CodeWorkflow, make_code_workflow, mismatch_report, split_indices
+from atgrpo_jax.envs.code_problems import DATA_SETS, load_problems
+from atgrpo_jax.envs.code_workflow import CodeWorkflow, make_code_workflow, mismatch_report
 from atgrpo_jax.envs.sandbox import Limits
 from atgrpo_jax.envs.workflow import take_branch
 
@@ -85,33 +86,37 @@ def test_mismatch_report():
 
 
 # ---------------------------------------------------------------- workflow
-def _add_problem_index(split="apps"):
-    problems = load_code_problems("apps")
-    pool = split_indices(len(problems), split)
-    return next(n for n, i in enumerate(pool) if problems[i]["id"] == "apps-1069")
+def _add_problem_index():
+    return next(n for n, p in enumerate(load_problems("apps_test")) if p.id == "apps-1069")
 
 
 def _workflow(**kw):
+    kw.setdefault("test_sets", ("apps_test", "mbpp_test", "humaneval"))
     return CodeWorkflow(limits=FAST, max_workers=4, **kw)
 
 
-def test_splits_are_disjoint_and_cover_the_data():
-    n = len(load_code_problems("apps"))
-    train, valid, test = (set(split_indices(n, s)) for s in ("train", "valid", "apps"))
-    assert not train & test and not train & valid and not valid & test
-    assert len(train) + len(valid) + len(test) == n == 231 and len(test) == 47 and len(valid) == 19
+def test_data_sets_and_splits():
+    sizes = {name: len(load_problems(name)) for name in DATA_SETS}
+    assert sizes == {"apps_train": 184, "apps_test": 47, "mbpp_train": 464, "mbpp_test": 500, "humaneval": 164}
+    ids = {name: {p.id for p in load_problems(name)} for name in DATA_SETS}
+    assert not ids["apps_train"] & ids["apps_test"] and not ids["mbpp_train"] & ids["mbpp_test"]
+    assert all(p.solutions for name in ("mbpp_train", "mbpp_test", "humaneval") for p in load_problems(name))
     wf = _workflow()
-    assert wf.splits == {"valid": 19, "apps": 47} and wf.test_splits == ("apps",)
+    pool = 464 + 184
+    assert wf.splits == {"valid": len(range(0, pool, 10)), "apps_test": 47, "mbpp_test": 500, "humaneval": 164}
+    assert wf.test_splits == ("apps_test", "mbpp_test", "humaneval")
     with pytest.raises(ValueError, match="has 47 problems"):
-        wf.reset([47], "apps")  # every problem once: an index past the split is an error, not a wrap
-    state = wf.reset([_add_problem_index()], "apps")
-    assert "add these two numbers" in state["problem"][0]
+        wf.reset([47], "apps_test")  # every problem once: an index past the split is an error, not a wrap
+    state = wf.reset([_add_problem_index()], "apps_test")
+    assert "add these two numbers" in state["problem"][0].statement and state["problem"][0].kind == "io"
     assert state["gt_tests"][0] == tuple(io_tests(load_code_problems("apps")[75]))
+    train_ids = {p.id for p in wf._pool("train")}
+    assert not train_ids & {p.id for p in wf._pool("valid")} and not train_ids & ids["apps_test"]
 
 
 def test_coder_rewards_are_pass_rates():
     wf = _workflow()
-    state = wf.reset([_add_problem_index()] * 2, "apps")
+    state = wf.reset([_add_problem_index()] * 2, "apps_test")
     state["gt_tests"][1] = (("1\n1 1\n", "2\n"), ("1\n1 2\n", "3\n"))  # PARTIAL passes one of these two
     out = wf.step(state, 0, 0, [[_block(ADD), _block(SUB), "no code", _block("import os\nwhile True: os.fork()")],
                                 [_block(PARTIAL), _block(ADD), _block("while True: pass"), "```python\n"]])
@@ -125,20 +130,58 @@ def test_coder_rewards_are_pass_rates():
     assert out.local_reward.dtype == out.team_reward.dtype == np.float32
 
 
+def test_a_test_no_correct_program_passes_never_earns_reward():
+    """The gaming case: against a wrong program (it passes 1 of the problem's tests), a test with a
+    nonsense expected output used to agree with "the program fails" and earn 1.0. Now a test counts
+    only if it is right: one of the problem's own tests (APPS has no reference solution)."""
+    problem = next(p for p in load_problems("apps_train") if len(p.tests) >= 2)
+    wf = _workflow(train_sets=("apps_train",))
+    index = list(wf._pool("train")).index(problem)
+    state = wf.reset([index], "train")
+    state["code"][0] = "print('definitely wrong 12345')"
+    real = _tests_text([problem.tests[0]])
+    nonsense = _tests_text([(problem.tests[0][0], "definitely wrong 12345")])
+    invented = _tests_text([("12345\n", "67890\n")])  # maybe right, but unverifiable without a reference
+    out = wf.step(state, 1, 0, [[real, nonsense, invented, _tests_text([problem.tests[0], problem.tests[1]])]])
+    np.testing.assert_array_equal(out.local_reward, [[1.0, 0.0, 0.0, 1.0]])
+
+
+def test_function_problems_with_reference_solutions():
+    """MBPP: the coder's function is judged by the problem's asserts; the tester's asserts by the
+    reference solution, whatever the program under test does."""
+    wf = _workflow(train_sets=("mbpp_train",))
+    problem = wf._pool("train")[0]
+    name = problem.tests[0].split("assert ")[1].split("(")[0].strip()
+    state = wf.reset([0, 0], "train")
+    out = wf.step(state, 0, 0, [[_block(problem.solutions[0]), _block(f"def {name}(*a):\n    return None\n")],
+                                ["no code", _block(problem.solutions[0])]])
+    np.testing.assert_array_equal(out.local_reward, [[1.0, 0.0], [0.0, 1.0]])
+    assert out.success[0, 0] and not out.success[0, 1]
+    state = take_branch(out.state, np.array([1, 0]))  # a wrong program, and no program
+    right, wrong = problem.tests[0], problem.tests[0].rsplit("==", 1)[0] + "== 'definitely wrong'"
+    out = wf.step(state, 1, 0, [[f"```python\n{right}\n```", f"```python\n{wrong}\n{right}\n```"],
+                                [f"```python\n{wrong}\n```", "nothing"]])
+    np.testing.assert_array_equal(out.local_reward, [[1.0, 0.5], [0.0, -1.0]])
+    text = wf.prompts(take_branch(out.state, np.array([0, 0])), 0, 1)[0][1]["content"]
+    assert "0 of 1 generated tests pass." in text and right[:40] in text  # the coder sees the failing assert
+    humaneval = _workflow().reset([0], "humaneval")
+    h = humaneval["problem"][0]
+    out = _workflow().step(humaneval, 0, 0, [[_block(h.solutions[0]), _block("def f(): pass")]])
+    np.testing.assert_array_equal(out.success, [[True, False]])
+
+
 def test_tester_rewards_termination_and_what_the_coder_sees_next():
     wf = _workflow()
-    state = wf.reset([_add_problem_index()], "apps")
+    state = wf.reset([_add_problem_index()], "apps_test")
     out = wf.step(state, 0, 0, [[_block(SUB), _block(ADD)]])
     state = take_branch(out.state, np.array([1]))  # the correct program
     good = [("1\n1 2", "3"), ("2\n5 5\n0 7", "10\n7")]
     bad = [("1\n1 2", "4")]
-    responses = [[_tests_text(good), _tests_text(bad), _tests_text(good + bad), "I have no tests", ""]]
-    out = wf.step(state, 1, 0, responses)
-    np.testing.assert_allclose(out.local_reward, [[1.0, 0.0, 2 / 3, -1.0, -1.0]])
-    np.testing.assert_array_equal(out.team_reward, [[1.0] * 5])
-    np.testing.assert_array_equal(out.done, [[True, False, False, False, False]])
+    out = wf.step(state, 1, 0, [[_tests_text(good), _tests_text(bad), "I have no tests", ""]])
+    np.testing.assert_array_equal(out.local_reward[0, 2:], [-1.0, -1.0])  # (validity: the previous test)
+    np.testing.assert_array_equal(out.team_reward, [[1.0] * 4])
+    np.testing.assert_array_equal(out.done, [[True, False, False, False]])
     assert out.state["gen_tests"][0, 0] == tuple(good)
-
     # Continue from the branch with a wrong test: the coder's prompt shows that mismatch.
     chosen = take_branch(out.state, np.array([1]))
     text = wf.prompts(chosen, 0, 1)[0][1]["content"]
@@ -151,25 +194,10 @@ def test_tester_rewards_termination_and_what_the_coder_sees_next():
     np.testing.assert_array_equal(out.success, [[False, True]])
 
 
-def test_tester_against_a_wrong_program_and_without_a_program():
-    wf = _workflow()
-    state = wf.reset([_add_problem_index()] * 2, "apps")
-    out = wf.step(state, 0, 0, [[_block(SUB)], ["no code at all"]])
-    state = take_branch(out.state, np.array([0, 0]))
-    good = _tests_text([("1\n1 2", "3")])
-    out = wf.step(state, 1, 0, [[good, _tests_text([("1\n2 1", "1")])], [good, "nothing"]])
-    # Wrong program: a test that fails it agrees with the ground truth; one it passes does not.
-    np.testing.assert_array_equal(out.local_reward, [[1.0, 0.0], [0.0, -1.0]])
-    np.testing.assert_array_equal(out.team_reward, [[0.0, 0.0], [0.0, 0.0]])
-    # The program passes every test of branch (0, 1): by the rule, that ends the episode (unsuccessfully).
-    np.testing.assert_array_equal(out.done, [[False, True], [False, False]])
-    assert not out.success.any()
-
-
 def test_single_agent_variant_and_factory():
-    wf = make_code_workflow(single_agent=True, limits={"wall_s": 2.0, "cpu_s": 2.0})
+    wf = make_code_workflow(single_agent=True, limits={"wall_s": 2.0, "cpu_s": 2.0}, test_sets="apps_test")
     assert [a.name for a in wf.agents] == ["coder"] and wf.name == "code_single"
-    state = wf.reset([_add_problem_index()], "apps")
+    state = wf.reset([_add_problem_index()], "apps_test")
     started = time.perf_counter()
     out = wf.step(state, 0, 0, [[_block(ADD), "thinking...", _block("print(input())")]])
     assert time.perf_counter() - started < 10
@@ -177,5 +205,5 @@ def test_single_agent_variant_and_factory():
     np.testing.assert_array_equal(out.local_reward + out.team_reward, [[2, 0, 0]])
     state = take_branch(out.state, np.array([1]))
     assert "no ```python block" in wf.prompts(state, 0, 1)[0][1]["content"]
-    with pytest.raises(ValueError):
-        CodeWorkflow(dataset="mbpp")
+    with pytest.raises(ValueError, match="unknown code data set"):
+        CodeWorkflow(test_sets=("mbpp",))

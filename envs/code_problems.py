@@ -1,0 +1,141 @@
+"""Code problems of two kinds, their data sets, and how programs and tests are judged.
+
+- "io" (APPS): a program reads standard input and writes standard output; a test is an
+  (input, expected output) pair; outputs compare as the APPS checker does.
+- "function" (MBPP, HumanEval): a program defines the function the problem names; a test is
+  an assert statement (HumanEval: its whole `check(entry_point)` suite counts as one test).
+
+A problem may carry reference solutions (MBPP's code, HumanEval's canonical solution, each
+verified to pass its tests). A test written by a model is valid when the first reference
+solution passes it; for a problem without one, when it is one of the problem's own tests
+(its input with the expected output, or the same assert): a test that no correct program
+passes never counts. Data sets are in envs/data/code (sources and licenses: SOURCES.md).
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import re
+from typing import Sequence
+
+from atgrpo_jax.envs.code_grading import (TEST_LIMITS, TestVerdict, _run_unique, describe_failure, load_code_problems,
+                                          outputs_match, run_io_tests)
+from atgrpo_jax.envs.parsers import extract_code_block, extract_test_cases
+from atgrpo_jax.envs.sandbox import Limits
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeProblem:
+    id: str
+    kind: str  # "io" or "function"
+    statement: str  # what the agents are shown
+    tests: tuple  # io: ((stdin, stdout), ...); function: (assert statement, ...)
+    setup: str = ""  # function: code run before the program (MBPP's test_setup_code)
+    solutions: tuple = ()  # reference solutions that pass `tests`
+
+
+def _apps(split: str) -> tuple[CodeProblem, ...]:
+    rows = load_code_problems("apps")
+    keep = [r for i, r in enumerate(rows) if (i % 5 == 0) == (split == "test")]  # every 5th: a test problem
+    return tuple(CodeProblem(r["id"], "io", r["question"], tuple((t["input"], t["output"]) for t in r["tests"]),
+                             solutions=tuple(r.get("solutions", ()))) for r in keep)
+
+
+def _mbpp(first: int, last: int) -> tuple[CodeProblem, ...]:
+    rows = [r for r in load_code_problems("mbpp") if first <= r["task_id"] <= last]
+    return tuple(CodeProblem(r["id"], "function", f"{r['prompt']}\nYour function must pass tests like:\n"
+                             f"{r['tests'][0]}", tuple(r["tests"]), r["test_setup_code"], (r["code"],)) for r in rows)
+
+
+def _humaneval() -> tuple[CodeProblem, ...]:
+    return tuple(CodeProblem(r["id"], "function", f"Complete this function:\n```python\n{r['prompt']}```",
+                             (f"{r['test']}\ncheck({r['entry_point']})",), solutions=(r["prompt"] + r["canonical_solution"],))
+                 for r in load_code_problems("humaneval"))
+
+
+DATA_SETS = {  # name -> problems
+    "apps_train": lambda: _apps("train"),  # 184 stdin/stdout problems
+    "apps_test": lambda: _apps("test"),  # 47
+    "mbpp_train": lambda: _mbpp(511, 974),  # 464 functions, MBPP's training range
+    "mbpp_test": lambda: _mbpp(11, 510),  # 500, MBPP's evaluation range
+    "humaneval": _humaneval,  # 164
+}
+
+
+@functools.lru_cache(maxsize=None)
+def load_problems(name: str) -> tuple[CodeProblem, ...]:
+    if name not in DATA_SETS:
+        raise ValueError(f"unknown code data set {name!r}; choose one of {sorted(DATA_SETS)}")
+    return DATA_SETS[name]()
+
+
+# ---------------------------------------------------------------- tests written by a model
+
+_ASSERT = re.compile(r"^assert\b.*$", re.MULTILINE)
+
+
+def extract_asserts(text: str, max_cases: int) -> list[str]:
+    """The top-level assert statements of the answer's python block (or of the text), each one test."""
+    code = extract_code_block(text) or (text if isinstance(text, str) else "")
+    try:
+        tree = ast.parse(code)
+        found = [ast.get_source_segment(code, node) for node in tree.body if isinstance(node, ast.Assert)]
+    except (SyntaxError, ValueError):
+        found = [m.group(0) for m in _ASSERT.finditer(code)]
+    return [a for a in found if a][:max_cases]
+
+
+def extract_tests(kind: str, text: str, max_cases: int) -> tuple:
+    return tuple(extract_test_cases(text, max_cases) if kind == "io" else extract_asserts(text, max_cases))
+
+
+# ---------------------------------------------------------------- judging
+
+def run_tests(jobs: Sequence[tuple[CodeProblem, str, Sequence]], limits: Limits = TEST_LIMITS,
+              max_workers: int | None = None) -> list[list[TestVerdict]]:
+    """For each (problem, program, tests), one verdict per test (one sandbox run each, distinct runs once)."""
+    io = [i for i, (p, _, _) in enumerate(jobs) if p.kind == "io"]
+    out: list = [None] * len(jobs)
+    for i, verdicts in zip(io, run_io_tests([(jobs[i][1], jobs[i][2]) for i in io], limits, max_workers)):
+        out[i] = verdicts
+    programs, where = [], []
+    for i, (p, program, tests) in enumerate(jobs):
+        if p.kind == "function":
+            for t, test in enumerate(tests):
+                programs.append(f"{p.setup}\n{program}\n\n{test}\n")
+                where.append((i, t))
+            out[i] = [None] * len(tests)
+    for (i, t), result in zip(where, _run_unique(programs, [""] * len(programs), limits, max_workers)):
+        error = describe_failure(result)
+        out[i][t] = TestVerdict(passed=result.ok and not error, actual=result.stdout, error=error)
+    return out
+
+
+def _same_input(a: str, b: str) -> bool:
+    lines = lambda s: [line.strip() for line in str(s).strip().splitlines()]  # noqa: E731
+    return lines(a) == lines(b)
+
+
+def _same_assert(a: str, b: str) -> bool:
+    try:
+        return ast.dump(ast.parse(a)) == ast.dump(ast.parse(b))
+    except SyntaxError:
+        return a.strip() == b.strip()
+
+
+def valid_tests(jobs: Sequence[tuple[CodeProblem, Sequence]], limits: Limits = TEST_LIMITS,
+                max_workers: int | None = None) -> list[list[bool]]:
+    """For each (problem, generated tests): whether each test is valid (see the module docstring)."""
+    with_ref = [i for i, (p, tests) in enumerate(jobs) if p.solutions and tests]
+    verdicts = dict(zip(with_ref, run_tests([(jobs[i][0], jobs[i][0].solutions[0], jobs[i][1]) for i in with_ref],
+                                            limits, max_workers)))
+    out = []
+    for i, (p, tests) in enumerate(jobs):
+        if i in verdicts:
+            out.append([v.passed for v in verdicts[i]])
+        elif p.kind == "io":
+            out.append([any(_same_input(x, gx) and outputs_match(y, gy) for gx, gy in p.tests) for x, y in tests])
+        else:
+            out.append([any(_same_assert(t, g) for g in p.tests) for t in tests])
+    return out
