@@ -40,6 +40,7 @@ from atgrpo_jax.envs.text_state import (clip_head, clip_tail, load_jsonl, load_u
 from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, branch
 
 MATH_DATASETS = {
+    "gsm8k_train": "math/gsm8k_train.jsonl",
     "gsm8k_test": "math/gsm8k_test.jsonl",
     "aime24": "math/aime24.jsonl",
     "aime25": "math/aime25.jsonl",
@@ -89,7 +90,7 @@ def tool_answer_from_output(stdout: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class MathWorkflow:
-    train_set: str = "gsm8k_test"
+    train_set: str = "gsm8k_train"
     test_sets: tuple[str, ...] = ("aime24", "aime25", "olympiadbench")
     train_path: str = ""  # a JSONL training pool of your own (instead of train_set)
     test_path: str = ""  # a JSONL test set of your own (added to test_sets)

@@ -140,6 +140,23 @@ def _check_shapes(out: StepOut, b, k):
     assert all(v.shape == (b, k) for v in out.info.values())
 
 
+@pytest.mark.parametrize("name,count", [("gsm8k_train", 7473), ("gsm8k_test", 1319), ("aime24", 30), ("aime25", 30),
+                                        ("olympiadbench", 674)])
+def test_shipped_math_sets(name, count):
+    """Every shipped set: its size, unique ids, a problem and an answer per record."""
+    problems = load_problems(name)
+    assert len(problems) == count
+    assert len({p["id"] for p in problems}) == count
+    assert all(p["problem"].strip() and str(p["answer"]).strip() for p in problems)
+
+
+def test_training_is_on_the_train_split_by_default():
+    train, test = load_problems("gsm8k_train"), load_problems("gsm8k_test")
+    assert MathWorkflow().train_set == "gsm8k_train"
+    assert not {p["problem"] for p in train} & {p["problem"] for p in test}  # no test problem is trained on
+    assert all(re.fullmatch(r"-?[0-9][0-9,]*(\.[0-9]+)?", p["answer"]) for p in train)  # GSM8K answers are numbers
+
+
 def test_datasets_by_name_and_split(tmp_path):
     wf = MathWorkflow(train_set="gsm8k_test", test_sets=("olympiadbench", "aime25"))
     pool = load_problems("gsm8k_test")
