@@ -11,20 +11,31 @@ Layers, outermost first:
   `python -I` (isolated mode), stdin from a file, its own session so the whole
   process group is SIGKILLed at the wall-clock limit or when output passes the
   byte cap, and always once the run ends (stragglers);
-- the child side (`sandbox_boot.py`): PID + network namespaces when available,
-  rlimits (CPU, address space, file size, processes, no core), an audit hook
-  that refuses sockets, fork/exec, signals to others and writes outside the
-  working directory. Root is not bound by RLIMIT_NPROC, so fork bombs are
-  stopped by the hook (fork/exec refused) and, failing that, by the PID
-  namespace (its init's death kills everything in it) and the group kill.
+- the child side (`sandbox_boot.py`): user, PID, network and mount namespaces
+  when available; a private root holding only the Python install, its shared
+  libraries and the working directory (`sandbox_fs.py`); rlimits (CPU,
+  address space, file size, processes, no core); an audit hook that refuses
+  sockets, fork/exec, signals to others, writes outside the working directory
+  and reads outside it and the Python install. Root is not bound by
+  RLIMIT_NPROC, so fork bombs are stopped by the hook (fork/exec refused) and,
+  failing that, by the PID namespace (its init's death kills everything in it)
+  and the group kill.
+
+What the program may read is listed once per trainer process
+(`filesystem_plan`, by a probe child). `RunResult.isolation` says which layer
+kept the rest of the machine out of reach: "mount-namespace" (it does not
+exist for the program) or "audit-hook" (the kernel refused the namespaces, or
+`Limits.filesystem_isolation` is off: the hook refuses reads outside the plan).
 
 Compared with the reference system (a subprocess with a timeout), a runaway
-program cannot keep children alive, flood memory or output, touch the network
-or the trainer's files and environment, or signal the trainer.
+program cannot keep children alive, flood memory or output, touch the network,
+read the machine's files (credentials, the repository) or the trainer's
+environment, or signal the trainer.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import selectors
@@ -33,14 +44,18 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-from atgrpo_jax.envs.sandbox_boot import MEMORY_EXIT_CODE
+from atgrpo_jax.envs.sandbox_boot import BLOCKED_MODULES, MEMORY_EXIT_CODE
 
-_BOOT_SOURCE = (Path(__file__).parent / "sandbox_boot.py").read_text()
+_FS_SOURCE = (Path(__file__).parent / "sandbox_fs.py").read_text()
+_BOOT_SOURCE = _FS_SOURCE + "\n\n" + (Path(__file__).parent / "sandbox_boot.py").read_text()
+_PROBE_SOURCE = _FS_SOURCE + f"\n\nimport json\nprint(json.dumps(filesystem_plan(skip={BLOCKED_MODULES!r})))\n"
 _READ_CHUNK = 1 << 16
 
 
@@ -57,7 +72,10 @@ class Limits:
     max_processes: int = 512
     max_file_mb: int = 16  # RLIMIT_FSIZE, largest file the program may write
     stderr_tail_bytes: int = 4096  # how much of the end of stderr is kept
-    namespaces: bool = True  # try PID/network namespaces (falls back silently)
+    namespaces: bool = True  # try user/PID/network namespaces (falls back silently)
+    # a private root (mount namespace) holding only Python and the working directory; when off or
+    # refused by the kernel, the audit hook alone refuses reads elsewhere (RunResult.isolation)
+    filesystem_isolation: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +89,9 @@ class RunResult:
     killed_signal: int | None
     wall_s: float
     sandbox_error: str = ""  # the sandbox itself failed (e.g. could not start a process)
+    # what kept the machine's files out of reach: "mount-namespace" (a private root) or
+    # "audit-hook" (reads outside the working directory and Python refused); "" if never known
+    isolation: str = ""
 
     @property
     def ok(self) -> bool:
@@ -246,33 +267,86 @@ def _failure(message: str, started: float) -> RunResult:
     return RunResult("", "", None, False, False, False, None, time.monotonic() - started, sandbox_error=message)
 
 
+_PLAN_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_plan() -> dict:
+    probe_dir = os.path.realpath(tempfile.mkdtemp(prefix="atgrpo-sandbox-probe-"))
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", _PROBE_SOURCE], cwd=probe_dir, env=_child_env(probe_dir),
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
+    finally:
+        _remove_tree(probe_dir)
+    if done.returncode != 0:
+        raise RuntimeError(f"the probe exited with {done.returncode}: {done.stderr.decode(errors='replace')[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def filesystem_plan() -> dict:
+    """What a sandboxed program may read: {"dirs", "files", "links", "devices"}
+    (`sandbox_fs.filesystem_plan`). Listed once per process, by a probe child started like a
+    sandboxed run (about a second: it imports numpy, sympy and every standard extension module).
+    Shared: do not modify."""
+    with _PLAN_LOCK:
+        return _probe_plan()
+
+
+def _read_isolation(report_fd: int, limits: Limits) -> str:
+    """The layer the child reported ("" if it never got that far); a warning if a private root
+    was asked for and refused."""
+    os.set_blocking(report_fd, False)
+    try:
+        report = os.read(report_fd, 1024).decode("utf-8", errors="replace")
+    except BlockingIOError:  # a killed straggler still holds the pipe
+        report = ""
+    layer, _, reason = report.partition("\n")
+    if layer == "audit-hook" and limits.namespaces and limits.filesystem_isolation:
+        warnings.warn(f"sandbox: no private root for model-written code ({reason}); only the audit hook "
+                      "refuses reads outside the working directory and Python", RuntimeWarning, stacklevel=3)
+    return layer if layer in ("mount-namespace", "audit-hook") else ""
+
+
 def run_python(code: str, stdin: str = "", limits: Limits | None = None) -> RunResult:
     """Run `code` as a Python program with `stdin`; never raises."""
     limits = limits or Limits()
+    try:
+        plan = filesystem_plan()  # (the first call's probe does not count against the wall clock)
+    except Exception as exc:  # noqa: BLE001
+        return _failure(f"sandbox failure: cannot list the files Python needs: {exc!r}", time.monotonic())
     started = time.monotonic()
     try:
         workdir = os.path.realpath(tempfile.mkdtemp(prefix="atgrpo-sandbox-"))
     except Exception as exc:  # noqa: BLE001 - anything becomes a result
         return _failure(f"cannot create a working directory: {exc!r}", started)
+    report_read = report_write = -1
     try:
         Path(workdir, "main.py").write_text(str(code), encoding="utf-8", errors="replace")
         stdin_path = Path(workdir, ".stdin")
         stdin_path.write_text(str(stdin), encoding="utf-8", errors="replace")
-        config = json.dumps({**dataclasses.asdict(limits), "workdir": workdir})
+        report_read, report_write = os.pipe()  # the child writes the isolation layer here, then closes it
+        config = json.dumps({**dataclasses.asdict(limits), "workdir": workdir, "filesystem": plan,
+                             "report_fd": report_write})
         argv = [sys.executable, "-I", "-c", _BOOT_SOURCE, config]
         with open(stdin_path, "rb") as stdin_file:
             proc = subprocess.Popen(
                 argv, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir,
-                env=_child_env(workdir), start_new_session=True, close_fds=True)
+                env=_child_env(workdir), start_new_session=True, close_fds=True, pass_fds=(report_write,))
+        os.close(report_write)
+        report_write = -1
         try:
-            return _collect(proc, limits, started)
+            result = _collect(proc, limits, started)
         except BaseException:
             _kill_group(proc.pid)
             _reap(proc)
             raise
+        return dataclasses.replace(result, isolation=_read_isolation(report_read, limits))
     except Exception as exc:  # noqa: BLE001
         return _failure(f"sandbox failure: {exc!r}", started)
     finally:
+        for fd in (report_read, report_write):
+            if fd >= 0:
+                os.close(fd)
         _remove_tree(workdir)
 
 

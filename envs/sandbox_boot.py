@@ -1,51 +1,73 @@
 """Child-side bootstrap of the sandbox: runs before the untrusted program.
 
-`sandbox.run_python` starts `python -I -c <this file's source> <config json>`
-in a fresh working directory holding `main.py` (the program). It is never
-imported by the trainer. In order, it:
+`sandbox.run_python` starts `python -I -c <sandbox_fs.py + this file> <config json>`
+in a fresh working directory holding `main.py` (the program), so the functions
+of `sandbox_fs` are defined here. It is never imported by the trainer (except
+for its constants). In order, it:
 
-1. enters new PID and network namespaces when the kernel allows it (as root
-   directly, otherwise through a user namespace that maps the caller's uid to
-   itself). In a PID namespace the program runs as PID 2 under a tiny init
-   (PID 1); when anything ends the init, the kernel kills every process in the
-   namespace, so nothing forked can outlive the run, and the trainer's PID is
-   not even visible. The network namespace has only a down loopback: sockets
-   reach nothing;
-2. sets resource limits (CPU seconds, address space, file size, processes,
+1. enters new user, PID, network and mount namespaces when the kernel allows
+   it: through a user namespace that maps the caller's uid to itself (for
+   root too, so the program holds no capability over the machine: no device
+   nodes, no kernel memory, no remounting), else, as root, directly. In a PID
+   namespace the program runs as PID 2 under a tiny init (PID 1); when
+   anything ends the init, the kernel kills every process in the namespace,
+   so nothing forked can outlive the run, and the trainer's PID is not even
+   visible. The network namespace has only a down loopback: sockets reach
+   nothing;
+2. in the mount namespace, replaces the root by one holding only the Python
+   install, the shared libraries it loads, three devices, a fresh /proc and
+   the working directory (`sandbox_fs.enter_private_root`; isolation
+   "mount-namespace"). When the kernel refuses any of it, the audit hook's
+   read check below is the only file-system layer (isolation "audit-hook").
+   The layer in force is written to the trainer's report pipe, which is then
+   closed before the program starts;
+3. sets resource limits (CPU seconds, address space, file size, processes,
    no core files);
-3. installs an audit hook (PEP 578) that refuses sockets, fork/exec/spawn,
-   signals to other processes, writes outside the working directory, reads of
-   other processes' /proc entries, raising limits and foreign-function calls.
-   Audit hooks are not a security boundary on their own; they are the layer
-   that makes ordinary attempts fail fast, with a clear error, when the
-   namespaces are unavailable;
-4. runs `main.py` as `__main__`.
+4. installs an audit hook (PEP 578) that refuses sockets, fork/exec/spawn,
+   signals to other processes, writes outside the working directory, reads
+   outside the working directory and the files of the plan (resolving
+   symlinks), reads of other processes' /proc entries, raising limits,
+   foreign-function calls and the modules that read files or start processes
+   in C, past the hook (BLOCKED_MODULES). Audit hooks are not a security
+   boundary on their own; they are the layer that makes ordinary attempts fail
+   fast, with a clear error, and the one left when namespaces are unavailable;
+5. runs `main.py` as `__main__`.
 
 Exit statuses are relayed from the program to the process the trainer waits
 for: the same exit code, or death by the same signal. MemoryError exits with
 MEMORY_EXIT_CODE.
 """
 MEMORY_EXIT_CODE = 99
+CLONE_NEWNS = 0x00020000
+# C code that reads files (shadow passwords, the user database, history files) or runs a Tcl
+# interpreter (files, exec) without raising audit events.
+BLOCKED_MODULES = ("spwd", "pwd", "grp", "readline", "_tkinter", "nis", "_dbm", "_gdbm")
 
 
-def _enter_namespaces(os):
-    """unshare(PID|NET), through a user namespace when not root. True on success."""
+def _enter_namespaces(os, mount):
+    """unshare(PID|NET, and NS when `mount`) inside a new user namespace, or, as root without
+    user namespaces, directly; without NS if that fails. The flags entered (0: none)."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        new_user, new_pid, new_net = 0x10000000, 0x20000000, 0x40000000
-        if os.geteuid() == 0:
-            return libc.unshare(new_pid | new_net) == 0
-        uid, gid = os.geteuid(), os.getegid()
-        if libc.unshare(new_user | new_pid | new_net) != 0:
-            return False
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-            with open(f"/proc/self/{name}", "w") as f:
-                f.write(text)
-        return True
     except Exception:
-        return False
+        return 0
+    new_user, new_pid, new_net, new_ns = 0x10000000, 0x20000000, 0x40000000, CLONE_NEWNS
+    uid, gid = os.geteuid(), os.getegid()
+    for flags in ((new_pid | new_net | new_ns, new_pid | new_net) if mount else (new_pid | new_net,)):
+        if libc.unshare(new_user | flags) == 0:
+            try:
+                for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                                   ("gid_map", f"{gid} {gid} 1")):
+                    with open(f"/proc/self/{name}", "w") as f:
+                        f.write(text)
+            except OSError:
+                pass  # (no setgroups control: the run goes on unmapped, it cannot undo the unshare)
+            return flags
+        if uid == 0 and libc.unshare(flags) == 0:
+            return flags
+    return 0
 
 
 def _set_death_signal(os):
@@ -75,14 +97,16 @@ def _encode_status(os, status):
     return f"E{os.WEXITSTATUS(status)}"
 
 
-def _fork_under_init(os, signal):
+def _fork_under_init(os, signal, report_fd):
     """In a fresh PID namespace: P0 (here) -> init (PID 1) -> program (PID 2).
 
-    Returns only in the program process; the other two wait and relay.
+    Returns only in the program process; the other two wait and relay (and close `report_fd`,
+    which only the program writes).
     """
     read_fd, write_fd = os.pipe()
     init_pid = os.fork()
     if init_pid:  # P0, outside the namespace: wait for init, relay the program's status
+        os.close(report_fd)
         os.close(write_fd)
         os.waitpid(init_pid, 0)
         text = os.read(read_fd, 64).decode() or "E1"
@@ -91,6 +115,7 @@ def _fork_under_init(os, signal):
     _set_death_signal(os)
     program_pid = os.fork()
     if program_pid:  # init: reap everything, report the program's status, end the namespace
+        os.close(report_fd)
         status = None
         while status is None:
             try:
@@ -121,14 +146,19 @@ def _set_limits(resource, cfg):
             pass
 
 
-def _install_audit_hook(sys, os, workdir):
+def _install_audit_hook(sys, os, workdir, plan):
     import posixpath
 
     # Captured now, so that the program rebinding module attributes changes nothing here.
-    join, normpath, getcwd, getpid, getpgrp, fsdecode, isdir = (
-        posixpath.join, posixpath.normpath, os.getcwd, os.getpid, os.getpgrp, os.fsdecode, os.path.isdir)
+    join, normpath, realpath, getcwd, getpid, getpgrp, fsdecode, isdir = (
+        posixpath.join, posixpath.normpath, posixpath.realpath, os.getcwd, os.getpid, os.getpgrp, os.fsdecode,
+        os.path.isdir)
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     prefix = workdir.rstrip("/") + "/"
+    own_proc = realpath("/proc/self")  # /proc/<pid> as this process's /proc numbers it
+    readable_files = frozenset([*plan["files"], *plan["devices"], *plan["dirs"], own_proc, workdir])
+    readable_dirs = tuple(d.rstrip("/") + "/" for d in [*plan["dirs"], own_proc, workdir])
+    blocked = frozenset(BLOCKED_MODULES)
     denied = frozenset((
         "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
         "subprocess.Popen", "pty.spawn", "os.startfile", "os.symlink", "os.link",
@@ -149,6 +179,14 @@ def _install_audit_hook(sys, os, workdir):
         full = absolute(path)
         return full + "/" == prefix or full.startswith(prefix)
 
+    def readable(path):
+        """The working directory (the program cannot make symlinks) or, symlinks resolved, it, a
+        file of the plan or this process's own /proc entries."""
+        if inside(path):
+            return True
+        real = realpath(absolute(path))
+        return real in readable_files or real.startswith(readable_dirs)
+
     def other_process_entry(path):
         parts = absolute(path).split("/")
         return len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and int(parts[2]) != getpid()
@@ -168,8 +206,17 @@ def _install_audit_hook(sys, os, workdir):
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & write_flags)
             if writing and not inside(path):
                 deny(f"writing outside the working directory ({path!r})")
+            if not writing and not readable(path):
+                deny(f"reading outside the working directory and the Python install ({path!r})")
             if not inside(path) and isdir(path):  # a directory fd + dir_fd= would reach outside
                 deny("opening a directory outside the working directory")
+        elif event in ("os.listdir", "os.scandir"):
+            if not readable("." if args[0] is None else args[0]):
+                deny(f"listing a directory outside the working directory and the Python install ({args[0]!r})")
+        elif event == "sqlite3.connect":  # sqlite opens its files in C
+            database = fsdecode(args[0])
+            if database not in ("", ":memory:") and (database.startswith("file:") or not inside(database)):
+                deny("a database outside the working directory")
         elif event == "os.fwalk":
             if not inside(args[0]):
                 deny("os.fwalk outside the working directory")  # it yields directory fds
@@ -193,12 +240,15 @@ def _install_audit_hook(sys, os, workdir):
                 deny("rewriting a function's code")
         elif event == "import" and args[0] == "_posixsubprocess":
             raise ImportError("sandbox: _posixsubprocess is disabled")
+        elif event == "import" and args[0] in blocked:
+            raise ImportError(f"sandbox: {args[0]} is disabled (its C code reads files past this hook)")
 
     sys.addaudithook(hook)
 
 
 def _disarm_process_primitives(os):
-    """Remove entry points that raise no audit event (spawn without Popen, pidfd kill)."""
+    """Remove entry points that raise no audit event (spawn without Popen, pidfd kill, mknod:
+    a device node in the working directory would let root read a disk)."""
     def refuse(*_args, **_kwargs):
         raise PermissionError("sandbox: starting processes is not allowed")
 
@@ -211,11 +261,23 @@ def _disarm_process_primitives(os):
     import posix
     import signal
 
-    for module, name in ((os, "pidfd_open"), (posix, "pidfd_open"), (signal, "pidfd_send_signal")):
+    for module, name in ((os, "pidfd_open"), (posix, "pidfd_open"), (signal, "pidfd_send_signal"),
+                         (os, "mknod"), (posix, "mknod")):
         try:
             delattr(module, name)
         except AttributeError:
             pass
+
+
+def _isolate_filesystem(cfg, namespaces):
+    """Enter the private root when the mount namespace was entered: (layer, why not)."""
+    if not namespaces & CLONE_NEWNS:
+        return "audit-hook", ("no mount namespace" if cfg["filesystem_isolation"] else "not asked for")
+    try:
+        enter_private_root(cfg["filesystem"], cfg["workdir"])  # noqa: F821 - from sandbox_fs.py
+    except Exception as exc:  # noqa: BLE001 - any refusal of the kernel: the hook alone guards reads
+        return "audit-hook", repr(exc)
+    return "mount-namespace", ""
 
 
 def _boot():
@@ -226,16 +288,20 @@ def _boot():
     import sys
 
     cfg = json.loads(sys.argv[1])
-    workdir = cfg["workdir"]
+    report_fd = cfg["report_fd"]
     with open("main.py", encoding="utf-8", errors="replace") as f:
         source = f.read()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if cfg["namespaces"] and _enter_namespaces(os):
-        _fork_under_init(os, signal)
+    namespaces = _enter_namespaces(os, mount=cfg["filesystem_isolation"]) if cfg["namespaces"] else 0
+    if namespaces:
+        _fork_under_init(os, signal, report_fd)
+    layer, reason = _isolate_filesystem(cfg, namespaces)
+    os.write(report_fd, f"{layer}\n{reason}"[:512].encode())
+    os.close(report_fd)
     _set_limits(resource, cfg)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversized writes raise OSError instead
     _disarm_process_primitives(os)
-    _install_audit_hook(sys, os, workdir)
+    _install_audit_hook(sys, os, cfg["workdir"], cfg["filesystem"])
     sys.argv = ["main.py"]
     return compile(source, "main.py", "exec")
 
