@@ -12,6 +12,7 @@ BENCHMARKS = {
     "sampler": "atgrpo_jax.bench.sampler",
     "train": "atgrpo_jax.bench.train",
     "e2e": "atgrpo_jax.bench.e2e",
+    "sandbox": "atgrpo_jax.bench.sandbox",
 }
 
 
