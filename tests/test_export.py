@@ -1,0 +1,156 @@
+"""Export: a run's policy as a Hugging Face directory that transformers (and PEFT, for adapters) load
+with the trained weights: logits equal to the trainer's model within 1e-4."""
+import importlib.util
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from atgrpo_jax import cli
+from atgrpo_jax.export import export_policy
+from hf_fixtures import left_padded_batch, make_hf_checkpoint, torch_logits
+
+CONFIG = os.path.join(os.path.dirname(__file__), "train", "tiny_config.py")
+HF = dict(vocab=128, hidden=48, inter=64, layers=2, heads=4, kv_heads=2, head_dim=16)
+
+
+def tiny(base: str, sharing: str):
+    spec = importlib.util.spec_from_file_location("tiny_config", CONFIG)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    c.model.update(preset="", hf_path=base)  # the run starts from a Hugging Face checkpoint
+    c.policy.sharing = sharing
+    c.optim.update(lr=3e-2, warmup_steps=0)  # one step moves the weights (and LoRA's B off zero) measurably
+    c.train.update(steps=1, eval_every=0, checkpoint_every=1, log_episodes_every=0)
+    return c
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from atgrpo_jax.train.loop import run_training
+
+    root = tmp_path_factory.mktemp("export")
+    base = str(root / "base")
+    make_hf_checkpoint(base, **HF)
+    out = {"base": base}
+    for sharing in ("shared", "per_role", "lora"):
+        out[sharing] = str(root / sharing)
+        run_training(tiny(base, sharing), out[sharing])
+    return out
+
+
+def trained_policy(workdir: str, index: int):
+    """The run's policy `index` as the trainer restores it."""
+    from atgrpo_jax.train.checkpoint import Checkpointer
+    from atgrpo_jax.train.config import from_saved
+    from atgrpo_jax.train.setup import build_run
+    from atgrpo_jax.train.step import policy_states, set_policy_states
+    from atgrpo_jax.train import workdir as wd
+
+    run = build_run(from_saved(wd.saved_config(workdir)))
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=0, read_only=True)
+    states, _ = ckpt.restore(ckpt.all_steps()[-1], target=policy_states(run))
+    set_policy_states(run, states)
+    ckpt.close()
+    return run.policies[index]
+
+
+def batch():
+    return left_padded_batch(np.random.RandomState(0), HF["vocab"], [9, 5, 9])
+
+
+def our_logits(model):
+    tokens, mask, positions = batch()
+    logits, _ = model(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
+    return np.asarray(logits)[mask]
+
+
+def hf_logits(model):
+    tokens, mask, positions = batch()
+    return torch_logits(model, tokens, mask, positions)[mask]
+
+
+def assert_close(got, want):
+    assert np.abs(want).max() > 1.0  # not a comparison between near-zeros
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+
+
+def test_a_shared_policy_loads_in_transformers_with_the_trained_weights(runs, tmp_path):
+    out = str(tmp_path / "hf")
+    summary = export_policy(runs["shared"], out)
+    assert summary["step"] == 1 and summary["policy"] == "policy"
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    policy = trained_policy(runs["shared"], 0)
+    assert_close(hf_logits(exported), our_logits(policy.model()))
+    base = transformers.AutoModelForCausalLM.from_pretrained(runs["base"]).eval()
+    assert np.abs(hf_logits(base) - hf_logits(exported)).max() > 1e-3  # the trained weights, not the base's
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok("go R")["input_ids"] == policy_tokenizer(runs["shared"])("go R")["input_ids"]
+    gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert set(gen["eos_token_id"]) == {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
+    assert not any(name.startswith(".") for name in os.listdir(tmp_path))  # no partial directory left
+
+
+def policy_tokenizer(workdir):
+    from atgrpo_jax.train.config import from_saved
+    from atgrpo_jax.train.setup import make_tokenizer
+    from atgrpo_jax.train import workdir as wd
+
+    c = from_saved(wd.saved_config(workdir))
+    return make_tokenizer(c.tokenizer, c.model.hf_path, c.char_alphabet)
+
+
+def test_each_per_role_policy_exports_on_its_own(runs, tmp_path):
+    with pytest.raises(cli.UsageError, match=r"2 policies: choose one with --policy \(policy_planner, policy_executor\)"):
+        export_policy(runs["per_role"], str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()  # nothing written
+    logits = []
+    for i, name in enumerate(("policy_planner", "policy_executor")):
+        export_policy(runs["per_role"], str(tmp_path / name), policy=name)
+        exported = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / name)).eval()
+        logits.append(hf_logits(exported))
+        assert_close(logits[-1], our_logits(trained_policy(runs["per_role"], i).model()))
+    assert np.abs(logits[0] - logits[1]).max() > 1e-3  # two policies, each trained on its own agent
+
+
+@pytest.mark.parametrize("index,name", [(0, "lora_planner"), (1, "lora_executor")])
+def test_lora_merged_and_as_a_peft_adapter(runs, tmp_path, index, name):
+    from peft import PeftModel
+
+    from atgrpo_jax.models.lora import merge_lora
+
+    policy = trained_policy(runs["lora"], index)
+    want = our_logits(policy.model())
+    assert_close(our_logits(merge_lora(policy.model())), want)
+    export_policy(runs["lora"], str(tmp_path / "merged"), policy=name)
+    assert_close(hf_logits(transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()), want)
+    export_policy(runs["lora"], str(tmp_path / "adapter"), policy=name, lora="adapter")
+    assert sorted(os.listdir(tmp_path / "adapter"))[:2] == ["adapter_config.json", "adapter_model.safetensors"]
+    base = transformers.AutoModelForCausalLM.from_pretrained(runs["base"])
+    base_logits = hf_logits(base.eval())
+    adapted = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    with torch.no_grad():
+        assert_close(hf_logits(adapted), want)
+    assert np.abs(base_logits - want).max() > 1e-3  # the adapters matter
+
+
+def test_bad_requests_name_what_is_wrong_and_write_nothing(runs, tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="exists and is not empty: give a new directory or --overwrite"):
+        export_policy(runs["shared"], str(tmp_path / "full"))
+    assert os.listdir(tmp_path / "full") == ["keep.txt"]
+    with pytest.raises(cli.UsageError, match=r"--step=7: no checkpoint of that step .* \(steps: \[1\]\)"):
+        export_policy(runs["shared"], str(tmp_path / "a"), step=7)
+    with pytest.raises(cli.UsageError, match="--lora=adapter: policy policy is a full model"):
+        export_policy(runs["shared"], str(tmp_path / "b"), lora="adapter")
+    with pytest.raises(cli.UsageError, match="--policy=critic: the run has no such policy"):
+        export_policy(runs["shared"], str(tmp_path / "c"), policy="critic")
+    with pytest.raises(FileNotFoundError, match="no config.json there"):
+        export_policy(str(tmp_path / "full"), str(tmp_path / "d"))
+    assert sorted(os.listdir(tmp_path)) == ["full"]
