@@ -52,12 +52,7 @@ class Tracer:
 
     def busy_seconds(self, track_prefix: str) -> float:
         """Time covered by at least one span of those tracks (overlaps counted once)."""
-        total, end = 0.0, -float("inf")
-        for s, e in sorted(self.spans(track_prefix)):
-            if e > end:
-                total += e - max(s, end)
-                end = e
-        return total
+        return sum(e - s for s, e in union(self.spans(track_prefix)))
 
     def tracks(self) -> list[str]:
         with self._lock:
@@ -75,10 +70,22 @@ class Tracer:
         wd.write_text(path, json.dumps(self.to_json()))
 
 
+def union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The time covered by `spans`, as disjoint sorted intervals."""
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
 def overlap_seconds(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Time during which a span of `a` and a span of `b` run at once."""
+    """The summed time each span of `a` runs while at least one span of `b` does (so at most
+    the summed length of `a`)."""
     total = 0.0
     for s1, e1 in a:
-        for s2, e2 in b:
+        for s2, e2 in union(b):
             total += max(0.0, min(e1, e2) - max(s1, s2))
     return total

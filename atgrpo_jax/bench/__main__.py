@@ -13,6 +13,7 @@ BENCHMARKS = {
     "train": "atgrpo_jax.bench.train",
     "e2e": "atgrpo_jax.bench.e2e",
     "sandbox": "atgrpo_jax.bench.sandbox",
+    "system": "atgrpo_jax.bench.system",
 }
 
 

@@ -125,3 +125,21 @@ def test_the_stale_rollout_is_the_one_of_the_weights_before_the_update():
     np.testing.assert_allclose(ahead["ro"].samples.sampler_logp, before.samples.sampler_logp, rtol=1e-6, atol=1e-6)
     gap = np.abs(after.samples.sampler_logp - before.samples.sampler_logp)[before.samples.mask].max()
     assert gap > 1e-3  # at the updated weights the distribution is another one
+
+
+def test_timeline_arithmetic_against_a_fine_time_grid():
+    from atgrpo_jax.trace import union
+
+    rng = np.random.default_rng(0)
+    a = [(s, s + d) for s, d in zip(rng.uniform(0, 10, 6), rng.uniform(0, 3, 6))]
+    b = [(s, s + d) for s, d in zip(rng.uniform(0, 10, 6), rng.uniform(0, 3, 6))]
+    grid = np.arange(0, 14, 1e-4) + 5e-5  # cell centres
+    covered = lambda spans: np.any([(grid > s) & (grid < e) for s, e in spans], axis=0)  # noqa: E731
+    want = sum(((grid > s) & (grid < e) & covered(b)).sum() for s, e in a) * 1e-4
+    assert overlap_seconds(a, b) == pytest.approx(want, abs=1e-2)
+    assert overlap_seconds(a, b) <= sum(e - s for s, e in a)
+    assert sum(e - s for s, e in union(a)) == pytest.approx(covered(a).sum() * 1e-4, abs=1e-2)
+    tracer = Tracer()
+    tracer._events = [{"tid": 0, "ts": s * 1e6, "dur": (e - s) * 1e6} for s, e in a]
+    tracer._tracks = {"pool A": 0}
+    assert tracer.busy_seconds("pool") == pytest.approx(covered(a).sum() * 1e-4, abs=1e-2)

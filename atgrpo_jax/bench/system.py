@@ -1,0 +1,186 @@
+"""`python -m atgrpo_jax.bench system`: one training step, synchronous vs asynchronous schedule.
+
+A CPU with 2 cores cannot show two device pools working at once, so the device work is a
+latency model and the host work is real: each pool's sampling and update take the time a
+chip would (`LatencyModel`: FLOPs at a fraction of the chip's peak, or weight reads at its
+memory bandwidth for decode steps; per pool of `--chips`), spent as a sleep in the pool's
+worker; the environments, prompts, parsing and the sandbox runs of model-written code are the
+project's own code, run for real on canned answers (a BFS program for the tool agent of
+Plan-Path, programs and tests for the code workflow). Both schedules run the same step
+(per_role: one policy per agent, each on its own pool) with the same tasks:
+
+- sync: each stage samples all tasks on the acting agent's pool, then steps them on the host;
+  the two pools' updates run one after the other;
+- async: `--cohorts` cohorts of tasks move through their stages independently (dispatch.py),
+  the environment steps run on `--host-workers` threads while the pools decode, and the two
+  updates run at once.
+
+Reports per schedule the best and median step time, each pool's busy fraction, the host's time
+and how much of it overlapped device work (async), and the ratio async / sync.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import jax
+import numpy as np
+
+from atgrpo_jax.bench.common import machine_notes, print_json_last
+from atgrpo_jax.rollout.samples import SampleOut
+from atgrpo_jax.rollout.tree import Schedule, tree_rollout
+from atgrpo_jax.trace import Tracer, overlap_seconds
+
+TARGET_RATIO = 0.65
+CHIPS = {  # bf16 peak FLOP/s and HBM bytes/s of one chip
+    "v4": (275e12, 1.2e12), "v5e": (197e12, 0.82e12), "v5p": (459e12, 2.77e12), "v6e": (918e12, 1.64e12)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyModel:
+    """Seconds of a policy's device work on a pool of `chips` chips."""
+
+    params: float
+    peak_flops: float
+    hbm_bytes_per_s: float
+    chips: int = 2
+    mfu: float = 0.4  # of the peak, for prefill and update
+    bytes_per_param: int = 2  # bf16 weights
+
+    def sample_s(self, prompt_tokens: int, rows: int, new_tokens: int) -> float:
+        """Prefill the prompts, then decode `new_tokens` steps of `rows` rows (each step reads the weights)."""
+        flops = self.peak_flops * self.mfu * self.chips
+        step = max(self.params * self.bytes_per_param / (self.hbm_bytes_per_s * self.chips), 2 * self.params * rows / flops)
+        return 2 * self.params * prompt_tokens / flops + new_tokens * step
+
+    def update_s(self, tokens: int) -> float:
+        return 6 * self.params * tokens / (self.peak_flops * self.mfu * self.chips)
+
+
+BFS = '''```python
+import sys
+from collections import deque
+rows = sys.stdin.read().split("\\n")
+cells = {(r, c): ch for r, row in enumerate(rows) for c, ch in enumerate(row)}
+start = next(p for p, ch in cells.items() if ch in "S*")
+goal = next(p for p, ch in cells.items() if ch in "G*")
+moves = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+prev, queue = {start: None}, deque([start])
+while queue:
+    cur = queue.popleft()
+    for name, (dr, dc) in moves.items():
+        nxt = (cur[0] + dr, cur[1] + dc)
+        if cells.get(nxt, "#") != "#" and nxt not in prev:
+            prev[nxt] = (cur, name)
+            queue.append(nxt)
+path, cur = [], goal
+while prev.get(cur) is not None:
+    cur, name = prev[cur]
+    path.append(name)
+print("**Actions List**:", path[::-1][:2])
+```'''
+CANNED = {  # workflow -> agent -> answer (the tool agent's program runs in the sandbox)
+    "plan_path": ["Here is my program.\n" + BFS, 'I checked the tool agent\'s moves.\n#### ["U"]'],
+    "code": ["**Code:**\n```python\nimport sys\ndata = sys.stdin.read().split()\nprint(len(data))\n```",
+             "**Test Input:**\n```\n1 2 3\n```\n**Test Output:**\n```\n3\n```\n"
+             "**Test Input:**\n```\n7\n```\n**Test Output:**\n```\n1\n```"],
+}
+
+
+def model_sample_fn(model: LatencyModel, answers, new_tokens: int):
+    """A pool's sampling as its modeled device time, then the canned answer of the agent, K times."""
+    def sample(agent, prompts, k, keys):
+        rows = len(prompts) * k
+        time.sleep(model.sample_s(sum(len(p) for p in prompts), rows, new_tokens))
+        ids = np.ones((rows, new_tokens), np.int32)
+        return SampleOut.from_rows(ids, np.full(rows, new_tokens), np.zeros((rows, new_tokens)), [answers[agent]] * rows,
+                                   new_tokens)
+    return sample
+
+
+def make_workflow(name: str, turns: int):
+    from atgrpo_jax.envs.registry import make_workflow as make
+    if name == "plan_path":
+        return make("plan_path_tool_plan", max_turns=turns)
+    return make("code", max_turns=turns, max_workers=2, train_sets=("apps_train",))
+
+
+def run_step(args, model: LatencyModel, asynchronous: bool, encode) -> dict:
+    """One step: the rollout (real environments, modeled sampling), then both pools' modeled updates."""
+    wf = make_workflow(args.workflow, args.turns)
+    tracer = Tracer()
+    schedule = Schedule(cohorts=args.cohorts if asynchronous else 1, asynchronous=asynchronous,
+                        host_workers=args.host_workers, pool_of_agent=(0, 1), pool_names=("A", "B"), tracer=tracer)
+    t0 = time.perf_counter()
+    samples, _ = tree_rollout(wf, model_sample_fn(model, CANNED[args.workflow], args.new_tokens), encode,
+                              np.arange(args.tasks), "train", k=args.k, max_turns=args.turns, alpha=1.0,
+                              key=jax.random.key(0), schedule=schedule)
+    rollout_s = time.perf_counter() - t0
+    tokens = [int((samples.prompt_len + samples.response_len)[samples.mask & (samples.sample_agent == a)].sum())
+              for a in (0, 1)]
+
+    def update(a):
+        with tracer.span("update", track=f"pool {'AB'[a]}"):
+            time.sleep(model.update_s(tokens[a]))
+
+    if asynchronous:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(update, (0, 1)))
+    else:
+        for a in (0, 1):
+            update(a)
+    total = time.perf_counter() - t0
+    pools = tracer.spans("pool")
+    host = [s for s in tracer.spans("host")]
+    host_s = sum(e - s for s, e in host)
+    return {"total": total, "rollout": rollout_s, "update": total - rollout_s,
+            "pool_busy_A": tracer.busy_seconds("pool A") / total, "pool_busy_B": tracer.busy_seconds("pool B") / total,
+            "host_s": host_s, "host_overlapped": overlap_seconds(host, pools) / max(host_s, 1e-9),
+            "update_tokens": tokens}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m atgrpo_jax.bench system", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workflow", choices=sorted(CANNED), default="plan_path")
+    ap.add_argument("--preset", default="qwen3-1.7b", help="the policies' size (models.config.PRESETS)")
+    ap.add_argument("--chip", choices=sorted(CHIPS), default="v5p")
+    ap.add_argument("--chips", type=int, default=2, help="chips per pool")
+    ap.add_argument("--tasks", type=int, default=16)
+    ap.add_argument("-k", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=256, help="tokens per response")
+    ap.add_argument("--cohorts", type=int, default=4)
+    ap.add_argument("--host-workers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    from atgrpo_jax.models.config import get_preset
+    from atgrpo_jax.models.tokenizer import encode_chat, qwen3_tokenizer
+    tokenizer = qwen3_tokenizer()
+    encode = lambda messages, agent: encode_chat(tokenizer, messages)  # noqa: E731
+    model = LatencyModel(get_preset(args.preset).num_params(), *CHIPS[args.chip], chips=args.chips)
+    sides = {}
+    for name, asynchronous in (("sync", False), ("async", True)):
+        run_step(args, model, asynchronous, encode)  # warm-up: compiles, sandbox start-up
+        steps = [run_step(args, model, asynchronous, encode) for _ in range(args.steps)]
+        sides[name] = {"steps": steps, "best": min(s["total"] for s in steps),
+                       "median": float(np.median([s["total"] for s in steps]))}
+    ratio = sides["async"]["best"] / sides["sync"]["best"]
+    print(f"{args.workflow}, per_role on 2 pools of {args.chips} x {args.chip}, {args.preset}: B={args.tasks} "
+          f"K={args.k} T={args.turns}, {args.new_tokens} tokens per response")
+    for name, side in sides.items():
+        s = min(side["steps"], key=lambda x: x["total"])
+        print(f"  {name:5s} step {side['best']:.2f} s best ({side['median']:.2f} median): rollout {s['rollout']:.2f} s, "
+              f"update {s['update']:.2f} s; pools busy {s['pool_busy_A']:.0%} / {s['pool_busy_B']:.0%}; host "
+              f"{s['host_s']:.2f} s, {s['host_overlapped']:.0%} of it during device work")
+    print(f"  async / sync = {ratio:.2f} (target <= {TARGET_RATIO})")
+    print_json_last({"benchmark": "system", "config": vars(args), "ratio": ratio, "sides": sides,
+                     "latency_model": dataclasses.asdict(model), "machine": machine_notes()}, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,31 @@
+"""The system benchmark's claims (not its timings): the latency model's arithmetic, and one
+small run of each workflow whose report says what each schedule did."""
+import json
+
+import pytest
+
+from atgrpo_jax.bench import system
+
+
+def test_latency_model_arithmetic():
+    m = system.LatencyModel(params=1e9, peak_flops=100e12, hbm_bytes_per_s=1e12, chips=2, mfu=0.5)
+    # one row: each decode step reads the weights (2 GB at 2 TB/s = 1 ms); no prompt
+    assert m.sample_s(0, 1, 10) == pytest.approx(10 * 1e-3)
+    # 10,000 rows: each step is compute-bound (2 * 1e9 * 1e4 FLOPs at 1e14 FLOP/s = 0.2 s)
+    assert m.sample_s(0, 10_000, 1) == pytest.approx(0.2)
+    assert m.sample_s(1000, 1, 0) == pytest.approx(2e12 / 1e14)  # prefill: 2 FLOPs per param and token
+    assert m.update_s(1000) == pytest.approx(6e12 / 1e14)  # forward and backward: 6 per param and token
+
+
+@pytest.mark.parametrize("workflow", ["plan_path", "code"])
+def test_one_small_run_reports_both_schedules(workflow, capsys):
+    assert system.main(["--workflow", workflow, "--tasks", "4", "-k", "2", "--turns", "1", "--steps", "1",
+                        "--new-tokens", "8", "--cohorts", "2", "--host-workers", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["ratio"] == pytest.approx(report["sides"]["async"]["best"] / report["sides"]["sync"]["best"])
+    for side in report["sides"].values():
+        (step,) = side["steps"]
+        assert 0 < step["rollout"] <= step["total"]
+        assert step["host_s"] > 0 and 0 <= step["host_overlapped"] <= 1
+        assert all(0 < step[f"pool_busy_{p}"] <= 1 for p in "AB")  # each agent sampled on its own pool
+        assert min(step["update_tokens"]) > 0
