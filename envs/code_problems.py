@@ -57,7 +57,7 @@ def _humaneval() -> tuple[CodeProblem, ...]:
 DATA_SETS = {  # name -> problems
     "apps_train": lambda: _apps("train"),  # 184 stdin/stdout problems
     "apps_test": lambda: _apps("test"),  # 47
-    "mbpp_train": lambda: _mbpp(511, 974),  # 464 functions, MBPP's training range
+    "mbpp_train": lambda: _mbpp(511, 974),  # 464 functions, MBPP's validation and training ranges
     "mbpp_test": lambda: _mbpp(11, 510),  # 500, MBPP's evaluation range
     "humaneval": _humaneval,  # 164
 }

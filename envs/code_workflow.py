@@ -10,7 +10,7 @@ Problems come in two kinds (envs/code_problems.py): "io" (APPS: stdin/stdout pro
 as **Test Input:** / **Test Output:** blocks) and "function" (MBPP, HumanEval: a function,
 tests as assert statements in a python block).
 
-Rewards (docs/reference.md), with the rollout's r = local + alpha * team:
+Rewards (docs/paper.md), with the rollout's r = local + alpha * team:
 - team reward = the current program's pass rate on the ground-truth tests;
 - coder local = the same pass rate (2 x pass rate in all with alpha = 1); no python block
   = no program = pass rate 0 (`coder_unparsable`, default 0);

@@ -18,7 +18,7 @@ Four workflows over one base (`make_grid_workflow(kind, game)`), their roles in 
   joined by '/' (or, for Plan-Path with view="local", the agent's surroundings).
 - "direct_single": one **actor** with the executor's format and rewards.
 
-Rewards (`ROLES`, one row per role; docs/reference.md): a role's local reward is
+Rewards (`ROLES`, one row per role; docs/paper.md): a role's local reward is
 its step reward r when its answer parses, else its `penalty`; its team reward is
 the environment's reward: for a role whose actions move the environment that is
 the same r (so the plan agent earns 2r in all, or the penalty when nothing

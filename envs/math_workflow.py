@@ -6,7 +6,7 @@ and answers and is asked to select or refine. The episode ends as soon as both
 agents have an answer and the two agree (compared with the grader); success =
 the reasoner's answer is correct.
 
-Rewards (REFERENCE.md "Math workflow"), with the rollout's r = local + alpha*team:
+Rewards (docs/paper.md, "Rewards"), with the rollout's r = local + alpha*team:
 - team reward = 1 if the reasoner's current answer is correct, else 0;
 - reasoner local = 1 if correct (so 2 x correct in total with alpha = 1);
   no `\\boxed{}` answer counts as wrong (`reasoner_unparsable`, default 0);

@@ -421,13 +421,14 @@ def config_docs_markdown() -> str:
 
 # ---------------------------------------------------------------- the paper's runs
 
-# Per-task settings of the paper's system (docs/reference.md): workflow, turns, filters, eval temperature.
+# Per-task settings of the paper's system (docs/paper.md): workflow, turns (T = 5 for the games, as the
+# reference runs them), filters, eval temperature.
 TASKS = {
-    "plan_path": dict(workflow="plan_path_tool_plan", max_turns=4, eval_temperature=0.0,
+    "plan_path": dict(workflow="plan_path_tool_plan", max_turns=5, eval_temperature=0.0,
                       drop_low_mean_frac=0.5, drop_zero_variance=False),
-    "sokoban": dict(workflow="sokoban_tool_plan", max_turns=4, eval_temperature=0.0,
+    "sokoban": dict(workflow="sokoban_tool_plan", max_turns=5, eval_temperature=0.0,
                     drop_low_mean_frac=0.5, drop_zero_variance=False),
-    "sudoku": dict(workflow="sudoku_tool_plan", max_turns=4, eval_temperature=0.0,
+    "sudoku": dict(workflow="sudoku_tool_plan", max_turns=5, eval_temperature=0.0,
                    drop_low_mean_frac=0.5, drop_zero_variance=False),
     "math": dict(workflow="math", max_turns=4, eval_temperature=0.6,
                  drop_low_mean_frac=0.0, drop_zero_variance=False),
