@@ -4,17 +4,22 @@ Rows: B prompts, each decoded on K branches, give N = B*K output rows in
 prompt-major order (row b*K + k is branch k of prompt b).
 
 `prefill` runs the B left-padded prompts once and keeps the last position's
-logits only; it does not depend on K at all. `decode` is a `lax.while_loop`:
-each step samples a token per row from the carried logits, records it, and
-runs the model on it for the next logits; it ends when every row is done.
-The K branches of a prompt read its prompt cache in place (see
-`branches.py`); only their new tokens get per-row slots, made inside decode
-and updated in place by XLA. Token selection is compiled once, inside the
-loop; the price is one forward pass after the last token (1/max_new of the work).
+logits only; it does not depend on K at all. `decode_segment` is a
+`lax.while_loop`: each step samples a token per row from the carried logits,
+records it, and runs the model on it for the next logits; it ends after a
+given step or when every row is done. Between segments the host may move
+the live rows into a smaller batch (`segments.py`), so finished rows stop
+costing a step each; one segment to the end is the plain sampler.
+
+Rows sit in groups of G consecutive rows; group g reads prefix row g (its
+prompt's keys and values, as prefill wrote them) in place and owns only the
+slots of its new tokens (see `branches.py`). At the start the groups are the
+B prompts and G = K, so nothing is copied K times.
 
 Randomness: row r draws its step-s uniforms from fold_in(row_keys[r], s), so
 a row's tokens depend only on its prompt, its key and the settings, never on
-the other rows: K branches equal K separate runs with the same row keys.
+the other rows or on where they sit: K branches equal K separate runs with
+the same row keys, and a compacted row continues as it would have.
 """
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ from atgrpo_jax.sharding import constrain
 class DecodeSettings:
     """Everything static about a sampling call (a new value compiles anew)."""
 
-    max_new_tokens: int
+    max_new_tokens: int  # output columns: the largest row budget
     num_branches: int = 1
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
@@ -75,16 +80,22 @@ class Decoded(NamedTuple):
     logprobs: jax.Array  # [N, max_new] float32 under the distribution sampled from, 0 after the end
     raw_logprobs: jax.Array  # [N, max_new] float32 log softmax(logits); zeros unless asked
     lengths: jax.Array  # [N] int32, response tokens incl. the stop token
-    stopped: jax.Array  # [N] bool, ended by a stop token (not by max_new)
+    stopped: jax.Array  # [N] bool, ended by a stop token (not by its budget)
     steps: jax.Array  # int32 scalar, loop iterations run (< max_new when all rows stopped early)
 
 
-class _Loop(NamedTuple):
-    own: KVCache  # [layers, N, kv_heads, max_new, head_dim]: each branch's new tokens
-    logits: jax.Array  # [N, V]
-    positions: jax.Array  # [N]
-    done: jax.Array  # [N] bool
-    out: Decoded
+class Rows(NamedTuple):
+    """The decode state of R rows in groups of G = R // groups consecutive rows."""
+
+    prefix: KVCache | None  # [layers, groups, kv_heads, P, head_dim]: group g's prompt (not carried by the loop)
+    own: KVCache  # [layers, R, kv_heads, max_new, head_dim]: each row's new tokens
+    logits: jax.Array  # [R, V]
+    positions: jax.Array  # [R]
+    done: jax.Array  # [R] bool
+    budget: jax.Array  # [R] int32: tokens the row may produce
+    stop_ids: jax.Array  # [R, S] int32, -1 padded
+    keys: jax.Array  # [R] PRNG keys
+    out: Decoded  # the rows' outputs so far; out.steps is the step all rows are at
 
 
 def _prefill(graphdef, weights, prompt_ids, prompt_mask, *, cache_dtype: str | None = None) -> Prefilled:
@@ -101,10 +112,10 @@ def _prefill(graphdef, weights, prompt_ids, prompt_mask, *, cache_dtype: str | N
                      jnp.sum(prompt_mask, axis=1, dtype=jnp.int32))
 
 
-def _step_select(s: _Loop, row_keys, stop_ids, params: SamplingParams, settings: DecodeSettings):
+def _step_select(s: Rows, params: SamplingParams, settings: DecodeSettings):
     """Sample row tokens from s.logits and record them in live rows; returns (tokens to feed, s)."""
     col = s.out.steps
-    sel = select(s.logits, row_uniforms(row_keys, col), params.temperature, top_k=settings.top_k,
+    sel = select(s.logits, row_uniforms(s.keys, col), params.temperature, top_k=settings.top_k,
                  top_p=settings.top_p, top_p_cap=settings.top_p_cap, raw_logprobs=settings.raw_logprobs,
                  vocab_limit=settings.vocab_limit)
     live = ~s.done
@@ -113,7 +124,7 @@ def _step_select(s: _Loop, row_keys, stop_ids, params: SamplingParams, settings:
     def put(buf, x):
         return jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, col))
 
-    hit_stop = live & jnp.any(sel.tokens[:, None] == stop_ids, axis=-1)
+    hit_stop = live & jnp.any(sel.tokens[:, None] == s.stop_ids, axis=-1)
     out = s.out._replace(
         tokens=put(s.out.tokens, tok),
         logprobs=put(s.out.logprobs, jnp.where(live, sel.logprobs, 0.0)),
@@ -122,64 +133,84 @@ def _step_select(s: _Loop, row_keys, stop_ids, params: SamplingParams, settings:
         stopped=s.out.stopped | hit_stop,
         steps=col + 1,
     )
-    done = s.done | hit_stop | (col + 1 >= settings.max_new_tokens)
+    done = s.done | hit_stop | (col + 1 >= s.budget)
     return tok, s._replace(done=done, out=out)
 
 
-def start(model, pre: Prefilled, settings: DecodeSettings) -> _Loop:
-    """The loop's first state: all that grows with K before decoding (logits copy, branch slots)."""
+def empty_outputs(rows: int, settings: DecodeSettings) -> Decoded:
+    new = settings.max_new_tokens
+    return Decoded(jnp.full((rows, new), settings.pad_id, jnp.int32), jnp.zeros((rows, new), jnp.float32),
+                   jnp.zeros((rows, new), jnp.float32),  # two buffers: a shared one cannot be donated twice
+                   jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool), jnp.zeros((), jnp.int32))
+
+
+def start(model, pre: Prefilled, settings: DecodeSettings, stop_ids=None, row_keys=None, budget=None) -> Rows:
+    """The first state, groups = the B prompts of K rows: all that grows with K before decoding.
+
+    stop_ids [B, S] (default none), row_keys [B*K] (default fold_in(key(0), r)),
+    budget [B] int32 (default max_new_tokens for every prompt).
+    """
     k, new = settings.num_branches, settings.max_new_tokens
-    n = pre.logits.shape[0] * k
+    b = pre.logits.shape[0]
+    n = b * k
+    stop_ids = jnp.full((b, 1), -1, jnp.int32) if stop_ids is None else stop_ids.astype(jnp.int32)
+    budget = jnp.full((b,), new, jnp.int32) if budget is None else budget.astype(jnp.int32)
+    if row_keys is None:
+        row_keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.key(0), r))(jnp.arange(n))
     # The K branches of a prompt start from its logits; copying them is the first step's work.
     logits = constrain(jnp.repeat(pre.logits, k, axis=0), ("batch", "vocab"))
-    zeros = jnp.zeros((n, new), jnp.float32)
-    out = Decoded(jnp.full((n, new), settings.pad_id, jnp.int32), zeros, zeros,
-                  jnp.zeros((n,), jnp.int32), jnp.zeros((n,), bool), jnp.zeros((), jnp.int32))
     own = init_branch_cache(model, n, new, pre.cache.k.dtype)
-    return _Loop(own, logits, jnp.repeat(pre.lengths, k), jnp.zeros((n,), bool), out)
+    return Rows(pre.cache, own, logits, jnp.repeat(pre.lengths, k), jnp.zeros((n,), bool),
+                jnp.repeat(budget, k), jnp.repeat(stop_ids, k, axis=0), row_keys, empty_outputs(n, settings))
 
 
-def _decode(graphdef, weights, pre: Prefilled, stop_ids, row_keys, params, settings):
-    """Sample max_new tokens (fewer if every row stops) on K branches of each prompt.
+def _start(graphdef, weights, pre: Prefilled, stop_ids, row_keys, budget, settings) -> tuple[Rows, Decoded]:
+    """The first rows and the caller-ordered output buffers."""
+    rows = start(nnx.merge(graphdef, weights), pre, settings, stop_ids, row_keys, budget)
+    return rows, empty_outputs(rows.logits.shape[0], settings)
 
-    stop_ids [B, S] padded with -1; row_keys [N]. The per-branch cache is
-    made here and lives only inside the loop, where XLA updates it in place.
+
+def write_back(full: Decoded, rows: Rows, ids) -> Decoded:
+    """The rows' outputs into the caller-ordered buffers at `ids`; fillers (id -1) are dropped."""
+    at = jnp.where(ids >= 0, ids, full.lengths.shape[0])  # out of range: dropped
+    put = lambda buf, x: buf.at[at].set(x, mode="drop")  # noqa: E731
+    o = rows.out
+    return Decoded(put(full.tokens, o.tokens), put(full.logprobs, o.logprobs), put(full.raw_logprobs, o.raw_logprobs),
+                   put(full.lengths, o.lengths), put(full.stopped, o.stopped), o.steps)
+
+
+def _segment(graphdef, weights, rows: Rows, full: Decoded, ids, until, params: SamplingParams,
+             settings: DecodeSettings) -> tuple[Rows, Decoded]:
+    """Decode until step `until` (traced) or until every row is done, then write the rows'
+    outputs to `full` at `ids` (the caller's row of each; -1 for fillers).
+
+    The loop carries the per-row state only (the prefix is read in place);
+    `rows` and `full` are donated, so XLA updates them where they lie.
     """
     model = nnx.merge(graphdef, weights)
-    k, new = settings.num_branches, settings.max_new_tokens
-    stop_ids = jnp.repeat(stop_ids.astype(jnp.int32), k, axis=0)
-    state = start(model, pre, settings)
+    prefix = rows.prefix
+    groups = prefix.valid.shape[0]
+    branches = rows.logits.shape[0] // groups
 
-    def unfinished(s: _Loop):
-        return (s.out.steps < new) & ~jnp.all(s.done)
+    def unfinished(s: Rows):
+        return (s.out.steps < until) & ~jnp.all(s.done)
 
-    def step(s: _Loop):
-        tok, s = _step_select(s, row_keys, stop_ids, params, settings)
-        h, own = branch_step(model, tok, s.positions, pre.cache, s.own, k)
+    def step(s: Rows):
+        tok, s = _step_select(s, params, settings)
+        h, own = branch_step(model, tok, s.positions, prefix, s.own, branches)
         logits = constrain(model.logits(h), ("batch", "vocab"))
         return s._replace(own=own, logits=logits, positions=s.positions + 1)
 
-    return jax.lax.while_loop(unfinished, step, state).out
+    rows = jax.lax.while_loop(unfinished, step, rows._replace(prefix=None))._replace(prefix=prefix)
+    return rows, write_back(full, rows, ids)
 
 
 prefill_jit = jax.jit(_prefill, static_argnames=("graphdef", "cache_dtype"))
-decode_jit = jax.jit(_decode, static_argnames=("graphdef", "settings"))
+start_jit = jax.jit(_start, static_argnames=("graphdef", "settings"))
+segment_jit = jax.jit(_segment, static_argnames=("graphdef", "settings"), donate_argnames=("rows", "full"))
 
 
 def sampling_params(temperature=1.0) -> SamplingParams:
     if not temperature >= 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     return SamplingParams(jnp.float32(temperature))
-
-
-def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingParams,
-        settings: DecodeSettings) -> Decoded:
-    """Prefill then decode to the end, on device, with static shapes.
-
-    prompt_ids, prompt_mask [B, P] left-padded (every row's last column is
-    real); stop_ids [B, S] int32 padded with -1; row_keys [B*K] PRNG keys.
-    One compilation per (B, P, S, settings, model structure).
-    """
-    graphdef, weights = nnx.split(model)
-    pre = prefill_jit(graphdef, weights, prompt_ids, prompt_mask, cache_dtype=settings.cache_dtype)
-    return decode_jit(graphdef, weights, pre, stop_ids, row_keys, params, settings=settings)

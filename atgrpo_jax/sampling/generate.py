@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from atgrpo_jax.sampling.decode import DecodeSettings, run, sampling_params
+from atgrpo_jax.sampling.decode import DecodeSettings, sampling_params
+from atgrpo_jax.sampling.segments import run
 
 DEFAULT_BUCKETS = tuple(2 ** i for i in range(4, 15))  # 16 .. 16384
 STOP_BUCKET = 4  # stop sets are padded to a multiple of this, so their size rarely recompiles
@@ -34,6 +35,7 @@ class Generation(NamedTuple):
     prompt_ids: np.ndarray  # [N, P] int32, left-padded with pad_id, as fed to the model
     prompt_mask: np.ndarray  # [N, P] bool
     num_branches: int
+    row_steps: int = 0  # decode work: rows in the batch times steps, summed over segments (finished rows too)
 
 
 def bucket_for(length: int, buckets: Sequence[int]) -> int:
@@ -90,17 +92,32 @@ def row_keys_for(key, num_rows: int) -> jax.Array:
     return _fold_rows(key, np.arange(num_rows, dtype=np.int32))
 
 
-def generate(model, prompts, *, max_new_tokens: int, key=None, row_keys=None, temperature: float = 1.0,
+def budgets_for(max_new_tokens, num_prompts: int) -> np.ndarray:
+    """[B] int32 token budgets from one int or one per prompt; each must be >= 1."""
+    budget = np.asarray(max_new_tokens)
+    if budget.ndim == 0:
+        budget = np.full(num_prompts, budget)
+    if budget.shape != (num_prompts,) or not np.issubdtype(budget.dtype, np.integer):
+        raise ValueError(f"max_new_tokens must be an int or {num_prompts} ints (one per prompt), "
+                         f"got {np.asarray(max_new_tokens).tolist()}")
+    if (budget < 1).any():
+        raise ValueError(f"max_new_tokens must be >= 1, got {budget.min()}")
+    return budget.astype(np.int32)
+
+
+def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, temperature: float = 1.0,
              top_k: int = 0, top_p: float = 1.0, stop_ids=(), num_branches: int = 1, pad_id: int = 0,
              buckets: Sequence[int] = DEFAULT_BUCKETS, batch_buckets: Sequence[int] | None = None,
              prompt_lengths=None, raw_logprobs: bool = False, cache_dtype: str | None = None,
-             top_p_cap: int = 256, vocab_limit: int | None = None) -> Generation:
+             top_p_cap: int = 256, vocab_limit: int | None = None, segment: int = 16) -> Generation:
     """Sample `num_branches` continuations of each prompt.
 
     prompts: B sequences of token ids (ragged), or a [B, P] array whose row b
     holds its prompt in the first `prompt_lengths[b]` entries. stop_ids: one
     set for all prompts (ints) or one set per prompt; a row ends after
-    emitting one of its stop tokens. key: one PRNG key, row r uses
+    emitting one of its stop tokens. max_new_tokens: one budget for all, or
+    one per prompt (each row of prompt b produces at most max_new_tokens[b]
+    tokens; the outputs have max(max_new_tokens) columns). key: one PRNG key, row r uses
     fold_in(key, r); or row_keys: [B*K] keys, one per output row.
     temperature 0 is greedy. vocab_limit: only ids < vocab_limit are ever
     sampled (pass the tokenizer's size when the LM head has more rows than it
@@ -109,7 +126,9 @@ def generate(model, prompts, *, max_new_tokens: int, key=None, row_keys=None, te
     temperature, top-k, top-p); raw_logprobs adds temperature-1 ones over the
     whole head. Changing temperature reuses the compiled sampler; top_k, top_p,
     vocab_limit and the shapes (bucketed prompt length, batch, max_new_tokens,
-    K) select one.
+    K) select one. segment: steps between drops of finished rows (the live
+    rows move to a smaller batch; see segments.py); 0 decodes the whole batch
+    to the end. The result does not depend on it.
     """
     prompt_list = _as_prompt_list(prompts, prompt_lengths)
     b = len(prompt_list)
@@ -123,6 +142,10 @@ def generate(model, prompts, *, max_new_tokens: int, key=None, row_keys=None, te
             raise ValueError(f"prompt {i} has token ids outside [0, {vocab})")
     if vocab_limit is not None:  # >= the head's size: nothing to drop, the same sampler as without a limit
         vocab_limit = int(vocab_limit) if vocab_limit < vocab else None
+    budget = budgets_for(max_new_tokens, b)
+    if segment < 0:
+        raise ValueError(f"segment must be >= 0, got {segment}")
+    max_new_tokens = int(budget.max())
     settings = DecodeSettings(max_new_tokens, num_branches, top_k, top_p, top_p_cap, pad_id, cache_dtype,
                               raw_logprobs, vocab_limit)
     params = sampling_params(temperature)
@@ -144,7 +167,8 @@ def generate(model, prompts, *, max_new_tokens: int, key=None, row_keys=None, te
     ids, mask = left_pad(prompt_list + filler, length, pad_id)
     stops = stop_array(stop_ids, b)
     stops = np.concatenate([stops, np.full((b_padded - b, stops.shape[1]), -1, np.int32)])
-    decoded = run(model, ids, mask, stops, keys, params, settings)
+    budget = np.concatenate([budget, np.ones(b_padded - b, np.int32)])  # filler prompts: one token
+    decoded, row_steps = run(model, ids, mask, stops, keys, params, settings, budget, segment)
     out = jax.device_get({"tokens": decoded.tokens, "lengths": decoded.lengths, "logprobs": decoded.logprobs,
                           "raw": decoded.raw_logprobs, "stopped": decoded.stopped})
     lengths = out["lengths"][:n]
@@ -158,4 +182,5 @@ def generate(model, prompts, *, max_new_tokens: int, key=None, row_keys=None, te
         prompt_ids=np.repeat(ids[:b], num_branches, axis=0),
         prompt_mask=np.repeat(mask[:b], num_branches, axis=0),
         num_branches=num_branches,
+        row_steps=row_steps,
     )

@@ -12,7 +12,7 @@ from flax import nnx
 
 from atgrpo_jax.models import Qwen3
 from atgrpo_jax.models.hf_io import load_pretrained
-from atgrpo_jax.sampling import decode, generate, row_keys_for
+from atgrpo_jax.sampling import decode, generate, row_keys_for, segments
 from hf_fixtures import make_hf_checkpoint
 
 VOCAB, NEW = 256, 12
@@ -150,8 +150,8 @@ def test_decode_stops_as_soon_as_every_row_is_done(models):
     stop_arr = np.full((3, 4), -1, np.int32)
     stop_arr[:, 0] = [s[0] for s in stops]
     settings = decode.DecodeSettings(NEW, raw_logprobs=True)
-    out = decode.run(ours, ids, mask, stop_arr, row_keys_for(jax.random.key(0), 3),
-                     decode.sampling_params(0.0), settings)
+    out = segments.run(ours, ids, mask, stop_arr, row_keys_for(jax.random.key(0), 3),
+                       decode.sampling_params(0.0), settings).out
     lengths, stopped = expected_stop(free, stops)
     assert stopped.all() and lengths.max() <= 2
     np.testing.assert_array_equal(np.asarray(out.lengths), lengths)
@@ -180,7 +180,7 @@ def test_no_recompilation_for_prompts_in_known_buckets(models):
             compiles.append(duration)
 
     gen(ours, prompts(5, [5, 9, 2]), key=jax.random.key(1))  # warm-up
-    sizes = (decode.prefill_jit._cache_size(), decode.decode_jit._cache_size())
+    sizes = [f._cache_size() for f in segments.JITTED]
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         for seed, lengths in [(6, [3, 14, 8]), (7, [16, 1, 11])]:
@@ -190,7 +190,7 @@ def test_no_recompilation_for_prompts_in_known_buckets(models):
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []
-    assert (decode.prefill_jit._cache_size(), decode.decode_jit._cache_size()) == sizes
+    assert [f._cache_size() for f in segments.JITTED] == sizes
 
 
 LIMIT = 250  # as if the tokenizer had 250 ids for the head's VOCAB = 256 rows

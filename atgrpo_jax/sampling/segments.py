@@ -1,0 +1,136 @@
+"""Decoding in segments, with finished rows dropped between them.
+
+A decode step costs the same for every row of the batch, finished or not,
+so with long-tail lengths most of a plain loop's work goes to rows that are
+done. Here the loop stops every `segment` steps; if the live rows fit the
+next smaller batch bucket, they are gathered into it (tokens so far,
+positions, per-row cache, logits, keys, budgets, stop sets, and the prompt
+rows of the cache they read), and decoding goes on with the smaller batch.
+Each segment ends by writing its rows' outputs to buffers in the caller's
+row order, so a dropped row's outputs are already in place.
+
+Buckets halve the N = B*K rows (B padded prompts, rounding up): R rows sit
+in R // G groups of G rows, each reading one prompt row, with the fewest
+rows per group that keep the groups at most B (so the gathered prompt cache
+never has more rows than prefill made); G = 1 once R <= B. A bucket fits when each
+prompt's live rows, in chunks of G, need at most R // G groups. Each bucket
+compiles one segment and one compaction (to the next bucket); shapes never
+depend on where rows end, so nothing recompiles after the buckets are warm.
+
+A row's computation does not depend on its neighbours (its own key, its
+own prompt row, its own cache slots), so its tokens and log-probs are those
+of the plain loop; floats can still differ in the last bit where XLA's CPU
+matmul picks its kernel by the number of rows (as any change of batch does).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from atgrpo_jax.models.qwen3 import KVCache
+from atgrpo_jax.sampling.decode import (Decoded, DecodeSettings, Rows, SamplingParams, prefill_jit, segment_jit,
+                                        start_jit)
+from atgrpo_jax.sharding import constrain
+
+
+def row_buckets(prompts: int, branches: int, min_rows: int = 1) -> list[tuple[int, int]]:
+    """[(rows, groups)] from B*K rows down, about halving each time; groups = the most prompt rows
+    (at most B) that divide the rows evenly."""
+    rows, out = prompts * branches, []
+    while True:
+        out.append((rows, max(g for g in range(1, min(rows, prompts) + 1) if rows % g == 0)))
+        if -(-rows // 2) < min_rows or rows == 1:
+            return out
+        rows = -(-rows // 2)
+
+
+class Plan(NamedTuple):
+    src: np.ndarray  # [R'] int32: the current row each new row continues (0 for filler rows)
+    keep: np.ndarray  # [R'] bool: a live row (False: filler, marked done)
+    src_group: np.ndarray  # [groups'] int32: the current group whose prompt row each new group reads
+    ids: np.ndarray  # [R'] int32: the caller's row index of each new row, -1 for fillers
+
+
+def plan_compaction(ids, live, prompt_of, groups_now: int, rows: int, groups: int) -> Plan | None:
+    """Where each live row goes in a batch of `rows` rows in `groups` groups, or None if they do not fit.
+
+    ids [R] caller's row index (-1: filler); live [R] bool; prompt_of [N] the prompt of each caller row.
+    """
+    size_now, size = len(ids) // groups_now, rows // groups
+    by_prompt: dict[int, list[int]] = {}
+    for r in np.flatnonzero(live):
+        by_prompt.setdefault(int(prompt_of[ids[r]]), []).append(int(r))
+    chunks = [rs[i:i + size] for _, rs in sorted(by_prompt.items()) for i in range(0, len(rs), size)]
+    if len(chunks) > groups:
+        return None
+    src, keep = np.zeros(rows, np.int32), np.zeros(rows, bool)
+    new_ids, src_group = np.full(rows, -1, np.int32), np.zeros(groups, np.int32)
+    for g, chunk in enumerate(chunks):
+        src_group[g] = chunk[0] // size_now
+        slots = g * size + np.arange(len(chunk))
+        src[slots], keep[slots], new_ids[slots] = chunk, True, ids[chunk]
+    return Plan(src, keep, src_group, new_ids)
+
+
+def _compact(rows: Rows, src, keep, src_group) -> Rows:
+    """The kept rows (and the prompt rows they read) gathered into a smaller batch; the others are
+    already written back (`decode_segment` does so at its end)."""
+    take = lambda x: constrain(jnp.take(x, src, axis=0), ("batch",) + (None,) * (x.ndim - 1))  # noqa: E731
+
+    def cache(c: KVCache, index) -> KVCache:
+        return KVCache(jnp.take(c.k, index, axis=1), jnp.take(c.v, index, axis=1), jnp.take(c.valid, index, axis=0),
+                       c.index)
+
+    o = rows.out
+    out = Decoded(take(o.tokens), take(o.logprobs), take(o.raw_logprobs), take(o.lengths), take(o.stopped), o.steps)
+    new = Rows(cache(rows.prefix, src_group), cache(rows.own, src), take(rows.logits), take(rows.positions),
+               take(rows.done) | ~keep, take(rows.budget), take(rows.stop_ids), take(rows.keys), out)
+    return new
+
+
+compact_jit = jax.jit(_compact)
+JITTED = (prefill_jit, start_jit, segment_jit, compact_jit)  # what a call compiles
+
+
+class Run(NamedTuple):
+    out: Decoded  # [N] rows in the caller's order
+    row_steps: int  # decode work: the rows of each segment's batch times the steps it ran
+
+
+def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingParams, settings: DecodeSettings,
+        budget=None, segment: int = 16, min_rows: int = 1) -> Run:
+    """Prefill, then decode to the end in segments of `segment` steps (0: one segment, no compaction).
+
+    prompt_ids, prompt_mask [B, P] left-padded (every row's last column is
+    real); stop_ids [B, S] int32 padded with -1; row_keys [B*K] PRNG keys;
+    budget [B] tokens each prompt's rows may produce (default max_new_tokens).
+    """
+    graphdef, weights = nnx.split(model)
+    b, k, new = prompt_ids.shape[0], settings.num_branches, settings.max_new_tokens
+    budget = np.full(b, new, np.int32) if budget is None else np.asarray(budget, np.int32)
+    pre = prefill_jit(graphdef, weights, prompt_ids, prompt_mask, cache_dtype=settings.cache_dtype)
+    rows, full = start_jit(graphdef, weights, pre, stop_ids, row_keys, budget, settings=settings)
+    n = b * k
+    buckets = row_buckets(b, k, min_rows)
+    ids, prompt_of = np.arange(n, dtype=np.int32), np.arange(n) // k
+    level, step, row_steps = 0, 0, 0
+    while True:
+        until = min(step + segment, new) if segment > 0 else new
+        rows, full = segment_jit(graphdef, weights, rows, full, ids, np.int32(until), params, settings=settings)
+        done, reached = jax.device_get((rows.done, rows.out.steps))
+        row_steps += len(ids) * (int(reached) - step)
+        step = int(reached)
+        if done.all() or step >= new:
+            break
+        while level + 1 < len(buckets):  # one halving at a time: one compaction per bucket to compile
+            r, g = buckets[level + 1]
+            plan = plan_compaction(ids, ~done, prompt_of, buckets[level][1], r, g)
+            if plan is None:
+                break
+            rows = compact_jit(rows, plan.src, plan.keep, plan.src_group)
+            ids, done, level = plan.ids, ~plan.keep, level + 1
+    return Run(full, row_steps)
