@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+import jax
 from flax import nnx
 
 from atgrpo_jax.algo.logprobs import SampledFrom
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models.lora import attach_lora, merge_lora, split_lora
 from atgrpo_jax.models.qwen3 import Qwen3
+from atgrpo_jax.sampling.cache import shard_model
 from atgrpo_jax.train.config import Sharing
 from atgrpo_jax.train.update import TrainState, init_state, make_update_fns
 
@@ -53,9 +55,7 @@ class Policy:
 
     def hold_behavior(self):
         """Keep a copy of the current params for the sampler (the update then replaces `state`)."""
-        import jax
-        import jax.numpy as jnp
-        self.behavior, self.behavior_step = jax.tree.map(jnp.copy, self.state.params), int(self.state.step)
+        self.behavior, self.behavior_step = jax.tree.map(jax.numpy.copy, self.state.params), int(self.state.step)
 
 
 def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: LossConfig, chunk: int,
@@ -77,9 +77,12 @@ def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: Los
         models = [base] + [model_copy(i) for i in range(1, len(agent_names))]
         return [plain(m, f"policy_{name}") for m, name in zip(models, agent_names)]
     if sharing.lora:
+        mesh = getattr(base.embed[...].sharding, "mesh", None)  # the adapters live where the base does
         out = []
         for i, name in enumerate(agent_names):
-            graphdef, adapters, frozen = split_lora(attach_lora(base, lora_rank, lora_alpha, seed + i))
+            adapted = attach_lora(base, lora_rank, lora_alpha, seed + i)
+            adapted = shard_model(adapted, mesh) if isinstance(mesh, jax.sharding.Mesh) else adapted
+            graphdef, adapters, frozen = split_lora(adapted)
             lp, up = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk, how)
             out.append(Policy(f"lora_{name}", graphdef, frozen, init_state(adapters, tx), lp, up, True))
         return out

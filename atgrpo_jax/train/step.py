@@ -132,6 +132,8 @@ def update_policy(run: Run, policy, batch: dict) -> dict:
 
 def finish_updates(pending: list[PendingUpdate], tracer: Tracer) -> list[dict]:
     """Wait for every policy's update at once, one thread each, so the timeline shows when each ended."""
+    if not pending:  # every group was filtered out (e.g. no reward variance anywhere): nothing to update
+        return []
     if len(pending) == 1:
         with tracer.span("update", track=f"pool {pending[0].policy.name}"):
             return [finish_update(pending[0])]

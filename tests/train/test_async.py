@@ -143,3 +143,9 @@ def test_timeline_arithmetic_against_a_fine_time_grid():
     tracer._events = [{"tid": 0, "ts": s * 1e6, "dur": (e - s) * 1e6} for s, e in a]
     tracer._tracks = {"pool A": 0}
     assert tracer.busy_seconds("pool") == pytest.approx(covered(a).sum() * 1e-4, abs=1e-2)
+
+
+def test_a_step_whose_groups_are_all_filtered_updates_nothing():
+    from atgrpo_jax.train.step import finish_updates
+
+    assert finish_updates([], Tracer()) == []  # (a code step whose groups all had one reward crashed here)
