@@ -27,6 +27,24 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def pytest_configure(config):
+    """One JAX compilation cache for the session, its xdist workers and the commands tests start:
+    many tests compile the same programs (same model shapes, same sampler buckets). A fresh
+    directory per session, so a run never reads what another run compiled."""
+    import tempfile
+
+    import jax
+
+    if not hasattr(config, "workerinput") and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        # (an xdist worker inherits the controller's directory; a user's own cache is kept)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="atgrpo-jax-compile-cache-")
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
+    # jax was imported above (before this hook), so its config is set here too
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")))
+
+
 @pytest.fixture
 def xla_default_scheduler(request) -> bool:
     """True if this process runs XLA:CPU with its default scheduler, which the
