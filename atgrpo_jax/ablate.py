@@ -110,9 +110,8 @@ def main(argv, f, overrides=()):
             raise cli.UsageError("--out is required")
         config = cli.apply_overrides(cli.load_config(f.config.value), overrides)
         os.makedirs(f.out.value, exist_ok=True)
-        table = run_table(config, f.regimes.value, f.seeds.value, f.out.value)
+        run_table(config, f.regimes.value, f.seeds.value, f.out.value)
         print(open(os.path.join(f.out.value, "table.md")).read())
-        return table
 
 
 def _flags() -> types.SimpleNamespace:

@@ -51,6 +51,9 @@ def test_a_role_trained_alone_leaves_the_other_as_it_was_and_policies_can_be_swa
     c.policy.sharing, c.policy.frozen_agents = "per_role", ("planner",)
     start = build_run(c.copy_and_resolve_references())
     run_training(c, str(tmp_path / "executor_alone"))
+    from atgrpo_jax.train.metrics import read_metrics
+    trained_rows = [r for r in read_metrics(str(tmp_path / "executor_alone")) if "policy_executor/samples" in r]
+    assert trained_rows and all(r["samples"] == r["policy_executor/samples"] > 0 for r in trained_rows)  # the table's
     trained = build_run(_per_role())
     load_policies_from(trained, parse_policies([f"planner={tmp_path / 'executor_alone'}",
                                                 f"executor={tmp_path / 'executor_alone'}"]))

@@ -211,6 +211,7 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
     for p, out in zip(pending, finish_updates(pending, tracer)):
         for k, v in out.items():
             metrics[f"{p.policy.name}/{k}" if len(run.policies) > 1 else k] = v
+    metrics["samples"] = float(sum(p.samples for p in pending))  # every policy's, for per-step comparisons
     t2 = time.perf_counter()
     if ro.stale:  # optimizer steps between the weights that sampled and those this update started from
         metrics["lag_updates"] = float(np.mean(lags))
