@@ -18,8 +18,10 @@ from hf_fixtures import make_hf_checkpoint
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QWEN3_VOCAB = 151_669
 CASES = [("plan_path", "shared"), ("sokoban", "lora"), ("sudoku", "per_role"), ("math", "per_role"), ("code", "lora")]
-EVAL_EPISODES = {"plan_path": 2, "sokoban": 2, "sudoku": 2, "math": 30, "code": 47}
-TEST_SPLIT = {"plan_path": "test", "sokoban": "test", "sudoku": "test", "math": "aime24", "code": "apps_test"}
+TEST_SPLITS = {"plan_path": ["test"], "sokoban": ["test"], "sudoku": ["test"], "math": ["aime24", "aime25"],
+               "code": ["apps_test"]}
+EVAL_K = {"math": 2}  # AIME24 and AIME25: every problem exactly twice
+PROBLEMS = {"test": 2, "aime24": 30, "aime25": 30, "apps_test": 47}  # generated games: --tasks=2
 SMALL = {  # the paper's settings, with a CPU-sized rollout
     "rollout.num_tasks": 2, "rollout.k": 2, "rollout.max_turns": 2, "rollout.max_new_tokens": 16,
     "rollout.max_prompt_len": 1024, "rollout.prompt_buckets": "(1024,)",
@@ -94,11 +96,19 @@ def test_paper_config_from_the_command_line(checkpoint, tmp_path):
 
     run("atgrpo_jax.train", f"--config=configs/{task}_qwen3_1p7b.py", f"--workdir={work}", *sets)
     check_run(work, task)
-    run("atgrpo_jax.evaluate", f"--checkpoint={work}", f"--splits={TEST_SPLIT[task]}", "--tasks=2", "--k=1")
+    (split,) = TEST_SPLITS[task]
+    run("atgrpo_jax.evaluate", f"--checkpoint={work}", f"--splits={split}", "--tasks=2", "--k=1")
     result = json.loads(open(os.path.join(work, "eval.json")).read())
-    assert result["step"] == 2 and f"eval/{TEST_SPLIT[task]}/avg@1" in result
+    assert result["step"] == 2 and f"eval/{split}/avg@1" in result
     run("atgrpo_jax.export", f"--checkpoint={work}", f"--out={out}")
     check_export(out, checkpoint)
+    # the exported model, evaluated with no run at all, plays exactly as the checkpoint did (greedy)
+    run("atgrpo_jax.evaluate", f"--config=configs/{task}_qwen3_1p7b.py", f"--hf_path={out}", f"--splits={split}",
+        "--tasks=2", "--k=1", f"--out={tmp_path / 'eval_hf'}", *[a for a in sets if "hf_path" not in a])
+    again = json.loads((tmp_path / "eval_hf" / "eval.json").read_text())
+    assert again[f"eval/{split}/avg@1"] == result[f"eval/{split}/avg@1"]
+    responses = lambda path: [[t["response"] for t in json.loads(line)["log"]] for line in open(path)]  # noqa: E731
+    assert responses(tmp_path / "eval_hf" / "eval_episodes.jsonl") == responses(os.path.join(work, "eval_episodes.jsonl"))
 
 
 @pytest.mark.parametrize("task,sharing", CASES[1:], ids=[f"{t}-{s}" for t, s in CASES[1:]])
@@ -107,12 +117,15 @@ def test_paper_config(checkpoint, tmp_path, task, sharing):
     from atgrpo_jax.export import export_policy
     from atgrpo_jax.train.loop import run_training
 
-    work, split = str(tmp_path / "run"), TEST_SPLIT[task]
+    work, splits, k = str(tmp_path / "run"), TEST_SPLITS[task], EVAL_K.get(task, 1)
     run_training(config(task, checkpoint, sharing), work)
     agents = check_run(work, task)
-    result = run_evaluation(config_for(work, None, ()), work, splits=[split], tasks=2, k=1)
-    assert 0.0 <= result[f"eval/{split}/avg@1"] <= 1.0
+    result = run_evaluation(config_for(work, None, ()), work, splits=splits, tasks=2, k=k)
+    assert all(0.0 <= result[f"eval/{split}/avg@{k}"] <= 1.0 for split in splits)
     with open(os.path.join(work, "eval_episodes.jsonl")) as f:
-        assert sum(1 for _ in f) == EVAL_EPISODES[task]  # a finite split: every problem once (k = 1)
+        played = [(r["split"], r["task"]) for r in map(json.loads, f)]
+    for split in splits:  # every problem of a finite split exactly k times, no other
+        counts = np.bincount([t for s, t in played if s == split], minlength=PROBLEMS[split])
+        assert len(counts) == PROBLEMS[split] and (counts == k).all(), split
     export_policy(work, str(tmp_path / "exported"), policy=f"{'lora' if sharing == 'lora' else 'policy'}_{agents[0]}")
     check_export(str(tmp_path / "exported"), checkpoint)
