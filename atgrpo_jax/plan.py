@@ -150,7 +150,8 @@ def report(p: Plan) -> str:
         f"{p.model} ({p.num_params / 1e9:.2f} B parameters) on {p.num_devices} x {p.device} "
         f"({p.hbm_bytes / GiB:.1f} GiB each, {p.usable_bytes / GiB:.1f} GiB usable)",
         f"mesh{' per policy pool' if p.policies > 1 else ''}: {mesh}; "
-        f"update mini-batch {p.mini_batch} x {p.seq_len} tokens",
+        f"update mini-batch {p.mini_batch} x {p.seq_len} tokens; attention backend {p.attention} "
+        f"(model.attention; models/attention.py)",
         "",
         "GiB per device",
         f"  parameters                  {_gib(p.params)}",

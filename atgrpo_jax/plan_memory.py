@@ -18,8 +18,12 @@ mlp width). With remat only each layer's input is stacked. On top of that
 comes the working set of one layer's backward pass or of the chunked log-prob
 head, whichever is larger. The working-set factors below were read from XLA's
 buffer assignment (float32, CPU); tests/test_plan.py checks the totals against
-`compiled.memory_analysis()`. Attention here is not a fused kernel, so the
-[B, H, T, T] buffers grow with the square of the sequence length.
+`compiled.memory_analysis()`. That holds for the einsum backend (`xla`), whose
+[B, H, T, T] buffers grow with the square of the sequence length. The blockwise
+and fused backends (models/attention.py) keep per layer only each query's
+log-sum-exp and work on one [B, H, block, block] tile at a time (chunked) or in
+the kernel's on-chip memory (splash, cuDNN; cuDNN also reads a [B, T, T] boolean
+mask), so their activations grow linearly in T.
 """
 from __future__ import annotations
 
@@ -131,8 +135,27 @@ def param_bytes(params, mesh, itemsize: float | None = None) -> int:
                for shape, dt, axes, _ in params)
 
 
+CHUNKED_TILES = 4.0  # [B, H, block, block] float32 tiles alive in the chunked backward (p, dp, ds, scores)
+
+
+def attention_buffers(cfg: Qwen3Config, mesh, batch: int, queries: int, keys: int, backend: str) -> dict[str, int]:
+    """Bytes of one layer's attention: `scores` (kept for the backward: the score matrix, or the
+    log-sum-exp of each query), `working` (alive while it runs) and `mask`, for `backend`."""
+    h = cfg.num_heads
+    full = local_bytes((batch, h, queries, keys), ("batch", "heads", "seq", None), 4, mesh)
+    if backend == "xla":
+        return {"scores": full, "working": full, "mask": full // 4}
+    lse = local_bytes((batch, h, queries), ("batch", "heads", "seq"), 4, mesh)
+    if backend == "chunked":
+        block = min(cfg.attention_block, queries), min(cfg.attention_block, keys)
+        tile = local_bytes((batch, h) + block, ("batch", "heads", None, None), 4, mesh)
+        return {"scores": lse, "working": int(CHUNKED_TILES * tile), "mask": 0}
+    mask = local_bytes((batch, queries, keys), ("batch", "seq", None), 1, mesh) if backend == "cudnn" else 0
+    return {"scores": lse, "working": 0, "mask": mask}
+
+
 def update_activations(cfg: Qwen3Config, mesh, batch: int, seq: int, chunk: int,
-                       remat: bool) -> dict[str, int]:
+                       remat: bool, backend: str = "xla") -> dict[str, int]:
     """Per-device bytes of the forward+backward activations over [batch, seq] tokens, by term."""
     act = _itemsize(cfg.compute_dtype)
     d, h, kv, hd, f, v = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
@@ -141,7 +164,8 @@ def update_activations(cfg: Qwen3Config, mesh, batch: int, seq: int, chunk: int,
     q = local_bytes((batch, seq, h, hd), ("batch", "seq", "heads", "head_dim"), act, mesh)
     kvs = local_bytes((batch, seq, kv, hd), ("batch", "seq", "kv_heads", "head_dim"), act, mesh)
     mlp = local_bytes((batch, seq, f), ("batch", "seq", "mlp"), act, mesh)
-    scores = local_bytes((batch, h, seq, seq), ("batch", "heads", "seq", None), 4, mesh)
+    attn = attention_buffers(cfg, mesh, batch, seq, seq, backend)
+    scores, working = attn["scores"], attn["working"]
     seq_sized = 6 * hidden + 4 * q + 4 * kvs + 6 * mlp
     # Under FSDP each layer's weights are gathered for its matmuls.
     no_fsdp = {**RULES, "embed": ()}
@@ -151,16 +175,16 @@ def update_activations(cfg: Qwen3Config, mesh, batch: int, seq: int, chunk: int,
         gathered += 2 * 4 * sum(math.prod(LAYER_PARAMS[name][0](cfg)) for name in LORA_TARGETS)
     if remat:
         saved = cfg.num_layers * hidden
-        layer = REMAT_SCORE_BUFFERS * scores + REMAT_SEQ_FACTOR * seq_sized + gathered
+        layer = REMAT_SCORE_BUFFERS * working + REMAT_SEQ_FACTOR * seq_sized + gathered
     else:
-        saved = cfg.num_layers * (2 * scores + seq_sized)
-        layer = NO_REMAT_SCORE_BUFFERS * scores + NO_REMAT_SEQ_FACTOR * seq_sized + gathered
+        saved = cfg.num_layers * ((2 if backend == "xla" else 1) * scores + seq_sized)
+        layer = NO_REMAT_SCORE_BUFFERS * working + NO_REMAT_SEQ_FACTOR * seq_sized + gathered
     # Chunked log-probs: the head's gradient accumulator and one [chunk, V] float32 logits block.
     head = local_bytes((d, v), ("embed", "vocab"), act, mesh)
     logits = local_bytes((min(chunk, batch * seq), v), (None, "vocab"), 4, mesh)
     terms = {
         "saved_residuals": saved,
-        "attention_mask": scores // 4,
+        "attention_mask": attn["mask"],
         "layer_backward": int(layer),
         "logprob_head": head + logits,
     }
@@ -169,7 +193,7 @@ def update_activations(cfg: Qwen3Config, mesh, batch: int, seq: int, chunk: int,
 
 
 def update_memory(cfg: Qwen3Config, mesh, trainable, batch: int, width: int, chunk: int,
-                  with_ref_logp: bool = False) -> dict[str, int]:
+                  with_ref_logp: bool = False, backend: str = "xla") -> dict[str, int]:
     """Per-device bytes that one jitted update (train/update.py) adds to the resident state.
 
     The mini-batch is [batch, width] rows (tokens, valid, is_resp, old log-probs,
@@ -177,7 +201,7 @@ def update_memory(cfg: Qwen3Config, mesh, trainable, batch: int, width: int, chu
     The gradients and the optimizer's `updates` tree are the size of the trainable params.
     """
     grads = param_bytes(trainable, mesh)
-    acts = update_activations(cfg, mesh, batch, width - 1, chunk, cfg.remat)
+    acts = update_activations(cfg, mesh, batch, width - 1, chunk, cfg.remat, backend)
     row_bytes = 4 + 1 + 1 + 4 + (4 if with_ref_logp else 0)
     inputs = local_bytes((batch, width), ("batch", "seq"), row_bytes, mesh)
     return {"gradients": grads, "updates": grads, "activations": acts["total"], "batch": inputs,
@@ -191,7 +215,7 @@ def kv_cache_bytes(cfg: Qwen3Config, mesh, rows: int, length: int, itemsize: int
 
 
 def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: int,
-                    new_tokens: int, cache_itemsize: int) -> dict[str, int]:
+                    new_tokens: int, cache_itemsize: int, backend: str = "xla") -> dict[str, int]:
     """KV cache of the num_tasks*k rows and the working sets of prefill and decode.
 
     As in sampling/decode.py: prefill runs the num_tasks prompts into their own
@@ -202,9 +226,9 @@ def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: 
     rows = num_tasks * k
     cache = kv_cache_bytes(cfg, mesh, rows, length, cache_itemsize)
     prompt_cache = kv_cache_bytes(cfg, mesh, num_tasks, length, cache_itemsize)
-    # Prefill attends over the whole cache: [tasks, H, P, length] float32 scores and probabilities.
-    prefill = 2 * local_bytes((num_tasks, cfg.num_heads, prompt_len, length),
-                              ("batch", "heads", "seq", None), 4, mesh)
+    # Prefill attends over the whole cache (einsum: [tasks, H, P, length] float32 scores and probabilities).
+    attn = attention_buffers(cfg, mesh, num_tasks, prompt_len, length, "chunked" if backend == "splash" else backend)
+    prefill = 2 * attn["working"] + attn["mask"]
     layer_kv = cache // cfg.num_layers  # one layer's keys and values, read out of the stack
     logits = 3 * local_bytes((rows, cfg.vocab_size), ("batch", "vocab"), 4, mesh)  # logits + selection
     working = max(prompt_cache + prefill, layer_kv + logits)
@@ -231,6 +255,7 @@ class Plan:
     policies: int
     pool_mesh: dict
     model: str
+    attention: str  # the update's attention backend on this device (models/attention.py)
     num_params: int
     mini_batch: int
     seq_len: int
@@ -262,7 +287,8 @@ class Plan:
 def model_config(config) -> Qwen3Config:
     """The architecture a training config names (preset, or the HF checkpoint's config.json)."""
     m = config.model
-    kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=bool(m.remat))
+    kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=bool(m.remat),
+              attention_block=int(m.get("attention_block", 512)))
     layout = sharing(config)
     if layout.lora:
         kw.update(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha)
@@ -274,6 +300,16 @@ def model_config(config) -> Qwen3Config:
     if m.get("vocab_size", 0):
         kw["vocab_size"] = m.vocab_size
     return get_preset(m.preset, **kw)
+
+
+def planned_backend(config, cfg: Qwen3Config, platform: str, seq: int) -> str:
+    """The attention backend the update runs on `platform` (as train/setup.py and the model choose it)."""
+    from atgrpo_jax.models.attention import resolve_backend
+
+    backend = config.model.get("attention", "auto")
+    if backend == "auto" and platform == "tpu" and not config.optim.share_prompts:
+        backend = "splash"
+    return resolve_backend(backend, seq, seq, cfg.dtype, cached=False, platform=platform)
 
 
 def plan(config, device: Device, num_devices: int, policies: int | None = None) -> Plan:
@@ -304,13 +340,15 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
 
     # Rows are padded to a power of two times 32 (train/batch.py), so 4096 + 2048 tokens -> 8192.
     width = length_bucket(r.max_prompt_len + max_new_tokens(config))
+    platform = "gpu" if device.name.startswith("GPU") else "tpu"
+    backend = planned_backend(config, cfg, platform, width - 1)
     upd = update_memory(cfg, mesh, trainable, config.optim.mini_batch_size, width, lo.logprob_chunk,
-                        bool(lo.kl_coef))
+                        bool(lo.kl_coef), backend)
     acts = {remat: update_activations(cfg.replace(remat=remat), mesh, config.optim.mini_batch_size, width - 1,
-                                      lo.logprob_chunk, remat) for remat in (False, True)}
+                                      lo.logprob_chunk, remat, backend) for remat in (False, True)}
     cache_dtype = r.get("cache_dtype", None) or cfg.compute_dtype
     sampling = sampling_memory(cfg, mesh, r.num_tasks, r.k, r.max_prompt_len, max_new_tokens(config),
-                               _itemsize(cache_dtype))
+                               _itemsize(cache_dtype), backend)
     resident = p_bytes + optimizer + reference
     update_peak = resident + upd["total"]
     sampling_peak = resident + merged + sampling["kv_cache"] + sampling["working"]
@@ -324,7 +362,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
                      "set XLA_PYTHON_CLIENT_MEM_FRACTION=.95 to use the rest")
     return Plan(
         device=device.name, hbm_bytes=device.hbm_bytes, usable_bytes=usable, num_devices=num_devices,
-        policies=policies, pool_mesh=sizes, model=config.model.hf_path or config.model.preset,
+        policies=policies, pool_mesh=sizes, model=config.model.hf_path or config.model.preset, attention=backend,
         num_params=cfg.num_params(), mini_batch=config.optim.mini_batch_size, seq_len=width,
         params=p_bytes, optimizer=optimizer, reference=reference, gradients=upd["gradients"],
         updates=upd["updates"], batch=upd["batch"],

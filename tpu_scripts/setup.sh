@@ -9,7 +9,7 @@ Usage: tpu_scripts/setup.sh --name NAME --zone ZONE (--repo URL [--ref REF] | --
 
 On every worker (gcloud ... ssh --worker=all): puts the project in ~/DIR (a git
 clone, or a copy of a local directory), makes a Python venv with uv, and
-installs the project with jax[tpu], gcsfs and google-cloud-storage (gs:// workdirs).
+installs the project with its tpu extra: jax[tpu], gcsfs and google-cloud-storage (gs:// workdirs).
 
   --name NAME          TPU name
   --zone ZONE          its zone
@@ -19,7 +19,6 @@ installs the project with jax[tpu], gcsfs and google-cloud-storage (gs:// workdi
   --local-dir DIR      copy this local directory instead (without .git, .venv, caches)
   --dir DIR            project directory on the workers, under the home (default: atgrpo-jax)
   --python VERSION     Python of the venv (default: 3.11; jax 0.10.2 needs >= 3.11)
-  --jax-version V      jax[tpu] version (default: 0.10.2, as setup.py pins)
   --hf-model ORG/NAME  also download this Hugging Face checkpoint to ~/DIR/models/NAME on every
                        worker (then train with --config.model.hf_path=models/NAME)
   --dry-run            Print the commands instead of running them
@@ -31,7 +30,7 @@ USAGE
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 LIBTPU_LINKS="https://storage.googleapis.com/jax-releases/libtpu_releases.html"
-REPO="" REF="main" LOCAL_DIR="" PYTHON="3.11" JAX_VERSION="0.10.2" HF_MODEL=""
+REPO="" REF="main" LOCAL_DIR="" PYTHON="3.11" HF_MODEL=""
 while (($#)); do
   common_flag "$@"
   if ((NSHIFT == 0)); then
@@ -40,7 +39,6 @@ while (($#)); do
       --ref | --ref=*) flag_value "$@" && REF=$VALUE ;;
       --local-dir | --local-dir=*) flag_value "$@" && LOCAL_DIR=$VALUE ;;
       --python | --python=*) flag_value "$@" && PYTHON=$VALUE ;;
-      --jax-version | --jax-version=*) flag_value "$@" && JAX_VERSION=$VALUE ;;
       --hf-model | --hf-model=*) flag_value "$@" && HF_MODEL=$VALUE ;;
       *) die "unknown flag '$1' (see --help)" ;;
     esac
@@ -69,11 +67,12 @@ else
  && git -C $DIR fetch --depth=1 origin $(quote "$REF") && git -C $DIR checkout --detach FETCH_HEAD"
 fi
 
-# 2. A venv with the project, jax[tpu] (libtpu) gcsfs and google-cloud-storage (epath and orbax on gs://).
+# 2. A venv with the project and its "tpu" extra (setup.py): jax[tpu] at the jax version the project pins
+#    (libtpu), gcsfs and google-cloud-storage (epath and orbax on gs://).
 on_workers all "cd $DIR && python3 -m pip install --user --upgrade uv\
  && ([ -x .venv/bin/python ] || python3 -m uv venv --seed --python $(quote "$PYTHON") .venv)\
  && .venv/bin/python -m pip install --upgrade pip\
- && .venv/bin/python -m pip install -e . $(quote "jax[tpu]==$JAX_VERSION") gcsfs google-cloud-storage -f $LIBTPU_LINKS"
+ && .venv/bin/python -m pip install -e $(quote ".[tpu]") -f $LIBTPU_LINKS"
 
 # 3. Every worker sees the whole slice (JAX finds the other hosts by itself on TPU).
 on_workers all "cd $DIR && .venv/bin/python -c 'import jax; print(jax.process_index(), jax.local_device_count(), jax.device_count())'"

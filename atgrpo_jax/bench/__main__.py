@@ -14,6 +14,7 @@ BENCHMARKS = {
     "e2e": "atgrpo_jax.bench.e2e",
     "sandbox": "atgrpo_jax.bench.sandbox",
     "system": "atgrpo_jax.bench.system",
+    "attention": "atgrpo_jax.bench.attention",
 }
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from atgrpo_jax.bench.common import machine_notes, matmul_peak, print_json_last, timed
+from atgrpo_jax.bench.longtail import bench_longtail, report_longtail
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.config import Qwen3Config
 from atgrpo_jax.models.hf_io import save_pretrained
@@ -146,6 +147,13 @@ def bench_config(name, args, peak):
     return res
 
 
+def bench_longtail_config(name, args):
+    cfg = get_preset(name)
+    with tempfile.TemporaryDirectory() as tmp:
+        ours, theirs = make_models(cfg, 0, tmp)
+    return bench_longtail(cfg, ours, None if args.no_torch else theirs, args)
+
+
 def report(r):
     print(f"== {r['config']} ({r['params'] / 1e6:.1f}M params), batch {r['batch']}, prompt {r['prompt']}, "
           f"{r['new']} new tokens")
@@ -174,6 +182,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="timed runs after warm-up (best is kept)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads")
     parser.add_argument("--no-torch", action="store_true", help="skip the transformers baseline")
+    parser.add_argument("--lengths", choices=("fixed", "longtail"), default="fixed",
+                        help="fixed: every row makes --new tokens; longtail: forced lognormal lengths (longtail.py)")
+    parser.add_argument("--segment", type=int, default=16, help="longtail: decode steps between row drops")
     parser.add_argument("--json", action="store_true", help="print all figures as a JSON line last")
     args = parser.parse_args(argv)
 
@@ -183,6 +194,10 @@ def main(argv: list[str]) -> int:
           "(shared machine: figures are comparable within this run only)")
     results = []
     for name in args.configs.split(","):
+        if args.lengths == "longtail":
+            results.append(dict(config=name.strip(), **bench_longtail_config(name.strip(), args)))
+            report_longtail(name.strip(), results[-1])
+            continue
         results.append(bench_config(name.strip(), args, peak))
         report(results[-1])
     print_json_last({"benchmark": "sampler", "machine": notes, "matmul_peak_flops_per_s": peak,

@@ -10,6 +10,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from atgrpo_jax.models.attention import BACKENDS
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -29,6 +31,8 @@ class Qwen3Config:
     param_dtype: str = "float32"  # storage of weights
     compute_dtype: str = "float32"  # matmul inputs and activations
     remat: bool = False  # recompute each layer in the backward pass
+    attention: str = "auto"  # backend: auto|xla|chunked|splash|cudnn (models/attention.py)
+    attention_block: int = 512  # query/key block of the chunked backend
     lora_rank: int = 0  # > 0 adds low-rank adapters to every projection
     lora_alpha: float = 32.0
 
@@ -43,6 +47,10 @@ class Qwen3Config:
                 f"num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             raise ValueError(f"Qwen3Config.head_dim must be even for RoPE, got {self.head_dim}")
+        if self.attention not in BACKENDS:
+            raise ValueError(f"Qwen3Config.attention must be one of {BACKENDS}, got {self.attention!r}")
+        if int(self.attention_block) <= 0:
+            raise ValueError(f"Qwen3Config.attention_block must be positive, got {self.attention_block}")
         for name in ("param_dtype", "compute_dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"Qwen3Config.{name} must be one of {sorted(DTYPES)}, "

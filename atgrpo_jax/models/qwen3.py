@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from atgrpo_jax.models.attention import Mask, attention
 from atgrpo_jax.models.config import Qwen3Config
 from atgrpo_jax.sharding import constrain
 
@@ -90,33 +91,6 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
-
-
-def allowed_keys(q_slots, key_valid):
-    """[B, T, S] bool: query t may attend to key slot s (causal and a real token)."""
-    causal = jnp.arange(key_valid.shape[1])[None, :] <= q_slots[:, None]  # [T, S]
-    return causal[None] & key_valid[:, None, :]
-
-
-def segment_keys(segments):
-    """[B, T, T] bool for packed rows: segment 0 (a shared prompt) is seen by every
-    later token, segment s >= 1 (one response) only by itself, -1 (padding) by none."""
-    keys, queries = segments[:, None, :], segments[:, :, None]
-    return allowed_keys(jnp.arange(segments.shape[1]), segments >= 0) & ((keys == 0) | (keys == queries))
-
-
-def attention(q, k, v, allowed, heads_first=False):
-    """q [B,T,H,D]; k, v [B,S,KV,D] (or [B,KV,S,D] if heads_first); allowed [B,T,S]."""
-    b, t, h, d = q.shape
-    kv = k.shape[1] if heads_first else k.shape[2]
-    q = q.reshape(b, t, kv, h // kv, d)
-    keys = "bksd" if heads_first else "bskd"
-    scores = jnp.einsum(f"btkgd,{keys}->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (d ** -0.5)
-    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum(f"bkgts,{keys}->btkgd", probs, v)
-    return out.reshape(b, t, h, d)
 
 
 def project(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -203,7 +177,7 @@ class Qwen3(nnx.Module):
         tokens, positions [B, T] int; mask [B, T] bool marks real tokens
         (default all). With a cache, the T tokens go to slots index..index+T-1.
         Without one, `segments` [B, T] int (instead of mask) packs one prompt and
-        several responses to it in a row: see `segment_keys`.
+        several responses to it in a row: see `Mask.packed`.
         """
         cfg = self.cfg
         b, t = tokens.shape
@@ -213,17 +187,20 @@ class Qwen3(nnx.Module):
         weights = self.layers.weights()
 
         if cache is None:
-            allowed = allowed_keys(jnp.arange(t), mask) if segments is None else segment_keys(segments)
+            keys = Mask.causal(jnp.arange(t), mask) if segments is None else Mask.packed(segments)
+
+            def attend(q, k, v):
+                return attention(q, k, v, keys, cfg.attention, block=cfg.attention_block)
 
             def body(h, w):
-                return decoder_layer(cfg, w, h, positions, lambda q, k, v: attention(q, k, v, allowed)), None
+                return decoder_layer(cfg, w, h, positions, attend), None
 
             body = jax.checkpoint(body) if cfg.remat else body
             h, _ = jax.lax.scan(body, h, weights)
         else:
             start = cache.index
             valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, start))
-            allowed = allowed_keys(start + jnp.arange(t), valid)  # once, not per layer
+            keys = Mask.causal(start + jnp.arange(t), valid)
 
             def body(carry, xs):
                 h, ks, vs = carry
@@ -234,7 +211,8 @@ class Qwen3(nnx.Module):
                     k, v = (jnp.swapaxes(x, 1, 2)[None].astype(ks.dtype) for x in (k, v))
                     ks = jax.lax.dynamic_update_slice(ks, k, (i, 0, 0, start, 0))
                     vs = jax.lax.dynamic_update_slice(vs, v, (i, 0, 0, start, 0))
-                    return attention(q, ks[i].astype(cfg.dtype), vs[i].astype(cfg.dtype), allowed, True)
+                    return attention(q, ks[i].astype(cfg.dtype), vs[i].astype(cfg.dtype), keys, cfg.attention,
+                                     heads_first=True, cached=True, block=cfg.attention_block)
 
                 h = decoder_layer(cfg, w, h, positions, attend)
                 return (h, ks, vs), None

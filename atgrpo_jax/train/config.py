@@ -37,6 +37,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"  # storage dtype of the weights: float32, bfloat16 or float16
     c.model.compute_dtype = "float32"  # dtype of matmul inputs, activations and the KV cache
     c.model.remat = False  # recompute each layer in the backward pass (less memory, ~30% more compute)
+    c.model.attention = "auto"  # auto|xla|chunked|splash|cudnn; auto: splash on TPU where it applies, cuDNN on
+    # GPU, einsum on CPU for short rows, chunked (O(T) memory) otherwise; see README "Long responses"
+    c.model.attention_block = 512  # query/key block of the chunked backend
     c.model.init_seed = 0  # seed of random weights and of LoRA adapters
     c.model.vocab_size = 0  # embedding rows of a random model; 0 = the preset's
     c.tokenizer = "qwen3"  # "qwen3" (offline, or model.hf_path's own), "char", or a directory with tokenizer files
@@ -258,6 +261,14 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     for key in ("param_dtype", "compute_dtype"):
         _require(m[key] in DTYPES, f"model.{key}", f"must be one of {sorted(DTYPES)}")
     _require(m.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = the preset's)")
+    from atgrpo_jax.models.attention import BACKENDS
+    _require(m.attention in BACKENDS, "model.attention",
+             f"unknown {m.attention!r}{closest(m.attention, BACKENDS)}; known: {', '.join(BACKENDS)}")
+    _require(m.attention != "splash" or not c.optim.share_prompts, "model.attention",
+             "splash knows only causal masks and segment ids, not rows that pack several responses after one "
+             "prompt: set optim.share_prompts=False with it")
+    _require(isinstance(m.attention_block, int) and m.attention_block > 0, "model.attention_block",
+             f"must be a positive int, got {m.attention_block!r}")
     _require(not c.regime, "regime", "call resolve() first: it expands the shorthand")
     _require(c.policy.sharing in SHARINGS, "policy.sharing",
              f"unknown {c.policy.sharing!r}{closest(c.policy.sharing, SHARINGS)}; known: {', '.join(SHARINGS)}")

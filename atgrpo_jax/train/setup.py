@@ -54,7 +54,11 @@ def make_tokenizer(name: str, hf_path: str = "", alphabet: str = ""):
 
 def build_model(config, mesh) -> Qwen3:
     m = config.model
-    kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat)
+    attention = m.attention
+    if attention == "auto" and jax.default_backend() == "tpu" and not config.optim.share_prompts:
+        attention = "splash"  # one response per update row: the kernel's masks express it
+    kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat, attention=attention,
+              attention_block=m.attention_block)
     if m.hf_path:
         expected = get_preset(m.preset) if m.preset else None
         return load_pretrained(m.hf_path, mesh=mesh, expected=expected, expected_name=f"model.preset={m.preset!r}", **kw)

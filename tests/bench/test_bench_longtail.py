@@ -1,0 +1,27 @@
+"""The long-tail sampler benchmark forces the same per-row lengths on both sides (each side's run
+asserts it), and counts the decode work spent on finished rows; timings are not asserted."""
+import json
+
+import numpy as np
+
+from atgrpo_jax.bench import sampler as bench
+from atgrpo_jax.bench.longtail import longtail_lengths, wasted_fraction
+
+
+def test_lengths_have_a_long_tail_within_the_budget():
+    lengths = longtail_lengths(256, 512)
+    assert lengths.min() >= 1 and lengths.max() == 512
+    assert 100 <= np.median(lengths) <= 156  # median ~ budget / 4
+    assert np.mean(lengths) > 1.2 * np.median(lengths) and np.mean(lengths > 256) < 0.35  # a tail, not the bulk
+    assert wasted_fraction(useful=300, row_steps=400) == 0.25
+
+
+def test_longtail_bench_forces_equal_lengths_and_dropping_rows_saves_work(capsys):
+    assert bench.main(["--configs", "test-tiny", "--lengths", "longtail", "--batch", "8", "--prompt", "8",
+                       "--new", "32", "--segment", "4", "--repeats", "1", "--json"]) == 0
+    (r,) = json.loads(capsys.readouterr().out.splitlines()[-1])["results"]
+    assert r["useful_tokens"] == longtail_lengths(8, 32).sum()
+    assert set(r) >= {"ours", "ours_no_drop", "ours_fixed_lengths", "transformers", "speedup", "vs_fixed_lengths"}
+    # without drops every row runs to the longest; with them, less of the work is wasted
+    assert r["ours"]["wasted_fraction"] < r["ours_no_drop"]["wasted_fraction"]
+    assert abs(r["ours_no_drop"]["wasted_fraction"] - r["transformers"]["wasted_fraction"]) < 0.1
