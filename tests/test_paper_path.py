@@ -3,7 +3,9 @@ Qwen3 tokenizer (tiny and random here: weights cannot be downloaded), train 2 st
 agents said, evaluate on a test split, export a policy and load it in transformers.
 
 Every workflow's paper config runs once, and each policy layout (shared, per_role, lora) at least
-once; the first case goes through the command line, the others through the same functions."""
+once; the first case goes through the command line, the others through the same functions.
+ATGRPO_PAPER_MATRIX=1 runs every workflow with every layout instead (15 cases, ~25 minutes on two
+cores: too long for the suite's budget, run before a release)."""
 import json
 import os
 import subprocess
@@ -18,9 +20,13 @@ from hf_fixtures import make_hf_checkpoint
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QWEN3_VOCAB = 151_669
 CASES = [("plan_path", "shared"), ("sokoban", "lora"), ("sudoku", "per_role"), ("math", "per_role"), ("code", "lora")]
+if os.environ.get("ATGRPO_PAPER_MATRIX") == "1":
+    CASES += [(t, s) for t in ("plan_path", "sokoban", "sudoku", "math", "code")
+              for s in ("shared", "per_role", "lora") if (t, s) not in CASES]
 TEST_SPLITS = {"plan_path": ["test"], "sokoban": ["test"], "sudoku": ["test"], "math": ["aime24", "aime25"],
                "code": ["apps_test"]}
 EVAL_K = {"math": 2}  # AIME24 and AIME25: every problem exactly twice
+PER_TASK = {"math": {"rollout.max_turns": 1}}  # 120 test episodes: one turn each keeps the suite in budget
 PROBLEMS = {"test": 2, "aime24": 30, "aime25": 30, "apps_test": 47}  # generated games: --tasks=2
 SMALL = {  # the paper's settings, with a CPU-sized rollout
     "rollout.num_tasks": 2, "rollout.k": 2, "rollout.max_turns": 2, "rollout.max_new_tokens": 16,
@@ -43,17 +49,17 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-def overrides(checkpoint, sharing):
+def overrides(checkpoint, sharing, task, paper_dtype=False):
     # bfloat16 (the paper's) only for the command-line case: XLA:CPU emulates it, slowly
-    return {**SMALL, **({} if sharing == CASES[0][1] else FLOAT32), "model.hf_path": checkpoint, "model.preset": "",
-            "policy.sharing": sharing}
+    return {**SMALL, **({} if paper_dtype else FLOAT32), **PER_TASK.get(task, {}), "model.hf_path": checkpoint,
+            "model.preset": "", "policy.sharing": sharing}
 
 
 def config(task, checkpoint, sharing):
     from atgrpo_jax import cli
 
     return cli.config_from_args(os.path.join(ROOT, "configs", f"{task}_qwen3_1p7b.py"),
-                                [(k, str(v)) for k, v in overrides(checkpoint, sharing).items()])
+                                [(k, str(v)) for k, v in overrides(checkpoint, sharing, task).items()])
 
 
 def check_run(workdir, task):
@@ -86,7 +92,7 @@ def test_paper_config_from_the_command_line(checkpoint, tmp_path):
     task, sharing = CASES[0]
     work, out = str(tmp_path / "run"), str(tmp_path / "exported")
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    sets = [f"--config.{k}={v}" for k, v in overrides(checkpoint, sharing).items()]
+    sets = [f"--config.{k}={v}" for k, v in overrides(checkpoint, sharing, task, paper_dtype=True).items()]
 
     def run(module, *args):
         proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True,

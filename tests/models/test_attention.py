@@ -53,7 +53,7 @@ def _compare(backend, q, k, v, mask, rows, block=None):
 
 
 @pytest.mark.parametrize("make_mask", [_packed, _left_padded])
-@pytest.mark.parametrize("block", [16, 24, 64])  # divides T, does not, and one block
+@pytest.mark.parametrize("block", [16, 36])  # divides T; does not (and T under two blocks)
 def test_chunked_equals_the_einsum(make_mask, block):
     t = 48
     mask = make_mask(t)
@@ -150,9 +150,9 @@ def _update_temp_bytes(backend, t, run=False):
 
 def test_an_update_step_with_chunked_attention_grows_linearly_in_length():
     """XLA's own memory analysis of the compiled update: 8192 tokens need at most 2.3x the
-    memory of 4096 with the chunked backend; the einsum needs ~4x (its [T, T] scores)."""
+    memory of 4096 with the chunked backend, and less than the einsum needs for 4096 (its
+    [T, T] scores, 4x at 8192)."""
     chunked = {t: _update_temp_bytes("chunked", t, run=t == 8192) for t in (4096, 8192)}
     assert chunked[8192] <= 2.3 * chunked[4096], chunked
-    dense = {t: _update_temp_bytes("xla", t) for t in (4096, 8192)}
-    assert dense[8192] >= 3.5 * dense[4096], dense
-    assert chunked[8192] * 10 < dense[8192], (chunked, dense)
+    dense = _update_temp_bytes("xla", 4096)
+    assert chunked[8192] * 2 < dense, (chunked, dense)
