@@ -133,5 +133,6 @@ def test_paper_config(checkpoint, tmp_path, task, sharing):
     for split in splits:  # every problem of a finite split exactly k times, no other
         counts = np.bincount([t for s, t in played if s == split], minlength=PROBLEMS[split])
         assert len(counts) == PROBLEMS[split] and (counts == k).all(), split
-    export_policy(work, str(tmp_path / "exported"), policy=f"{'lora' if sharing == 'lora' else 'policy'}_{agents[0]}")
+    policy = "policy" if sharing == "shared" else f"{'lora' if sharing == 'lora' else 'policy'}_{agents[0]}"
+    export_policy(work, str(tmp_path / "exported"), policy=policy)
     check_export(str(tmp_path / "exported"), checkpoint)
