@@ -304,11 +304,9 @@ def model_config(config) -> Qwen3Config:
 
 def planned_backend(config, cfg: Qwen3Config, platform: str, seq: int) -> str:
     """The attention backend the update runs on `platform` (as train/setup.py and the model choose it)."""
-    from atgrpo_jax.models.attention import resolve_backend
+    from atgrpo_jax.models.attention import configured_backend, resolve_backend
 
-    backend = config.model.get("attention", "auto")
-    if backend == "auto" and platform == "tpu" and not config.optim.share_prompts:
-        backend = "splash"
+    backend = configured_backend(config.model.get("attention", "auto"), platform, config.optim.share_prompts)
     return resolve_backend(backend, seq, seq, cfg.dtype, cached=False, platform=platform)
 
 

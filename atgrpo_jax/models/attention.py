@@ -30,6 +30,14 @@ DENSE_MAX = 2048 * 2048  # CPU auto: beyond this many query-key pairs per row, g
 SPLASH_ALIGN = 128  # splash blocks are multiples of 128 tokens
 
 
+def configured_backend(backend: str, platform: str, share_prompts: bool) -> str:
+    """The model's backend for a run's config: `auto` on TPU becomes splash when the update's rows
+    hold one response each (the kernel's masks express that), else stays for `resolve_backend`."""
+    if backend == "auto" and platform == "tpu" and not share_prompts:
+        return "splash"
+    return backend
+
+
 def resolve_backend(backend: str, t: int, s: int, dtype, cached: bool, platform: str | None = None) -> str:
     """The backend that runs a [t queries, s keys] attention (static: shapes are known when tracing)."""
     if backend not in BACKENDS:

@@ -13,6 +13,7 @@ from flax import nnx
 from atgrpo_jax.distributed import init_distributed, is_multiprocess, local_mesh
 from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.models import Qwen3, get_preset
+from atgrpo_jax.models.attention import configured_backend
 from atgrpo_jax.models.hf_io import load_pretrained
 from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
 from atgrpo_jax.sampling import shard_model
@@ -54,9 +55,7 @@ def make_tokenizer(name: str, hf_path: str = "", alphabet: str = ""):
 
 def build_model(config, mesh) -> Qwen3:
     m = config.model
-    attention = m.attention
-    if attention == "auto" and jax.default_backend() == "tpu" and not config.optim.share_prompts:
-        attention = "splash"  # one response per update row: the kernel's masks express it
+    attention = configured_backend(m.attention, jax.default_backend(), config.optim.share_prompts)
     kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat, attention=attention,
               attention_block=m.attention_block)
     if m.hf_path:
