@@ -43,15 +43,17 @@ def init_branch_cache(model: Qwen3, rows: int, slots: int, dtype=None) -> KVCach
     return constrain_cache(KVCache.init(model.cfg, rows, slots, dtype))
 
 
-def branch_step(model: Qwen3, tokens, positions, prefix: KVCache, own: KVCache, branches: int):
+def branch_step(model: Qwen3, tokens, positions, prefix: KVCache, own: KVCache, branches: int, own_allowed=None):
     """Run one new token per row: tokens, positions [N]; writes slot own.index of every row.
+    own_allowed [N, 1, slots]: the own slots each row attends to (default: slots <= own.index).
 
     Returns final-normed hidden states [N, D] and the updated per-branch cache.
     """
     cfg = model.cfg
     slot = own.index
     h = model.embed[...].astype(cfg.dtype)[tokens[:, None]]  # [N, 1, D]
-    own_allowed = jnp.broadcast_to(jnp.arange(own.k.shape[3]) <= slot, (tokens.shape[0], 1, own.k.shape[3]))
+    if own_allowed is None:
+        own_allowed = jnp.broadcast_to(jnp.arange(own.k.shape[3]) <= slot, (tokens.shape[0], 1, own.k.shape[3]))
 
     def body(carry, xs):
         h, ks, vs = carry

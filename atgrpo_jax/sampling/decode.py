@@ -16,10 +16,18 @@ prompt's keys and values, as prefill wrote them) in place and owns only the
 slots of its new tokens (see `branches.py`). At the start the groups are the
 B prompts and G = K, so nothing is copied K times.
 
-Randomness: row r draws its step-s uniforms from fold_in(row_keys[r], s), so
-a row's tokens depend only on its prompt, its key and the settings, never on
-the other rows or on where they sit: K branches equal K separate runs with
-the same row keys, and a compacted row continues as it would have.
+Rows may also start late (continuous batching, `segments.py`): a slot
+freed by a finished row takes a waiting one. The step counter is global; a
+row that started at step `start` writes its j-th token (and its keys and
+values) at column (start + j) mod max_new of its buffers, a ring it never
+laps since it makes at most max_new tokens; `write_back` unrolls the ring.
+Rows that all start at step 0 write column j at step j, as a plain loop.
+
+Randomness: row r draws the uniforms of its j-th token from
+fold_in(row_keys[r], j), so a row's tokens depend only on its prompt, its key
+and the settings, never on the other rows, where they sit or when they
+started: K branches equal K separate runs with the same row keys, and a
+compacted or late row makes the tokens it would have made in a plain loop.
 """
 from __future__ import annotations
 
@@ -95,7 +103,8 @@ class Rows(NamedTuple):
     budget: jax.Array  # [R] int32: tokens the row may produce
     stop_ids: jax.Array  # [R, S] int32, -1 padded
     keys: jax.Array  # [R] PRNG keys
-    out: Decoded  # the rows' outputs so far; out.steps is the step all rows are at
+    start: jax.Array  # [R] int32: the step each row began at (its j-th token is made at step start + j)
+    out: Decoded  # the rows' outputs so far, ring-ordered (module docstring); out.steps is the global step
 
 
 def _prefill(graphdef, weights, prompt_ids, prompt_mask, *, cache_dtype: str | None = None) -> Prefilled:
@@ -114,26 +123,29 @@ def _prefill(graphdef, weights, prompt_ids, prompt_mask, *, cache_dtype: str | N
 
 def _step_select(s: Rows, params: SamplingParams, settings: DecodeSettings):
     """Sample row tokens from s.logits and record them in live rows; returns (tokens to feed, s)."""
-    col = s.out.steps
-    sel = select(s.logits, row_uniforms(s.keys, col), params.temperature, top_k=settings.top_k,
+    step = s.out.steps
+    col = step % s.out.tokens.shape[1]  # the ring column of this step
+    made = step - s.start  # tokens each row has made before this one
+    sel = select(s.logits, row_uniforms(s.keys, made), params.temperature, top_k=settings.top_k,
                  top_p=settings.top_p, top_p_cap=settings.top_p_cap, raw_logprobs=settings.raw_logprobs,
                  vocab_limit=settings.vocab_limit)
     live = ~s.done
     tok = jnp.where(live, sel.tokens, settings.pad_id)
 
-    def put(buf, x):
-        return jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, col))
+    def put(buf, x):  # finished rows keep their column: their ring must survive until it is written back
+        old = jax.lax.dynamic_slice_in_dim(buf, col, 1, axis=1)[:, 0]
+        return jax.lax.dynamic_update_slice(buf, jnp.where(live, x.astype(buf.dtype), old)[:, None], (0, col))
 
     hit_stop = live & jnp.any(sel.tokens[:, None] == s.stop_ids, axis=-1)
     out = s.out._replace(
         tokens=put(s.out.tokens, tok),
-        logprobs=put(s.out.logprobs, jnp.where(live, sel.logprobs, 0.0)),
-        raw_logprobs=put(s.out.raw_logprobs, jnp.where(live, sel.raw_logprobs, 0.0)),
-        lengths=jnp.where(live, col + 1, s.out.lengths),
+        logprobs=put(s.out.logprobs, sel.logprobs),
+        raw_logprobs=put(s.out.raw_logprobs, sel.raw_logprobs),
+        lengths=jnp.where(live, made + 1, s.out.lengths),
         stopped=s.out.stopped | hit_stop,
-        steps=col + 1,
+        steps=step + 1,
     )
-    done = s.done | hit_stop | (col + 1 >= s.budget)
+    done = s.done | hit_stop | (made + 1 >= s.budget)
     return tok, s._replace(done=done, out=out)
 
 
@@ -161,7 +173,8 @@ def start(model, pre: Prefilled, settings: DecodeSettings, stop_ids=None, row_ke
     logits = constrain(jnp.repeat(pre.logits, k, axis=0), ("batch", "vocab"))
     own = init_branch_cache(model, n, new, pre.cache.k.dtype)
     return Rows(pre.cache, own, logits, jnp.repeat(pre.lengths, k), jnp.zeros((n,), bool),
-                jnp.repeat(budget, k), jnp.repeat(stop_ids, k, axis=0), row_keys, empty_outputs(n, settings))
+                jnp.repeat(budget, k), jnp.repeat(stop_ids, k, axis=0), row_keys, jnp.zeros((n,), jnp.int32),
+                empty_outputs(n, settings))
 
 
 def _start(graphdef, weights, pre: Prefilled, stop_ids, row_keys, budget, settings) -> tuple[Rows, Decoded]:
@@ -170,12 +183,19 @@ def _start(graphdef, weights, pre: Prefilled, stop_ids, row_keys, budget, settin
     return rows, empty_outputs(rows.logits.shape[0], settings)
 
 
-def write_back(full: Decoded, rows: Rows, ids) -> Decoded:
-    """The rows' outputs into the caller-ordered buffers at `ids`; fillers (id -1) are dropped."""
+def write_back(full: Decoded, rows: Rows, ids, pad_id: int) -> Decoded:
+    """The rows' outputs, unrolled from their rings, into the caller-ordered buffers at `ids`;
+    fillers (id -1) are dropped."""
+    o = rows.out
+    width = o.tokens.shape[1]
+    j = jnp.arange(width)
+    src = (rows.start[:, None] + j) % width  # column of each row's j-th token
+    made = j < o.lengths[:, None]
+    unroll = lambda buf, fill: jnp.where(made, jnp.take_along_axis(buf, src, axis=1), fill)  # noqa: E731
     at = jnp.where(ids >= 0, ids, full.lengths.shape[0])  # out of range: dropped
     put = lambda buf, x: buf.at[at].set(x, mode="drop")  # noqa: E731
-    o = rows.out
-    return Decoded(put(full.tokens, o.tokens), put(full.logprobs, o.logprobs), put(full.raw_logprobs, o.raw_logprobs),
+    return Decoded(put(full.tokens, unroll(o.tokens, pad_id)),
+                   put(full.logprobs, unroll(o.logprobs, 0.0)), put(full.raw_logprobs, unroll(o.raw_logprobs, 0.0)),
                    put(full.lengths, o.lengths), put(full.stopped, o.stopped), o.steps)
 
 
@@ -195,14 +215,20 @@ def _segment(graphdef, weights, rows: Rows, full: Decoded, ids, until, params: S
     def unfinished(s: Rows):
         return (s.out.steps < until) & ~jnp.all(s.done)
 
+    width = rows.own.k.shape[3]
+
     def step(s: Rows):
+        step = s.out.steps
+        # a row sees the ring slots it wrote since it started, and the one this step writes
+        own_allowed = ((jnp.arange(width) - s.start[:, None]) % width <= (step - s.start)[:, None])[:, None, :]
         tok, s = _step_select(s, params, settings)
-        h, own = branch_step(model, tok, s.positions, prefix, s.own, branches)
+        own = s.own._replace(index=step % width)
+        h, own = branch_step(model, tok, s.positions, prefix, own, branches, own_allowed)
         logits = constrain(model.logits(h), ("batch", "vocab"))
         return s._replace(own=own, logits=logits, positions=s.positions + 1)
 
     rows = jax.lax.while_loop(unfinished, step, rows._replace(prefix=None))._replace(prefix=prefix)
-    return rows, write_back(full, rows, ids)
+    return rows, write_back(full, rows, ids, settings.pad_id)
 
 
 prefill_jit = jax.jit(_prefill, static_argnames=("graphdef", "cache_dtype"))

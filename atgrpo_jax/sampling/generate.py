@@ -109,7 +109,8 @@ def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, tempera
              top_k: int = 0, top_p: float = 1.0, stop_ids=(), num_branches: int = 1, pad_id: int = 0,
              buckets: Sequence[int] = DEFAULT_BUCKETS, batch_buckets: Sequence[int] | None = None,
              prompt_lengths=None, raw_logprobs: bool = False, cache_dtype: str | None = None,
-             top_p_cap: int = 256, vocab_limit: int | None = None, segment: int = 16) -> Generation:
+             top_p_cap: int = 256, vocab_limit: int | None = None, segment: int = 16,
+             slots: int | None = None) -> Generation:
     """Sample `num_branches` continuations of each prompt.
 
     prompts: B sequences of token ids (ragged), or a [B, P] array whose row b
@@ -128,7 +129,11 @@ def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, tempera
     vocab_limit and the shapes (bucketed prompt length, batch, max_new_tokens,
     K) select one. segment: steps between drops of finished rows (the live
     rows move to a smaller batch; see segments.py); 0 decodes the whole batch
-    to the end. The result does not depend on it.
+    to the end. slots: decode at most this many rows at once (continuous
+    batching: the B*K rows start in order as slots free up, every `segment`
+    steps); it bounds the cache of new tokens to slots x max_new_tokens and
+    keeps the batch full while long rows finish. None: all rows at once.
+    The result depends on neither.
     """
     prompt_list = _as_prompt_list(prompts, prompt_lengths)
     b = len(prompt_list)
@@ -145,6 +150,8 @@ def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, tempera
     budget = budgets_for(max_new_tokens, b)
     if segment < 0:
         raise ValueError(f"segment must be >= 0, got {segment}")
+    if slots is not None and (slots < 1 or (segment == 0 and slots < b * num_branches)):
+        raise ValueError(f"slots must be >= 1 and needs segment >= 1 to refill, got slots={slots}, segment={segment}")
     max_new_tokens = int(budget.max())
     settings = DecodeSettings(max_new_tokens, num_branches, top_k, top_p, top_p_cap, pad_id, cache_dtype,
                               raw_logprobs, vocab_limit)
@@ -168,7 +175,7 @@ def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, tempera
     stops = stop_array(stop_ids, b)
     stops = np.concatenate([stops, np.full((b_padded - b, stops.shape[1]), -1, np.int32)])
     budget = np.concatenate([budget, np.ones(b_padded - b, np.int32)])  # filler prompts: one token
-    decoded, row_steps = run(model, ids, mask, stops, keys, params, settings, budget, segment)
+    decoded, row_steps = run(model, ids, mask, stops, keys, params, settings, budget, segment, slots=slots)
     out = jax.device_get({"tokens": decoded.tokens, "lengths": decoded.lengths, "logprobs": decoded.logprobs,
                           "raw": decoded.raw_logprobs, "stopped": decoded.stopped})
     lengths = out["lengths"][:n]

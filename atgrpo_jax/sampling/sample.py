@@ -113,5 +113,6 @@ def select(logits: jax.Array, u: jax.Array, temperature, *, top_k: int = 0, top_
 
 
 def row_uniforms(row_keys: jax.Array, step) -> jax.Array:
-    """[N, 2] uniforms for one step; a row's depend only on its own key and the step."""
-    return jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, step), (2,)))(row_keys)
+    """[N, 2] uniforms for one step (a scalar, or one per row); a row's depend only on its own key and step."""
+    steps = jnp.broadcast_to(jnp.asarray(step, jnp.int32), row_keys.shape)
+    return jax.vmap(lambda k, s: jax.random.uniform(jax.random.fold_in(k, s), (2,)))(row_keys, steps)

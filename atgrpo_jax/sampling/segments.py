@@ -24,6 +24,7 @@ matmul picks its kernel by the number of rows (as any change of batch does).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -32,8 +33,9 @@ import numpy as np
 from flax import nnx
 
 from atgrpo_jax.models.qwen3 import KVCache
-from atgrpo_jax.sampling.decode import (Decoded, DecodeSettings, Rows, SamplingParams, prefill_jit, segment_jit,
-                                        start_jit)
+from atgrpo_jax.sampling.cache import constrain_cache
+from atgrpo_jax.sampling.decode import (Decoded, DecodeSettings, Prefilled, Rows, SamplingParams, empty_outputs,
+                                        prefill_jit, segment_jit, start, start_jit)
 from atgrpo_jax.sharding import constrain
 
 
@@ -87,13 +89,48 @@ def _compact(rows: Rows, src, keep, src_group) -> Rows:
 
     o = rows.out
     out = Decoded(take(o.tokens), take(o.logprobs), take(o.raw_logprobs), take(o.lengths), take(o.stopped), o.steps)
-    new = Rows(cache(rows.prefix, src_group), cache(rows.own, src), take(rows.logits), take(rows.positions),
-               take(rows.done) | ~keep, take(rows.budget), take(rows.stop_ids), take(rows.keys), out)
-    return new
+    return Rows(cache(rows.prefix, src_group), cache(rows.own, src), take(rows.logits), take(rows.positions),
+                take(rows.done) | ~keep, take(rows.budget), take(rows.stop_ids), take(rows.keys), take(rows.start), out)
+
+
+def _admit(rows: Rows, pre: Prefilled, stop_ids, budget, row_keys, new_ids, branches: int) -> Rows:
+    """Slots with new_ids[r] >= 0 start caller row new_ids[r] (prompt new_ids[r] // branches) at the
+    current step; the others go on. Rows sit in groups of one: each slot reads its own prompt row.
+    A new row's ring needs no clearing: it only sees, and writes back, what it writes itself."""
+    fill = new_ids >= 0
+    caller = jnp.maximum(new_ids, 0)
+    prompt = caller // branches
+
+    def admit(old, new, axis=0):  # new rows where fill, along the row axis
+        return jnp.where(fill.reshape((1,) * axis + (-1,) + (1,) * (old.ndim - axis - 1)), new, old)
+
+    p, c = rows.prefix, pre.cache
+    prefix = constrain_cache(KVCache(admit(p.k, jnp.take(c.k, prompt, axis=1), 1),
+                                     admit(p.v, jnp.take(c.v, prompt, axis=1), 1),
+                                     admit(p.valid, jnp.take(c.valid, prompt, axis=0)), p.index))
+    o = rows.out
+    out = o._replace(lengths=jnp.where(fill, 0, o.lengths), stopped=o.stopped & ~fill)
+    return Rows(prefix, rows.own, admit(rows.logits, jnp.take(pre.logits, prompt, axis=0)),
+                admit(rows.positions, jnp.take(pre.lengths, prompt)), rows.done & ~fill,
+                admit(rows.budget, jnp.take(budget, prompt)), admit(rows.stop_ids, jnp.take(stop_ids, prompt, axis=0)),
+                admit(rows.keys, jnp.take(row_keys, caller)), jnp.where(fill, o.steps, rows.start), out)
+
+
+def _empty(graphdef, weights, pre: Prefilled, stop_ids, row_keys, budget, slots: int, settings: DecodeSettings):
+    """`slots` finished filler rows in groups of one to admit rows into, and the caller-ordered
+    output buffers (one row per key)."""
+    c = pre.cache
+    first_prompt = Prefilled(KVCache(c.k[:, :1], c.v[:, :1], c.valid[:1], c.index), pre.logits[:1], pre.lengths[:1])
+    one = start(nnx.merge(graphdef, weights), first_prompt, dataclasses.replace(settings, num_branches=1),
+                stop_ids[:1], row_keys[:1], budget[:1])
+    first = jnp.zeros(slots, jnp.int32)
+    return _compact(one, first, jnp.zeros(slots, bool), first), empty_outputs(row_keys.shape[0], settings)
 
 
 compact_jit = jax.jit(_compact)
-JITTED = (prefill_jit, start_jit, segment_jit, compact_jit)  # what a call compiles
+admit_jit = jax.jit(_admit, static_argnames=("branches",), donate_argnames=("rows",))
+empty_jit = jax.jit(_empty, static_argnames=("graphdef", "slots", "settings"))
+JITTED = (prefill_jit, start_jit, segment_jit, compact_jit, admit_jit, empty_jit)  # what a call compiles
 
 
 class Run(NamedTuple):
@@ -102,29 +139,51 @@ class Run(NamedTuple):
 
 
 def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingParams, settings: DecodeSettings,
-        budget=None, segment: int = 16, min_rows: int = 1) -> Run:
+        budget=None, segment: int = 16, min_rows: int = 1, slots: int | None = None) -> Run:
     """Prefill, then decode to the end in segments of `segment` steps (0: one segment, no compaction).
 
     prompt_ids, prompt_mask [B, P] left-padded (every row's last column is
     real); stop_ids [B, S] int32 padded with -1; row_keys [B*K] PRNG keys;
     budget [B] tokens each prompt's rows may produce (default max_new_tokens).
+    slots < B*K: continuous batching; at most `slots` rows decode at once,
+    the caller's rows start in order as slots free up (at segment ends), then
+    the last ones are compacted as usual.
     """
     graphdef, weights = nnx.split(model)
     b, k, new = prompt_ids.shape[0], settings.num_branches, settings.max_new_tokens
-    budget = np.full(b, new, np.int32) if budget is None else np.asarray(budget, np.int32)
-    pre = prefill_jit(graphdef, weights, prompt_ids, prompt_mask, cache_dtype=settings.cache_dtype)
-    rows, full = start_jit(graphdef, weights, pre, stop_ids, row_keys, budget, settings=settings)
     n = b * k
-    buckets = row_buckets(b, k, min_rows)
-    ids, prompt_of = np.arange(n, dtype=np.int32), np.arange(n) // k
+    budget = np.full(b, new, np.int32) if budget is None else np.asarray(budget, np.int32)
+    continuous = slots is not None and slots < n
+    if continuous and (segment <= 0 or slots < 1):
+        raise ValueError(f"continuous batching (slots={slots} < {n} rows) needs slots >= 1 and segment >= 1, "
+                         f"got segment={segment}")
+    pre = prefill_jit(graphdef, weights, prompt_ids, prompt_mask, cache_dtype=settings.cache_dtype)
+    prompt_of = np.arange(n) // k
+    if continuous:
+        stop_ids, budget = jnp.asarray(stop_ids), jnp.asarray(budget)  # read at every admission
+        rows, full = empty_jit(graphdef, weights, pre, stop_ids, row_keys, budget, slots=slots, settings=settings)
+        buckets = [(r, r) for r, _ in row_buckets(slots, 1, min_rows)]  # groups of one row
+        ids, done, waiting = np.full(slots, -1, np.int32), np.ones(slots, bool), 0
+    else:
+        rows, full = start_jit(graphdef, weights, pre, stop_ids, row_keys, budget, settings=settings)
+        buckets = row_buckets(b, k, min_rows)
+        ids, waiting = np.arange(n, dtype=np.int32), n
     level, step, row_steps = 0, 0, 0
     while True:
-        until = min(step + segment, new) if segment > 0 else new
+        if waiting < n:  # free slots (finished rows, already written back) take the next rows
+            free = np.flatnonzero(done)[:n - waiting]
+            new_ids = np.full(len(ids), -1, np.int32)
+            new_ids[free] = np.arange(waiting, waiting + len(free))
+            rows = admit_jit(rows, pre, stop_ids, budget, row_keys, new_ids, branches=k)
+            ids, waiting = np.where(new_ids >= 0, new_ids, ids), waiting + len(free)
+        until = step + segment if continuous else min(step + segment, new) if segment > 0 else new
         rows, full = segment_jit(graphdef, weights, rows, full, ids, np.int32(until), params, settings=settings)
         done, reached = jax.device_get((rows.done, rows.out.steps))
         row_steps += len(ids) * (int(reached) - step)
         step = int(reached)
-        if done.all() or step >= new:
+        if waiting < n:
+            continue
+        if done.all() or (step >= new and not continuous):
             break
         while level + 1 < len(buckets):  # one halving at a time: one compaction per bucket to compile
             r, g = buckets[level + 1]

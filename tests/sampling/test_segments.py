@@ -126,3 +126,42 @@ def test_no_recompilation_after_warm_up_across_20_calls(model):
     assert compiles == []
     assert [f._cache_size() for f in segments.JITTED] == sizes
     assert min(work) < 0.6  # rows were dropped: well under one full batch per step
+
+
+@pytest.mark.parametrize("slots", [1, 4])  # 4: the batch shapes of the tests above (groups of one), compiled once
+def test_continuous_batching_equals_the_plain_loop(model, slots):
+    """At most `slots` rows decode at once; the 16 rows start in order as slots free up (rows end on
+    stop tokens and per-prompt budgets), and each row makes the tokens of the plain loop."""
+    ps, budget = prompts(1), [4, NEW, 9, 13]
+    run = lambda stops, **kw: gen(model, ps, max_new_tokens=budget, key=jax.random.key(2),  # noqa: E731
+                                  stop_ids=stops, temperature=1.0, **kw)
+    free = run([], segment=0).tokens
+    plain = run(stops := [int(free[r, j]) for r, j in ((1, 2), (6, 5), (11, 7), (14, 3))], segment=0)
+    for segment in (1, 3):
+        got = run(stops, segment=segment, slots=slots)
+        for field in FIELDS:
+            np.testing.assert_array_equal(getattr(got, field), getattr(plain, field), err_msg=field)
+        np.testing.assert_allclose(got.logprobs, plain.logprobs, atol=2e-6, rtol=0)
+        np.testing.assert_allclose(got.raw_logprobs, plain.raw_logprobs, atol=2e-6, rtol=0)
+        assert (got.logprobs[~got.mask] == 0).all() and (got.tokens[~got.mask] == 0).all()
+        if slots == 1 and segment == 1:  # one row at a time, refilled every step: no step is wasted
+            assert got.row_steps == plain.lengths.sum()
+        assert plain.lengths.sum() <= got.row_steps < plain.row_steps
+
+
+def test_continuous_batching_checks_its_arguments_and_does_not_recompile(model):
+    ps = prompts(4)
+    with pytest.raises(ValueError, match="slots"):
+        gen(model, ps, max_new_tokens=NEW, slots=0)
+    with pytest.raises(ValueError, match="segment"):
+        gen(model, ps, max_new_tokens=NEW, slots=4, segment=0)
+    budgets = [[NEW, 2, 5, 1], [3, NEW, 1, 7], [1, 1, NEW, 1]]
+    call = lambda b, seed: gen(model, ps, max_new_tokens=b, slots=4, segment=2,  # noqa: E731
+                               key=jax.random.key(seed), temperature=0.5 + seed / 4)
+    for b in budgets:  # warm-up: the budgets alone decide which buckets each call reaches
+        call(b, 0)
+    sizes = [f._cache_size() for f in segments.JITTED]
+    for seed, b in enumerate(budgets, start=1):
+        g = call(b, seed)
+        np.testing.assert_array_equal(g.lengths, np.repeat(b, K))
+    assert [f._cache_size() for f in segments.JITTED] == sizes
