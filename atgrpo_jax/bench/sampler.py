@@ -11,6 +11,11 @@ logits to the branches and makes their cache slots), and the per-step cost
 of each token-selection mode. `--json` prints all figures as
 the last line.
 
+`--tunix` (auto: when `google-tunix` is installed; on: required) adds Tunix's
+sampler on the same weights and prompts, timed after ours and transformers'
+(fixed lengths only; tunix_baseline.py says how to install it beside this
+environment, what is timed and how the weights are checked).
+
 FLOPs count the useful work: 2 * (layer weights + LM head) per generated
 token plus attention (4 * heads * head_dim per key), and for the prefill
 every prompt token's layers and attention plus one LM head row.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 
@@ -26,6 +32,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from atgrpo_jax.bench import tunix_baseline
 from atgrpo_jax.bench.common import machine_notes, matmul_peak, print_json_last, timed
 from atgrpo_jax.bench.longtail import bench_longtail, report_longtail
 from atgrpo_jax.models import Qwen3, get_preset
@@ -48,11 +55,15 @@ def generate_flops(cfg: Qwen3Config, batch: int, prompt: int, new: int) -> float
     return batch * (prefill + decode_steps)
 
 
-def make_models(cfg: Qwen3Config, seed: int, tmp: str):
-    import torch
-    import transformers
+def make_models(cfg: Qwen3Config, seed: int, tmp: str, torch_model: bool = True):
+    """Our model, saved as an HF checkpoint in `tmp`, and transformers' reading of it (None
+    without torch_model: --no-torch does not import torch)."""
     ours = nnx.jit(lambda: Qwen3(cfg, rngs=nnx.Rngs(seed)))()
     save_pretrained(ours, tmp)
+    if not torch_model:
+        return ours, None
+    import torch
+    import transformers
     theirs = transformers.Qwen3ForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
     return ours, theirs
 
@@ -127,7 +138,8 @@ def bench_config(name, args, peak):
     rng = np.random.RandomState(0)
     prompts = rng.randint(1, cfg.vocab_size, (args.batch, args.prompt)).astype(np.int32)
     with tempfile.TemporaryDirectory() as tmp:
-        ours, theirs = make_models(cfg, 0, tmp)
+        ours, theirs = make_models(cfg, 0, tmp, not args.no_torch)
+        tunix_model = tunix_baseline.load_model(cfg, tmp) if args.tunix_run else None
     tokens = args.batch * args.new
     flops = generate_flops(cfg, args.batch, args.prompt, args.new)
     res = {"config": name, "params": cfg.num_params(), "batch": args.batch, "prompt": args.prompt,
@@ -144,14 +156,20 @@ def bench_config(name, args, peak):
         res.update(torch_seconds=torch_s, torch_tokens_per_s=tokens / torch_s,
                    torch_flops_per_s=flops / torch_s, torch_fraction_of_peak=flops / torch_s / peak,
                    speedup=torch_s / ours_s)
+    if tunix_model is not None:
+        t = tunix_baseline.run(tunix_model, ours, prompts, args.new, args.repeats)
+        res.update(tunix_seconds=t["seconds"], tunix_tokens_per_s=tokens / t["seconds"],
+                   tunix_flops_per_s=flops / t["seconds"], tunix_fraction_of_peak=flops / t["seconds"] / peak,
+                   tunix_tokenizer_seconds=t["tokenizer_seconds"], tunix_logit_max_diff=t["logit_max_diff"],
+                   speedup_vs_tunix=t["seconds"] / ours_s)
     return res
 
 
 def bench_longtail_config(name, args):
     cfg = get_preset(name)
     with tempfile.TemporaryDirectory() as tmp:
-        ours, theirs = make_models(cfg, 0, tmp)
-    return bench_longtail(cfg, ours, None if args.no_torch else theirs, args)
+        ours, theirs = make_models(cfg, 0, tmp, not args.no_torch)
+    return bench_longtail(cfg, ours, theirs, args)
 
 
 def report(r):
@@ -163,6 +181,12 @@ def report(r):
         print(f"  transformers      {r['torch_tokens_per_s']:8.1f} tok/s  {r['torch_seconds']:6.2f} s  "
               f"{r['torch_flops_per_s'] / 1e9:6.1f} GFLOP/s = {100 * r['torch_fraction_of_peak']:.1f}% of peak")
         print(f"  speedup           {r['speedup']:8.2f}x")
+    if "tunix_seconds" in r:
+        print(f"  tunix sampler     {r['tunix_tokens_per_s']:8.1f} tok/s  {r['tunix_seconds']:6.2f} s  "
+              f"{r['tunix_flops_per_s'] / 1e9:6.1f} GFLOP/s = {100 * r['tunix_fraction_of_peak']:.1f}% of peak "
+              f"(id<->string adapter {1e3 * r['tunix_tokenizer_seconds']:.1f} ms of it; "
+              f"logits within {r['tunix_logit_max_diff']:.1g} of ours)")
+        print(f"  speedup vs tunix  {r['speedup_vs_tunix']:8.2f}x")
     k = r["branches"]
     print(f"  prefill {r['prefill_seconds']:.3f} s for any K; + branch setup K=1 "
           f"{r['branch_setup_k1_seconds']:.3f} s, K={k} {r['branch_setup_kN_seconds']:.3f} s; "
@@ -185,8 +209,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lengths", choices=("fixed", "longtail"), default="fixed",
                         help="fixed: every row makes --new tokens; longtail: forced lognormal lengths (longtail.py)")
     parser.add_argument("--segment", type=int, default=16, help="longtail: decode steps between row drops")
+    parser.add_argument("--tunix", choices=("auto", "on", "off"), default="auto",
+                        help="Tunix's sampler as a second baseline (fixed lengths): auto runs it when "
+                             "google-tunix is installed, on requires it")
     parser.add_argument("--json", action="store_true", help="print all figures as a JSON line last")
     args = parser.parse_args(argv)
+    args.tunix_run = False
+    if args.tunix == "on" and args.lengths != "fixed":
+        parser.error("--tunix=on: the Tunix baseline runs with --lengths=fixed only")
+    if args.tunix != "off" and args.lengths == "fixed":
+        args.tunix_run = tunix_baseline.available()
+        if not args.tunix_run:
+            print(tunix_baseline.missing_message(), file=sys.stderr if args.tunix == "on" else sys.stdout)
+            if args.tunix == "on":
+                return 2
 
     notes = machine_notes()
     peak = matmul_peak("float32")
