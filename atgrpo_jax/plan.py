@@ -89,6 +89,9 @@ def _candidates(config, device: Device, num_devices: int, policies: int) -> list
              [({"loss.logprob_chunk": v}, num_devices) for v in _halvings(config.loss.logprob_chunk, 128)])
     consider("optim.mini_batch_size={value} (more optimizer steps per rollout)",
              [({"optim.mini_batch_size": v}, num_devices) for v in _halvings(o.mini_batch_size, 1)])
+    rows = r.num_tasks * r.k
+    consider("rollout.decode_slots={value} (fewer rows decoded at once; continuous batching)",
+             [({"rollout.decode_slots": v}, num_devices) for v in _halvings(r.get("decode_slots", 0) or rows, 1)])
     consider("rollout.num_tasks={value} (fewer tasks sampled at once)",
              [({"rollout.num_tasks": v}, num_devices) for v in _halvings(r.num_tasks, 1)])
     if m.param_dtype == "float32":
@@ -168,7 +171,8 @@ def report(p: Plan) -> str:
         f"    saved for backward        {_gib(t['saved_residuals'])}",
         f"    one layer's backward      {_gib(t['layer_backward'])}",
         f"    chunked log-prob head     {_gib(t['logprob_head'])}",
-        f"  KV cache (sampling)         {_gib(p.kv_cache)}",
+        f"  KV cache (sampling)         {_gib(p.kv_cache)}   (prompts {s['prompt_cache'] / GiB:.2f}, new tokens of "
+        f"{s['decode_rows']} rows decoded at once {s['new_token_cache'] / GiB:.2f})",
         f"  sampling working set        {_gib(p.sampling_working)}   "
         f"(prefill attention {s['prefill_attention'] / GiB:.2f}, decode logits {s['decode_logits'] / GiB:.2f})",
         "",

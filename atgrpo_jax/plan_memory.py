@@ -215,25 +215,32 @@ def kv_cache_bytes(cfg: Qwen3Config, mesh, rows: int, length: int, itemsize: int
 
 
 def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: int,
-                    new_tokens: int, cache_itemsize: int, backend: str = "xla") -> dict[str, int]:
-    """KV cache of the num_tasks*k rows and the working sets of prefill and decode.
+                    new_tokens: int, cache_itemsize: int, backend: str = "xla",
+                    decode_slots: int = 0) -> dict[str, int]:
+    """KV cache of one sampling call and the working sets of prefill and decode.
 
-    As in sampling/decode.py: prefill runs the num_tasks prompts into their own
-    cache, then repeats each row k times; decode reads one layer's keys and
-    values at a time and turns [rows, V] float32 logits into tokens.
+    As in sampling/decode.py and segments.py: prefill writes the num_tasks
+    prompts' keys and values once; each decoded row owns only the slots of its
+    new tokens (a prompt's K branches read its slots in place). With
+    decode_slots < num_tasks*k rows (continuous batching) only that many rows
+    decode at once, each with its own copy of its prompt's slots. A decode step
+    reads one layer's keys and values at a time and turns [rows, V] float32
+    logits into tokens.
     """
-    length = prompt_len + new_tokens - 1  # the last sampled token is never fed back
     rows = num_tasks * k
-    cache = kv_cache_bytes(cfg, mesh, rows, length, cache_itemsize)
-    prompt_cache = kv_cache_bytes(cfg, mesh, num_tasks, length, cache_itemsize)
-    # Prefill attends over the whole cache (einsum: [tasks, H, P, length] float32 scores and probabilities).
-    attn = attention_buffers(cfg, mesh, num_tasks, prompt_len, length, "chunked" if backend == "splash" else backend)
+    decoding = min(rows, decode_slots) if decode_slots else rows
+    prompt_cache = kv_cache_bytes(cfg, mesh, num_tasks, prompt_len, cache_itemsize)
+    own_cache = kv_cache_bytes(cfg, mesh, decoding, new_tokens, cache_itemsize)
+    gathered = kv_cache_bytes(cfg, mesh, decoding, prompt_len, cache_itemsize) if decoding < rows else 0
+    cache = prompt_cache + own_cache + gathered
+    attn = attention_buffers(cfg, mesh, num_tasks, prompt_len, prompt_len, "chunked" if backend == "splash" else backend)
     prefill = 2 * attn["working"] + attn["mask"]
     layer_kv = cache // cfg.num_layers  # one layer's keys and values, read out of the stack
-    logits = 3 * local_bytes((rows, cfg.vocab_size), ("batch", "vocab"), 4, mesh)  # logits + selection
-    working = max(prompt_cache + prefill, layer_kv + logits)
-    return {"kv_cache": cache, "prompt_cache": prompt_cache, "prefill_attention": prefill,
-            "decode_layer_kv": layer_kv, "decode_logits": logits, "working": working}
+    logits = 3 * local_bytes((decoding, cfg.vocab_size), ("batch", "vocab"), 4, mesh)  # logits + selection
+    working = max(prefill, layer_kv + logits)
+    return {"kv_cache": cache, "prompt_cache": prompt_cache, "new_token_cache": own_cache + gathered,
+            "decode_rows": decoding, "prefill_attention": prefill, "decode_layer_kv": layer_kv,
+            "decode_logits": logits, "working": working}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,7 +353,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
                                       lo.logprob_chunk, remat, backend) for remat in (False, True)}
     cache_dtype = r.get("cache_dtype", None) or cfg.compute_dtype
     sampling = sampling_memory(cfg, mesh, r.num_tasks, r.k, r.max_prompt_len, max_new_tokens(config),
-                               _itemsize(cache_dtype), backend)
+                               _itemsize(cache_dtype), backend, r.get("decode_slots", 0))
     resident = p_bytes + optimizer + reference
     update_peak = resident + upd["total"]
     sampling_peak = resident + merged + sampling["kv_cache"] + sampling["working"]

@@ -16,8 +16,9 @@ from atgrpo_jax.algo.logprobs import token_logprobs
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.plan_memory import (GiB, TPUS, abstract_mesh, kv_cache_bytes, local_bytes, model_params,
-                                    param_bytes, parse_device, plan, pool_mesh_sizes, update_activations,
-                                    update_memory)
+                                    param_bytes, parse_device, plan, pool_mesh_sizes, sampling_memory,
+                                    update_activations, update_memory)
+from atgrpo_jax.sampling import decode, segments
 from atgrpo_jax.sampling.cache import init_cache
 from atgrpo_jax.sharding import MeshConfig, logical_sharding, make_mesh, sub_meshes
 from atgrpo_jax.train.config import base_config, validate
@@ -85,6 +86,30 @@ def test_kv_cache_bytes_equal_the_samplers_cache(sizes, rows):
         cache = jax.jit(lambda: init_cache(cfg, rows, 40, "bfloat16"))()
     real = shard_bytes(cache.k) + shard_bytes(cache.v) + shard_bytes(cache.valid)
     assert kv_cache_bytes(cfg, abstract_mesh(dict(mesh.shape)), rows, 40, 2) == real
+
+
+@pytest.mark.parametrize("slots", [0, 5])
+def test_sampling_cache_equals_the_samplers_caches(slots):
+    """The prompts' cache from prefill plus the decoded rows' caches (their new tokens; with
+    continuous batching, each slot's copy of its prompt too), as the sampler allocates them."""
+    cfg, tasks, k, prompt, new = get_preset("test-tiny"), 3, 4, 8, 6
+    graphdef, weights = nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0))))
+    ids, mask = jnp.zeros((tasks, prompt), jnp.int32), jnp.ones((tasks, prompt), bool)
+    pre = jax.eval_shape(lambda w: decode.prefill_jit(graphdef, w, ids, mask), weights)
+    settings = decode.DecodeSettings(new, num_branches=k)
+    stops, keys, budget = jnp.full((tasks, 1), -1), jax.random.split(jax.random.key(0), tasks * k), jnp.full(tasks, new)
+    if slots:
+        rows, _ = jax.eval_shape(lambda w, p: segments.empty_jit(graphdef, w, p, stops, keys, budget, slots=slots,
+                                                                 settings=settings), weights, pre)
+    else:
+        rows, _ = jax.eval_shape(lambda w, p: decode.start_jit(graphdef, w, p, stops, keys, budget,
+                                                               settings=settings), weights, pre)
+    caches = [pre.cache, rows.own] + ([rows.prefix] if slots else [])
+    real = sum(math.prod(x.shape) * x.dtype.itemsize for c in caches for x in (c.k, c.v, c.valid))
+    planned = sampling_memory(cfg, abstract_mesh({"data": 1, "fsdp": 1, "tensor": 1}), tasks, k, prompt, new,
+                              jnp.dtype(cfg.dtype).itemsize, decode_slots=slots)
+    assert planned["kv_cache"] == real
+    assert planned["decode_rows"] == (slots or tasks * k)
 
 
 @pytest.mark.parametrize("sizes", [(2, 2, 2), (1, 4, 2), (1, 8, 1), (1, 1, 8)])
@@ -226,6 +251,8 @@ def test_remat_batch_and_devices_move_activations_the_right_way():
 def test_per_role_pools_halve_the_devices_per_policy():
     shared, per_role = small_config(), small_config()
     per_role.policy.sharing = "per_role"
+    for c in (shared, per_role):  # 8 prompts: their cache is split over 8 devices as over 4 (4 would not split)
+        c.rollout.num_tasks = 8
     a, b = plan(shared, TPUS["v5p"], 8), plan(per_role, TPUS["v5p"], 8)
     assert (a.pool_mesh, b.pool_mesh) == ({"data": 1, "fsdp": 8, "tensor": 1}, {"data": 1, "fsdp": 4, "tensor": 1})
     on_four = plan(shared, TPUS["v5p"], 4)  # one pool of a per-role run is a shared run on 4 devices

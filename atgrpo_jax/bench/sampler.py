@@ -209,6 +209,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lengths", choices=("fixed", "longtail"), default="fixed",
                         help="fixed: every row makes --new tokens; longtail: forced lognormal lengths (longtail.py)")
     parser.add_argument("--segment", type=int, default=16, help="longtail: decode steps between row drops")
+    parser.add_argument("--slots", type=int, default=0,
+                        help="longtail: rows decoded at once in the continuous-batching run (0: batch/2)")
     parser.add_argument("--tunix", choices=("auto", "on", "off"), default="auto",
                         help="Tunix's sampler as a second baseline (fixed lengths): auto runs it when "
                              "google-tunix is installed, on requires it")

@@ -28,12 +28,13 @@ def branch_keys(prompt_keys: jax.Array, k: int) -> jax.Array:
 
 def make_sample_fn(policies, policy_of_agent: np.ndarray, tokenizer, *, sampling: Sequence,
                    stop_ids: Sequence[int], prompt_buckets: Sequence[int], max_tasks: int,
-                   temperature: float | None = None):
+                   temperature: float | None = None, decode_slots: int = 0):
     """SampleFn(agent, prompts, k, keys) for the rollout; `policies` may be updated in place.
     A policy samples where its weights live: on its pool, and with several
     processes on this process's part of it (`policy.local_mesh`). sampling[agent]
     (train.config.AgentSampling) sets the agent's temperature (unless `temperature`
-    overrides it for all, as evaluation does), top-k, top-p and response length."""
+    overrides it for all, as evaluation does), top-k, top-p and response length.
+    decode_slots > 0: at most that many rows decode at once (continuous batching)."""
     rows = batch_buckets(max_tasks)
     pad_id = tokenizer.pad_token_id or 0
     stops = set(int(s) for s in stop_ids)
@@ -48,7 +49,8 @@ def make_sample_fn(policies, policy_of_agent: np.ndarray, tokenizer, *, sampling
                        row_keys=branch_keys(keys, k), top_k=s.top_k, top_p=s.top_p,
                        temperature=s.temperature if temperature is None else temperature,
                        stop_ids=tuple(stops), num_branches=k, pad_id=pad_id, buckets=prompt_buckets,
-                       batch_buckets=rows, vocab_limit=len(tokenizer))  # never ids the tokenizer lacks
+                       batch_buckets=rows, vocab_limit=len(tokenizer),  # never ids the tokenizer lacks
+                       slots=decode_slots or None)
         texts = [tokenizer.decode([int(t) for t in row[:n] if int(t) not in stops])
                  for row, n in zip(gen.tokens, gen.lengths)]
         return SampleOut.from_rows(gen.tokens, gen.lengths, gen.logprobs, texts, s.max_new_tokens)

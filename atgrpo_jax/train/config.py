@@ -76,6 +76,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.prompt_buckets = (512, 1024, 2048, 4096)  # padded prompt lengths (one compilation each); the last >=
     # max_prompt_len
     c.rollout.max_new_tokens = 2048  # response tokens per sample
+    c.rollout.decode_slots = 0  # rows one sampling call decodes at once (0: all, tasks x k); fewer bound the new
+    # tokens' cache to slots x max_new_tokens, and a finished row's slot takes a waiting row (continuous batching)
     c.rollout.eval_temperature = 0.0  # sampling temperature in evaluation (0 = greedy)
     c.rollout.thinking = False  # Qwen3's thinking mode (the chat template's enable_thinking); the paper's runs: off
     c.rollout.agents = ml_collections.ConfigDict()  # per agent: {name: {temperature, top_p, max_new_tokens,
@@ -282,6 +284,8 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     for key in ("num_tasks", "k", "max_turns", "max_new_tokens", "max_prompt_len"):
         _require(isinstance(r[key], int) and r[key] > 0, f"rollout.{key}", f"must be a positive int, got {r[key]!r}")
     _require(r.k >= 2 or not r.tree, "rollout.k", "tree sampling needs k >= 2 branches")
+    _require(isinstance(r.decode_slots, int) and r.decode_slots >= 0, "rollout.decode_slots",
+             f"must be an int >= 0 (0 = all rows at once), got {r.decode_slots!r}")
     _require(r.plain_grouping in ("task", "task_agent"), "rollout.plain_grouping",
              f"must be 'task' or 'task_agent', got {r.plain_grouping!r}")
     _require(r.temperature >= 0 and r.eval_temperature >= 0, "rollout.temperature", "must be >= 0")

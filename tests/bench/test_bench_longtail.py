@@ -21,7 +21,10 @@ def test_longtail_bench_forces_equal_lengths_and_dropping_rows_saves_work(capsys
                        "--new", "24", "--segment", "4", "--repeats", "1", "--json"]) == 0
     (r,) = json.loads(capsys.readouterr().out.splitlines()[-1])["results"]
     assert r["useful_tokens"] == longtail_lengths(8, 24).sum()
-    assert set(r) >= {"ours", "ours_no_drop", "ours_fixed_lengths", "transformers", "speedup", "vs_fixed_lengths"}
+    assert set(r) >= {"ours", "ours_no_drop", "ours_continuous", "ours_fixed_lengths", "transformers", "speedup",
+                      "vs_fixed_lengths", "continuous_vs_fixed_lengths"}
     # without drops every row runs to the longest; with them, less of the work is wasted
     assert r["ours"]["wasted_fraction"] < r["ours_no_drop"]["wasted_fraction"]
     assert abs(r["ours_no_drop"]["wasted_fraction"] - r["transformers"]["wasted_fraction"]) < 0.1
+    # 4 slots refilled as rows end: fewer rows idle than in a batch that only shrinks
+    assert r["slots"] == 4 and r["ours_continuous"]["wasted_fraction"] < r["ours"]["wasted_fraction"]

@@ -248,3 +248,15 @@ def test_old_logprobs_are_of_the_distribution_sampled_from():
         assert np.abs(exact - mb["sampler_logp"])[scored].max() < 1e-4
         assert np.abs(plain - mb["sampler_logp"])[scored].mean() > 0.05
     assert update_policy(run, policy, batch)["logprob_gap"] < 1e-4
+
+
+def test_decode_slots_sample_what_all_rows_at_once_do(run):
+    """rollout.decode_slots (continuous batching) changes how many rows decode at once, not the samples."""
+    _, whole, _ = rollout(run, seed=2)
+    run.config.rollout.decode_slots = 5
+    try:
+        _, slotted, _ = rollout(run, seed=2)
+    finally:
+        run.config.rollout.decode_slots = 0
+    for field in ("response", "response_len", "reward", "sampler_logp", "selected"):
+        np.testing.assert_allclose(getattr(slotted, field), getattr(whole, field), atol=2e-6, err_msg=field)
