@@ -11,6 +11,7 @@ from atgrpo_jax.trace import Tracer, overlap_seconds
 from atgrpo_jax.train.metrics import is_wall_clock
 from atgrpo_jax.train.setup import build_run
 from atgrpo_jax.train.step import train_step
+from tiers import FULL
 
 
 
@@ -36,7 +37,8 @@ def two_steps(c):
     return metrics, params
 
 
-@pytest.mark.parametrize("sharing,pools", [("shared", False), ("per_role", True)], ids=["shared", "per_role_pools"])
+@pytest.mark.parametrize("sharing,pools", [("per_role", True)] + [("shared", False)] * FULL,  # tiers.py
+                         ids=["per_role_pools"] + ["shared"] * FULL)
 def test_async_schedule_equals_the_synchronous_loop(sharing, pools):
     (m_sync, p_sync), (m_async, p_async) = (two_steps(config(sharing, pools, s)) for s in ("sync", "async"))
     for a, b in zip(m_sync, m_async):
