@@ -6,8 +6,10 @@ so it costs a few passes over the logits (see `draw.py`).
 
 - No truncation: two-stage inverse CDF over w = exp((logit - max) / T).
 - top_k > 0 (static): `lax.top_k`, then inverse CDF over the k candidates.
-- top_p < 1 without top_k: the exact nucleus found by a few passes over w
-  and a small sort (`nucleus.py`), then a two-stage draw inside it.
+- top_p < 1 without top_k: the exact nucleus (`nucleus.py`): from each row's
+  64 largest logits when it ends among them (two passes, as a softmax),
+  else by a threshold search (a few passes more, `search.py`); then a draw
+  inside it.
 
 top-p keeps the smallest prefix of the tokens sorted by probability whose
 mass reaches top_p, ties in index order (as a stable sort gives), applied
