@@ -122,12 +122,13 @@ def jit_mask(logits, cap):
 
 
 def test_nucleus_is_the_sorted_prefix_on_smooth_and_tied_rows(cap=16):
-    """nucleus_mask equals the stable-sort reference; tied rows take the logit-order search.
+    """nucleus_mask equals the stable-sort reference, on smooth rows and on rows of tied logits or
+    tied float32 weights (the search orders by logit; > cap tokens of one logit keep the first by index).
 
     A small cap makes the search narrow its bracket further than the default.
     """
     smooth, tied = row_shapes(3000, seed=8)
-    mixed = np.concatenate([smooth[:5], tied])  # tied rows send the whole batch to the search on logits
+    mixed = np.concatenate([smooth[:5], tied])  # wide tied nuclei: most rows searched
     for rows in (np.concatenate([smooth, smooth[:2]]), mixed):
         assert (nucleus_margins(rows, TOP_P) > 1e-6).all()  # float32 cannot blur any cut
         reference = reference_distribution(rows, top_p=TOP_P) > 0
