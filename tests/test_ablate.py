@@ -27,7 +27,9 @@ def test_regime_table_over_seeds(tmp_path):
     from atgrpo_jax.ablate import run_table
     from atgrpo_jax.train.metrics import read_metrics
 
-    table = run_table(tiny(), ["shared", "plain_grpo"], ["0", "1"], str(tmp_path))
+    one_step = tiny()
+    one_step.train.update(steps=1, eval_every=1, checkpoint_every=1)  # 4 runs: one step each is enough for a table
+    table = run_table(one_step, ["shared", "plain_grpo"], ["0", "1"], str(tmp_path))
     for regime in ("shared", "plain_grpo"):
         finals = [read_metrics(str(tmp_path / regime / f"seed{s}"))[-1]["eval_success"] for s in (0, 1)]
         assert table[regime]["final"] == finals
@@ -38,7 +40,7 @@ def test_regime_table_over_seeds(tmp_path):
     assert "| shared |" in text and "| plain_grpo |" in text and (tmp_path / "curves.png").stat().st_size > 1000
     assert json.loads((tmp_path / "table.json").read_text()) == table
     before = os.path.getmtime(tmp_path / "shared" / "seed0" / "metrics.jsonl")
-    run_table(tiny(), ["shared"], ["0"], str(tmp_path))  # complete runs are not trained again
+    run_table(one_step, ["shared"], ["0"], str(tmp_path))  # complete runs are not trained again
     assert os.path.getmtime(tmp_path / "shared" / "seed0" / "metrics.jsonl") == before
 
 
