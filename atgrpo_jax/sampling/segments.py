@@ -176,7 +176,7 @@ def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingPara
             new_ids[free] = np.arange(waiting, waiting + len(free))
             rows = admit_jit(rows, pre, stop_ids, budget, row_keys, new_ids, branches=k)
             ids, waiting = np.where(new_ids >= 0, new_ids, ids), waiting + len(free)
-        until = step + segment if continuous else min(step + segment, new) if segment > 0 else new
+        until = step + segment if segment > 0 else new  # every row is done by step `new` unless it started late
         rows, full = segment_jit(graphdef, weights, rows, full, ids, np.int32(until), params, settings=settings)
         done, reached = jax.device_get((rows.done, rows.out.steps))
         row_steps += len(ids) * (int(reached) - step)
