@@ -25,8 +25,9 @@ from atgrpo_jax import cli
 
 def run_table(config, regimes, seeds, out: str) -> dict:
     """Train every (regime, seed) (see the module docstring); returns table.json's dict."""
-    from atgrpo_jax.train.config import REGIMES, resolve
+    from atgrpo_jax.train.config import REGIMES
     from atgrpo_jax.train.loop import run_training
+    from atgrpo_jax.train.validate import resolve
     from atgrpo_jax.train.metrics import read_metrics
 
     unknown = [r for r in regimes if r not in REGIMES]

@@ -82,7 +82,7 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
     """Evaluate a checkpoint of a run (config: the run's) or the model at `hf_path`; returns eval.json's dict.
     policies_from: `parse_policies`' mapping (some agents' policies from other runs)."""
     from atgrpo_jax.train.checkpoint import Checkpointer
-    from atgrpo_jax.train.config import resolve
+    from atgrpo_jax.train.validate import resolve
     from atgrpo_jax.train.episodes import evaluation_records
     from atgrpo_jax.train.setup import build_run
     from atgrpo_jax.train.step import evaluation, policy_states, set_policy_states

@@ -20,7 +20,8 @@ from absl import flags
 
 from atgrpo_jax import cli
 from atgrpo_jax.plan_memory import GiB, Advice, Device, Plan, parse_device, plan
-from atgrpo_jax.train.config import ConfigError, resolve, validate
+from atgrpo_jax.train.config import ConfigError
+from atgrpo_jax.train.validate import resolve, validate
 
 EXIT_USAGE = 2
 
@@ -91,7 +92,7 @@ def _candidates(config, device: Device, num_devices: int, policies: int) -> list
              [({"optim.mini_batch_size": v}, num_devices) for v in _halvings(o.mini_batch_size, 1)])
     rows = r.num_tasks * r.k
     consider("rollout.decode_slots={value} (fewer rows decoded at once; continuous batching)",
-             [({"rollout.decode_slots": v}, num_devices) for v in _halvings(r.get("decode_slots", 0) or rows, 1)])
+             [({"rollout.decode_slots": v}, num_devices) for v in _halvings(r.decode_slots or rows, 1)])
     consider("rollout.num_tasks={value} (fewer tasks sampled at once)",
              [({"rollout.num_tasks": v}, num_devices) for v in _halvings(r.num_tasks, 1)])
     if m.param_dtype == "float32":

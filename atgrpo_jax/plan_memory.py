@@ -351,9 +351,8 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
                         bool(lo.kl_coef), backend)
     acts = {remat: update_activations(cfg.replace(remat=remat), mesh, config.optim.mini_batch_size, width - 1,
                                       lo.logprob_chunk, remat, backend) for remat in (False, True)}
-    cache_dtype = r.get("cache_dtype", None) or cfg.compute_dtype
     sampling = sampling_memory(cfg, mesh, r.num_tasks, r.k, r.max_prompt_len, max_new_tokens(config),
-                               _itemsize(cache_dtype), backend, r.get("decode_slots", 0))
+                               _itemsize(cfg.compute_dtype), backend, r.decode_slots)  # the cache: compute dtype
     resident = p_bytes + optimizer + reference
     update_peak = resident + upd["total"]
     sampling_peak = resident + merged + sampling["kv_cache"] + sampling["working"]

@@ -66,7 +66,8 @@ def test_overrides_are_typed_and_env_kwargs_take_any_key():
 
 def test_saved_configs_of_earlier_versions_load():
     """A config.json written before `regime` was split into three settings (here: per_role)."""
-    from atgrpo_jax.train.config import from_saved, resolve
+    from atgrpo_jax.train.config import from_saved
+    from atgrpo_jax.train.validate import resolve
 
     saved = json.load(open(os.path.join(os.path.dirname(__file__), "train", "data", "config_before_issue15.json")))
     assert saved["regime"] == "per_role" and "policy_pools" in saved and "use_std" in saved["algo"]

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from atgrpo_jax.envs.registry import make_workflow
-from atgrpo_jax.train.config import REGIMES, ConfigError, resolve
+from atgrpo_jax.train.config import REGIMES, ConfigError
+from atgrpo_jax.train.validate import resolve
 
 CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "configs", "*.py")))
 PAPER = [p for p in CONFIGS if "_qwen3_" in os.path.basename(p)]

@@ -21,7 +21,8 @@ from atgrpo_jax.plan_memory import (GiB, TPUS, abstract_mesh, kv_cache_bytes, lo
 from atgrpo_jax.sampling import decode, segments
 from atgrpo_jax.sampling.cache import init_cache
 from atgrpo_jax.sharding import MeshConfig, logical_sharding, make_mesh, sub_meshes
-from atgrpo_jax.train.config import base_config, validate
+from atgrpo_jax.train.config import base_config
+from atgrpo_jax.train.validate import validate
 from atgrpo_jax.train.update import Batch, TrainState, make_optimizer, make_update_fns
 
 TOLERANCE = 0.25

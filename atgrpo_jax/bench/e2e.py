@@ -56,7 +56,8 @@ from atgrpo_jax.models.hf_io import save_pretrained
 from atgrpo_jax.models.tokenizer import QWEN3_TOKENIZER_SIZE
 from atgrpo_jax.rollout.tree import SampleFn, tree_rollout
 from atgrpo_jax.train.batch import fine_bucket, policy_batches
-from atgrpo_jax.train.config import base_config, resolve
+from atgrpo_jax.train.config import base_config
+from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.step import TRAIN_TASK_STRIDE, packed_minibatches, sample_fn_for, update_policy
 from atgrpo_jax.train.setup import Run, build_run
 

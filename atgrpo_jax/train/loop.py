@@ -13,7 +13,8 @@ import jax
 
 from atgrpo_jax.train import checkpoint, setup
 from atgrpo_jax.train import workdir as wd
-from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, from_saved, resolve
+from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, from_saved
+from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.episodes import as_markdown, training_records
 from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
 from atgrpo_jax.train.progress import ProgressBar

@@ -19,7 +19,8 @@ from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_token
 from atgrpo_jax.sampling import shard_model
 from atgrpo_jax.sharding import make_mesh, sub_meshes
 from atgrpo_jax.algo.logprobs import SampledFrom
-from atgrpo_jax.train.config import AgentSampling, ConfigError, agent_sampling, loss_config, resolve, sharing
+from atgrpo_jax.train.config import AgentSampling, ConfigError, agent_sampling, loss_config, sharing
+from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.policies import Policy, build_policies
 from atgrpo_jax.train.update import make_optimizer
 

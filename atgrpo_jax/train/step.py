@@ -33,7 +33,7 @@ def sample_fn_for(run: Run, temperature: float | None, max_prompts: int):
     return make_sample_fn(run.policies, run.policy_of_agent, run.tokenizer, sampling=run.sampling,
                           temperature=temperature, stop_ids=run.stop_ids,
                           prompt_buckets=run.config.rollout.prompt_buckets, max_tasks=max_prompts,
-                          decode_slots=run.config.rollout.get("decode_slots", 0))
+                          decode_slots=run.config.rollout.decode_slots)
 
 
 def schedule_for(run: Run, tracer: Tracer | None) -> Schedule:

@@ -14,7 +14,8 @@ from flax import nnx
 
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.train.config import ConfigError, base_config, resolve
+from atgrpo_jax.train.config import ConfigError, base_config
+from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.metrics import is_wall_clock, read_metrics
 from atgrpo_jax.train.update import Batch, init_state, make_optimizer, make_update_fns
 
@@ -137,7 +138,8 @@ def test_resume_checks_the_config_logs_every_n_and_knows_its_start(tmp_path, mon
     with pytest.raises(ConfigError, match=r"config\.rollout\.k: 2 in the run, 3 now"):
         loop.run_training(tiny(**{"train.steps": 4, "rollout.k": 3}), workdir)
     assert Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=0, read_only=True).all_steps()[-1] == 3
-    loop.run_training(tiny(**{"train.steps": 4, "train.eval_every": 0}), workdir)  # more steps: allowed
+    # more steps, and fewer rows decoding at once (the same samples): allowed
+    loop.run_training(tiny(**{"train.steps": 4, "train.eval_every": 0, "rollout.decode_slots": 3}), workdir)
     assert starts == [0, 3]
     loop.run_training(tiny(**{"train.steps": 5, "train.eval_every": 0, "optim.lr": 1e-3}), workdir,
                       allow_config_change=True)

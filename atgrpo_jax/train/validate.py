@@ -1,0 +1,141 @@
+"""Config validation: `resolve` expands the `regime` shorthand once, then `validate` checks every
+field; both run before anything compiles, and every error names its key (`ConfigError`)."""
+from __future__ import annotations
+
+import ml_collections
+
+from atgrpo_jax.registry import closest
+from atgrpo_jax.train.config import (AGENT_KEYS, REGIMES, SHARINGS, ConfigError, agent_sampling, base_config,
+                                     loss_config)
+
+SCHEDULES = ("constant", "cosine")
+FILTER_SCOPES = ("policy", "agent", "batch")
+MODEL_INITS = ("auto", "random")
+# Presets small enough to train from random weights without saying so (the CPU demo, tests,
+# benchmarks); a larger one needs model.hf_path or model.init="random".
+RANDOM_INIT_MAX_PARAMS = 250_000_000
+
+
+def _get(c, dotted: str):
+    for part in dotted.split("."):
+        c = c[part]
+    return c
+
+
+def _set(c, dotted: str, value):
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        c = c[part]
+    c[leaf] = value
+
+
+def resolve(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collections.ConfigDict:
+    """Expand `regime` into the settings it stands for (once: regime is then ""), then validate.
+
+    A setting the user changed from its default to something the regime contradicts is an error.
+    weights=False: do not ask for model weights (the memory planner needs the architecture only).
+    """
+    if c.regime:
+        _require(c.regime in REGIMES, "regime", f"unknown {c.regime!r}{closest(c.regime, REGIMES)}; "
+                 f"known: {', '.join(REGIMES)}")
+        default = base_config()
+        for key, value in REGIMES[c.regime].items():
+            mine = _get(c, key)
+            _require(mine == value or mine == _get(default, key), key,
+                     f"{mine!r} contradicts regime={c.regime!r}, which sets it to {value!r}")
+            _set(c, key, value)
+        c.regime = ""
+    return validate(c, weights=weights)
+
+
+def _require(ok: bool, key: str, msg: str):
+    if not ok:
+        raise ConfigError(f"config.{key}: {msg}")
+
+
+def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collections.ConfigDict:
+    """Check every field that can be wrong before anything compiles (after `resolve`)."""
+    from atgrpo_jax.algo.advantages import ADVANTAGES
+    from atgrpo_jax.models.config import DTYPES, PRESETS
+
+    m = c.model
+    _require(m.preset in PRESETS or (m.preset == "" and bool(m.hf_path)), "model.preset",
+             f"unknown preset {m.preset!r}{closest(m.preset, PRESETS)}; known: {sorted(PRESETS)} "
+             "(or \"\" with model.hf_path: the checkpoint's architecture)")
+    _require(m.init in MODEL_INITS, "model.init", f"must be one of {MODEL_INITS}, got {m.init!r}")
+    if weights and not m.hf_path and m.init == "auto" and m.preset in PRESETS:
+        size = PRESETS[m.preset].num_params()
+        _require(size < RANDOM_INIT_MAX_PARAMS, "model.hf_path",
+                 f"preset {m.preset!r} ({size / 1e9:.1f}B parameters) has no weights: set model.hf_path to a "
+                 "Hugging Face checkpoint directory (tpu_scripts/setup.sh --hf-model downloads one), or "
+                 "model.init='random' to train from random weights on purpose")
+    for key in ("param_dtype", "compute_dtype"):
+        _require(m[key] in DTYPES, f"model.{key}", f"must be one of {sorted(DTYPES)}")
+    _require(m.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = the preset's)")
+    from atgrpo_jax.models.attention import BACKENDS
+    _require(m.attention in BACKENDS, "model.attention",
+             f"unknown {m.attention!r}{closest(m.attention, BACKENDS)}; known: {', '.join(BACKENDS)}")
+    _require(m.attention != "splash" or not c.optim.share_prompts, "model.attention",
+             "splash knows only causal masks and segment ids, not rows that pack several responses after one "
+             "prompt: set optim.share_prompts=False with it")
+    _require(isinstance(m.attention_block, int) and m.attention_block > 0, "model.attention_block",
+             f"must be a positive int, got {m.attention_block!r}")
+    _require(not c.regime, "regime", "call resolve() first: it expands the shorthand")
+    _require(c.policy.sharing in SHARINGS, "policy.sharing",
+             f"unknown {c.policy.sharing!r}{closest(c.policy.sharing, SHARINGS)}; known: {', '.join(SHARINGS)}")
+    _require(not c.policy.pools or c.policy.sharing == "per_role", "policy.pools",
+             f"only policy.sharing='per_role' has one model per agent to place on its own pool, got "
+             f"{c.policy.sharing!r}")
+    for key in ("data", "fsdp", "tensor"):
+        v = c.mesh[key]
+        _require(isinstance(v, int) and (v > 0 or v == -1), f"mesh.{key}", f"must be > 0 or -1, got {v!r}")
+    r = c.rollout
+    for key in ("num_tasks", "k", "max_turns", "max_new_tokens", "max_prompt_len"):
+        _require(isinstance(r[key], int) and r[key] > 0, f"rollout.{key}", f"must be a positive int, got {r[key]!r}")
+    _require(r.k >= 2 or not r.tree, "rollout.k", "tree sampling needs k >= 2 branches")
+    _require(isinstance(r.decode_slots, int) and r.decode_slots >= 0, "rollout.decode_slots",
+             f"must be an int >= 0 (0 = all rows at once), got {r.decode_slots!r}")
+    _require(r.plain_grouping in ("task", "task_agent"), "rollout.plain_grouping",
+             f"must be 'task' or 'task_agent', got {r.plain_grouping!r}")
+    _require(r.temperature >= 0 and r.eval_temperature >= 0, "rollout.temperature", "must be >= 0")
+    _require(0 < r.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {r.top_p}")
+    _require(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)")
+    _require(list(r.prompt_buckets) == sorted(r.prompt_buckets) and len(r.prompt_buckets) > 0,
+             "rollout.prompt_buckets", "must be a non-empty increasing list")
+    _require(r.prompt_buckets[-1] >= r.max_prompt_len, "rollout.prompt_buckets",
+             f"largest bucket {r.prompt_buckets[-1]} < rollout.max_prompt_len {r.max_prompt_len}")
+    for name, mine in r.agents.items():
+        _require(hasattr(mine, "keys") and set(mine) <= set(AGENT_KEYS), f"rollout.agents.{name}",
+                 f"must set some of {AGENT_KEYS}, got {dict(mine) if hasattr(mine, 'keys') else mine!r}")
+        s = agent_sampling(c, name)
+        _require(s.temperature >= 0 and 0 < s.top_p <= 1 and s.max_new_tokens > 0, f"rollout.agents.{name}",
+                 "needs temperature >= 0, top_p in (0, 1] and max_new_tokens > 0")
+    a = c.algo
+    _require(a.advantage in ADVANTAGES, "algo.advantage",
+             f"unknown {a.advantage!r}{closest(a.advantage, ADVANTAGES)}; known: {', '.join(ADVANTAGES)}")
+    _require(0 <= a.drop_low_mean_frac < 1, "algo.drop_low_mean_frac", "must be in [0, 1)")
+    _require(a.filter_scope in FILTER_SCOPES, "algo.filter_scope", f"must be one of {FILTER_SCOPES}, got "
+             f"{a.filter_scope!r}")
+    try:
+        loss_config(c)
+    except ValueError as e:
+        raise ConfigError(f"config.{e}") from None
+    _require(c.loss.logprob_chunk > 0, "loss.logprob_chunk", "must be > 0")
+    o = c.optim
+    _require(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")
+    _require(o.schedule in SCHEDULES, "optim.schedule", f"must be one of {SCHEDULES}")
+    _require(o.warmup_steps >= 0 and o.weight_decay >= 0 and o.grad_clip > 0, "optim",
+             "warmup_steps and weight_decay must be >= 0 and grad_clip > 0")
+    _require(o.mini_batch_size > 0 and o.epochs > 0, "optim.mini_batch_size", "mini_batch_size and epochs must be > 0")
+    _require(c.lora.rank > 0, "lora.rank", "must be > 0")
+    y = c.system
+    _require(y.schedule in ("sync", "async"), "system.schedule", f"must be 'sync' or 'async', got {y.schedule!r}")
+    _require(y.cohorts >= 1 and y.host_workers >= 1, "system.cohorts", "cohorts and host_workers must be >= 1")
+    _require(y.staleness in (0, 1), "system.staleness", f"must be 0 or 1, got {y.staleness!r}")
+    _require(y.trace_every >= 0, "system.trace_every", "must be >= 0")
+    t = c.train
+    _require(t.steps > 0, "train.steps", "must be > 0")
+    for key in ("eval_every", "checkpoint_every", "keep_last", "log_episodes_every", "log_episodes_tasks"):
+        _require(t[key] >= 0, f"train.{key}", "must be >= 0")
+    _require(t.log_every >= 1, "train.log_every", "must be >= 1")
+    return c
