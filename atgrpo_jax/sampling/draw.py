@@ -15,6 +15,15 @@ import jax
 import jax.numpy as jnp
 
 
+def divisor_blocks(vocab: int, target: float, lo: int, hi: int, fallback: int) -> tuple[int, int]:
+    """(block size, blocks): the divisor of V in [lo, hi] nearest `target` (the smaller on a tie),
+    so the logits need no padding; else blocks of `fallback` (the last one overruns V)."""
+    for d in sorted(range(max(lo, 1), hi + 1), key=lambda d: abs(d - target)):
+        if vocab % d == 0:
+            return d, vocab // d
+    return fallback, -(-vocab // fallback)
+
+
 def block_layout(vocab: int) -> tuple[int, int]:
     """(block size, number of blocks) for the two-stage draw; blocks may overrun V.
 
@@ -22,11 +31,7 @@ def block_layout(vocab: int) -> tuple[int, int]:
     a factor 4 of sqrt(V), blocks of ceil(sqrt(V)) are used (logits padded).
     """
     limit = 4 * (math.isqrt(vocab) + 1)
-    for d in sorted(range(1, limit + 1), key=lambda d: abs(d - math.sqrt(vocab))):
-        if vocab % d == 0 and vocab // d <= limit:
-            return d, vocab // d
-    size = math.isqrt(vocab) + 1
-    return size, -(-vocab // size)
+    return divisor_blocks(vocab, math.sqrt(vocab), -(-vocab // limit), limit, math.isqrt(vocab) + 1)
 
 
 def pick(weights: jax.Array, u: jax.Array) -> jax.Array:

@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from atgrpo_jax.sampling.draw import fused_sum, pick
+from atgrpo_jax.sampling.draw import divisor_blocks, fused_sum, pick
 from atgrpo_jax.sampling.search import Nucleus, by_threshold, from_key, gather_layout, search_nucleus, to_key, weights
 
 CHUNKS = 16  # rows the head leaves are searched max(4, N // CHUNKS) at a time
@@ -42,12 +42,7 @@ class Head(NamedTuple):
 def head_layout(vocab: int, b: int = HEAD) -> tuple[int, int]:
     """(block size, blocks): ~48 tokens a block, a divisor of V if one is near (else padded), or one
     block when V is small."""
-    if vocab <= 4 * b:
-        return vocab, 1
-    for size in sorted(range(24, 97), key=lambda d: abs(d - 48)):
-        if vocab % size == 0:
-            return size, vocab // size
-    return 48, -(-vocab // 48)
+    return (vocab, 1) if vocab <= 4 * b else divisor_blocks(vocab, 48, 24, 96, 48)
 
 
 def row_head(logits: jax.Array, b: int = HEAD) -> Head:

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from atgrpo_jax.sampling.draw import fused_sum, masked_sums, sum_pair
+from atgrpo_jax.sampling.draw import divisor_blocks, fused_sum, masked_sums, sum_pair
 
 MAX_STEPS = 1000  # never reached: every fifth step halves the bracket in z or in keys
 LOWEST = -104.0  # (logit - max) / T below this weighs 0 in float32, denormals included
@@ -50,12 +50,7 @@ def from_key(k: jax.Array) -> jax.Array:
 
 def gather_layout(vocab: int) -> tuple[int, int]:
     """(block size, blocks) for gathering the bracket's tokens: small blocks, padded if no divisor fits."""
-    if vocab <= 1024:
-        return vocab, 1
-    for size in sorted(range(16, 129), key=lambda d: abs(d - 48)):
-        if vocab % size == 0:
-            return size, vocab // size
-    return 32, -(-vocab // 32)
+    return (vocab, 1) if vocab <= 1024 else divisor_blocks(vocab, 48, 16, 128, 32)
 
 
 def _col(v, ndim):
