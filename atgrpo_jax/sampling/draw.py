@@ -70,10 +70,11 @@ def fused_sum(values: jax.Array, axis: int = -1) -> jax.Array:
     return total + 0.0 * count  # keeps the count alive: alone, the sum would go to YNNPACK again
 
 
-def blocked(x: jax.Array, fill) -> jax.Array:
-    """x [N, V] -> [N, blocks, block], padded with `fill` where blocks overrun V."""
+def blocked(x: jax.Array, fill, layout: tuple[int, int] | None = None) -> jax.Array:
+    """x [N, V] -> [N, blocks, size], padded with `fill` where blocks overrun V; layout (size, blocks),
+    default `block_layout(V)`."""
     n, v = x.shape
-    size, blocks = block_layout(v)
+    size, blocks = layout or block_layout(v)
     if size * blocks != v:
         x = jnp.pad(x, ((0, 0), (0, size * blocks - v)), constant_values=fill)
     return x.reshape(n, blocks, size)

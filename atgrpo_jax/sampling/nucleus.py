@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from atgrpo_jax.sampling.draw import divisor_blocks, fused_sum, pick
+from atgrpo_jax.sampling.draw import blocked, divisor_blocks, fused_sum, pick
 from atgrpo_jax.sampling.search import Nucleus, by_threshold, from_key, gather_layout, search_nucleus, to_key, weights
 
 CHUNKS = 16  # rows the head leaves are searched max(4, N // CHUNKS) at a time
@@ -49,9 +49,7 @@ def row_head(logits: jax.Array, b: int = HEAD) -> Head:
     """The first min(b, V) tokens of each row of logits [N, V] in rank order, and which are sure."""
     n, vocab = logits.shape
     size, blocks = head_layout(vocab, b)
-    if size * blocks != vocab:
-        logits = jnp.pad(logits, ((0, 0), (0, size * blocks - vocab)), constant_values=-jnp.inf)
-    xb = logits.reshape(n, blocks, size)
+    xb = blocked(logits, -jnp.inf, (size, blocks))
     k = min(b, blocks)
     # the barriers keep XLA from folding the slices below into top_k (then a full sort on CPU, 30x slower)
     top, block = jax.lax.optimization_barrier(jax.lax.top_k(jnp.max(xb, axis=-1), min(k + 1, blocks)))

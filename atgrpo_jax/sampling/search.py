@@ -27,7 +27,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from atgrpo_jax.sampling.draw import divisor_blocks, fused_sum, masked_sums, sum_pair
+from atgrpo_jax.sampling.draw import blocked, divisor_blocks, fused_sum, masked_sums, sum_pair
 
 MAX_STEPS = 1000  # never reached: every fifth step halves the bracket in z or in keys
 LOWEST = -104.0  # (logit - max) / T below this weighs 0 in float32, denormals included
@@ -145,14 +145,6 @@ def _search(logits, m, inv_t, need, start: Bracket, first, cap: int):
     return final.bracket, final.step
 
 
-def _blocks(x, size: int, blocks: int, fill=0):
-    """[N, V] -> [N, blocks, size], padded where blocks overrun V (only for vocabularies without a divisor)."""
-    n, vocab = x.shape
-    if size * blocks != vocab:
-        x = jnp.pad(x, ((0, 0), (0, size * blocks - vocab)), constant_values=fill)
-    return x.reshape(n, blocks, size)
-
-
 class Nucleus(NamedTuple):
     """Each row's nucleus: the tokens with logit key >= above, plus the kept candidates,
     plus (rows of > cap ties) the tokens with key in [lo, above) and index <= tie_index."""
@@ -178,7 +170,7 @@ def _finish(logits, m, inv_t, need, b: Bracket, mass, counts, cap: int, size: in
     [N, blocks]: per gather block, the mass above the bracket and the bracket's tokens."""
     n, vocab = logits.shape
     blocks = counts.shape[1]
-    xb = _blocks(logits, size, blocks, -jnp.inf)
+    xb = blocked(logits, -jnp.inf, (size, blocks))
     # the first blocks holding bracket tokens, in index order (float32: XLA's fast CPU top_k takes floats)
     taken, _ = jax.lax.top_k(jnp.where(counts > 0, blocks - jnp.arange(blocks, dtype=jnp.float32), 0.0),
                              min(cap, blocks))
@@ -230,7 +222,7 @@ def search_nucleus(logits, m, inv_t, total, top_p, cap: int) -> Nucleus:
     size, blocks = gather_layout(vocab)
     index = jnp.arange(size * blocks, dtype=jnp.int32).reshape(blocks, size)
     # one pass: per gather block, the mass above the bracket and the bracket's token count
-    xb = _blocks(logits, size, blocks, -jnp.inf)
+    xb = blocked(logits, -jnp.inf, (size, blocks))
     key = to_key(xb)
     mass, counts = sum_pair(jnp.where(key >= _col(b.hi, 3), weights(xb, m, inv_t), 0.0),
                             (key >= _col(b.lo, 3)) & (key < _col(b.hi, 3)) & (index < vocab))
