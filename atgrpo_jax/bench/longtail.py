@@ -54,14 +54,17 @@ def forced_eos(lengths: np.ndarray, prompt_len: int):
     import torch
     import transformers
 
-    target = torch.tensor(lengths, dtype=torch.long)
-
     class ForcedLengths(transformers.LogitsProcessor):
+        targets = {}  # per device, made once: the processor runs every step
+
         def __call__(self, input_ids, scores):
+            target = self.targets.setdefault(scores.device, torch.tensor(lengths, dtype=torch.long,
+                                                                         device=scores.device))
             produced = input_ids.shape[1] - prompt_len  # tokens so far; this step makes one more
             last = produced == target - 1
-            scores[:, EOS] = torch.where(last, scores[:, EOS], torch.tensor(float("-inf")))
-            scores[last] = torch.where(torch.arange(scores.shape[1]) == EOS, 0.0, float("-inf"))
+            scores[:, EOS] = torch.where(last, scores[:, EOS], torch.tensor(float("-inf"), device=scores.device))
+            scores[last] = torch.where(torch.arange(scores.shape[1], device=scores.device) == EOS, 0.0,
+                                       float("-inf"))
             return scores
 
     return transformers.LogitsProcessorList([ForcedLengths()])

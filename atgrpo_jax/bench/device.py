@@ -1,0 +1,223 @@
+"""`python -m atgrpo_jax.bench device`: the accelerator check, one command, minutes.
+
+On one GPU (or one TPU host) it measures, each part in its own process with its own time limit
+(a part that crashes, runs out of memory or overruns loses only itself; what it measured before
+is kept), and writes `device.json` after every part plus a table at the end:
+- facts: the device, the versions, its copy bandwidth and a bf16 matmul's rate (the ceilings);
+- parity: logits of ours and of transformers in bf16, each against a float32 reference;
+- sampler: Qwen3-1.7B-shaped, bf16, B=64 P=512 N=512 against transformers' generate on the same
+  device; the decode step against the weight-read floor; then long-tailed lengths;
+- update: Qwen3-1.7B at 4 x 1,024 tokens, bf16 with float32 master weights, each attention backend
+  that runs here, MFU; the same loss in PyTorch; peak memory against the planner's prediction;
+- step: one AT-GRPO step of configs/plan_path_qwen3_1p7b.py (random weights, small B) through the
+  trainer's CLI, its time split into sampling, environment and update;
+- decode (only when named in --parts): a decode step's cost at 1, 8 and 64 rows, the LM head and
+  the token selection alone.
+`--tiny` runs every part with small shapes on any machine (seconds each): the test suite does, so
+the check cannot rot. docs/device.md gives the exact call on a lent GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PARTS = ("facts", "parity", "sampler", "update", "step", "decode")
+DEFAULT_PARTS = PARTS[:-1]  # decode (where a decode step's time goes) is asked for by name
+# Seconds each part may run on a device (compilation included); the default parts took 5.5 min
+# on an H200 (docs/device.md) and may take at most 7.5.
+LIMITS = {"facts": 20, "parity": 75, "sampler": 170, "update": 100, "step": 90, "decode": 120}
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+# ---------------------------------------------------------------- one part, in a child process
+
+def run_part(name: str, tiny: bool, out: str) -> None:
+    """Run one part, writing its figures to `out` (JSON) as each is measured."""
+    from atgrpo_jax.bench import device_parts, device_update
+    shapes = device_parts.TINY if tiny else device_parts.REAL
+    figures: dict = {}
+
+    def record(key: str, value) -> None:
+        figures[key] = value
+        Path(out).write_text(json.dumps(figures, default=float))
+        print(f"[{name}] {key}: {json.dumps(value, default=float)[:400]}", flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if name == "facts":
+            device_parts.facts(shapes, record)
+        elif name == "parity":
+            device_parts.parity(shapes, record, tmp)
+        elif name == "sampler":
+            device_parts.sampler(shapes, record, tmp)
+        elif name == "update":
+            device_update.update(shapes, record)
+        elif name == "decode":
+            device_parts.decode(shapes, record)
+        else:
+            step(shapes, record, tmp)
+
+
+def step(shapes, record, tmp: str) -> None:
+    """Two steps of the paper's Plan-Path run through the trainer's CLI; the second step's time
+    (the first compiles) split into sampling, environment (host work) and update."""
+    config = CONFIGS / "plan_path_qwen3_1p7b.py"
+    cmd = [sys.executable, "-m", "atgrpo_jax.train", f"--config={config}", f"--workdir={tmp}/run",
+           "--config.model.init=random", "--config.train.steps=2", "--config.train.eval_every=0",
+           "--config.train.checkpoint_every=0", "--config.train.log_episodes_every=0", *shapes.step_overrides]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"the trainer exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    rows = [json.loads(line) for line in Path(tmp, "run", "metrics.jsonl").read_text().splitlines()]
+    m = rows[-1]
+    total = m["rollout_s"] + m["update_s"]
+    env = m.get("host_busy", 0.0) * total
+    record("step", {"command_seconds": time.perf_counter() - start, "step_seconds": total,
+                    "sampling_seconds": m["rollout_s"] - env, "environment_seconds": env,
+                    "update_seconds": m["update_s"], "rollout_tokens_per_s": m.get("rollout_tokens_per_s"),
+                    "first_step_seconds": rows[0]["rollout_s"] + rows[0]["update_s"],
+                    "overrides": list(shapes.step_overrides)})
+
+
+# ---------------------------------------------------------------- the parent
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    # JAX and PyTorch share the GPU in one process: JAX must not take 75% of it up front.
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def run_all(parts, tiny: bool, out_dir: Path, scale: float) -> dict:
+    results: dict = {"tiny": tiny, "parts": {}}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in parts:
+        limit = LIMITS[name] * scale
+        part_file = out_dir / f"part_{name}.json"
+        part_file.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "atgrpo_jax.bench.device", "--part", name, "--results", str(part_file)]
+        cmd += ["--tiny"] if tiny else []
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, env=child_env(), timeout=limit, stdout=sys.stdout, stderr=subprocess.PIPE,
+                                  text=True)
+            status = "ok" if proc.returncode == 0 else f"failed (exit {proc.returncode}): " + \
+                " | ".join(proc.stderr.strip().splitlines()[-3:])[-600:]
+        except subprocess.TimeoutExpired:
+            status = f"timed out after {limit:.0f} s"
+        figures = json.loads(part_file.read_text()) if part_file.exists() else {}
+        results["parts"][name] = {"status": status, "seconds": time.perf_counter() - start, **figures}
+        (out_dir / "device.json").write_text(json.dumps(results, indent=1, default=float))
+        print(f"== part {name}: {status} in {time.perf_counter() - start:.0f} s", flush=True)
+    return results
+
+
+def _get(d: dict, *keys):
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def _fmt(x, spec=".3g", scale=1.0, unit=""):
+    return "n/a" if x is None else f"{x * scale:{spec}}{unit}"
+
+
+def table(results: dict) -> str:
+    """The figures the issue asks for, one line each (n/a where a part did not get there)."""
+    p = results["parts"]
+    f = p.get("facts", {})
+    kind = _get(f, "device", "kind") or "?"
+    bw = f.get("copy_bytes_per_s")
+    lines = []
+    if f.get("device"):
+        lines.append(f"device: {kind} ({_get(f, 'device', 'platform')}), jax {_get(f, 'device', 'jax')}; copy "
+                     f"{_fmt(bw, '.2f', 1e-12, ' TB/s')}, bf16 matmul "
+                     f"{_fmt(f.get('matmul_bf16_flops_per_s'), '.0f', 1e-12)} TFLOP/s (datasheet "
+                     f"{_fmt(f.get('datasheet_bf16_flops_per_s'), '.0f', 1e-12)})")
+    par = p.get("parity", {}).get("parity", {})
+    if par:
+        lines.append("parity (rel. L2 / max rel. vs float32 ref): ours bf16 "
+                     f"{_fmt(_get(par, 'ours_bf16_vs_f32_ref', 'rel_l2'))} / "
+                     f"{_fmt(_get(par, 'ours_bf16_vs_f32_ref', 'max_rel'))}, transformers bf16 "
+                     f"{_fmt(_get(par, 'transformers_bf16_vs_f32_ref', 'rel_l2'))} / "
+                     f"{_fmt(_get(par, 'transformers_bf16_vs_f32_ref', 'max_rel'))}; ours f32 "
+                     f"{_fmt(_get(par, 'ours_f32_vs_f32_ref', 'rel_l2'))}")
+    s = p.get("sampler", {})
+    fx, tf = s.get("sampler_fixed", {}), s.get("sampler_fixed_transformers", {})
+    if fx:
+        floor = fx["weight_bytes"] / bw if bw else None
+        step = fx.get("decode_step_ms")
+        lines.append(f"sampler B={fx['batch']} P={fx['prompt']} N={fx['new']}: ours {_fmt(fx['ours_tokens_per_s'], '.0f')}"
+                     f" tok/s, transformers {_fmt(tf.get('tokens_per_s'), '.0f')} tok/s -> "
+                     f"{_fmt(tf.get('speedup'), '.2f', unit='x')}; decode step {_fmt(step, '.2f', unit=' ms')} vs "
+                     f"weight-read floor {_fmt(floor, '.2f', 1e3, ' ms')} "
+                     f"({_fmt(step / 1e3 / floor if step and floor else None, '.2f', unit='x')}; with the mean KV "
+                     f"cache read {_fmt((fx['weight_bytes'] + fx['mean_cache_bytes_per_step']) / bw if bw else None, '.2f', 1e3, ' ms')})")
+    lt, ltt = s.get("sampler_longtail", {}), s.get("sampler_longtail_transformers", {})
+    if lt:
+        lines.append(f"long tail (median {lt['median_length']:.0f}): ours {lt['ours_useful_tokens_per_s']:.0f} useful "
+                     f"tok/s, {lt['vs_fixed_lengths']:.2f}x of fixed lengths; transformers "
+                     f"{_fmt(ltt.get('useful_tokens_per_s'), '.0f')} -> {_fmt(ltt.get('speedup'), '.2f', unit='x')}")
+    u = p.get("update", {})
+    for key in sorted(k for k in u if k.startswith("update_")):
+        r = u[key]
+        if "error" in r:
+            lines.append(f"{key}: {r['error']}")
+            continue
+        extra = ""
+        if "planned_peak_bytes" in r and r.get("peak_bytes_so_far"):
+            extra = (f", peak so far {r['peak_bytes_so_far'] / 2**30:.1f} GiB vs planned "
+                     f"{r['planned_peak_bytes'] / 2**30:.1f} GiB")
+        lines.append(f"{key}: {r['tokens_per_s']:.0f} tok/s, MFU {_fmt(r.get('mfu'), '.1%')}{extra}")
+    st = _get(p, "step", "step")
+    if st:
+        lines.append(f"AT-GRPO step (2nd): {st['step_seconds']:.1f} s = sampling {st['sampling_seconds']:.1f} + "
+                     f"environment {st['environment_seconds']:.1f} + update {st['update_seconds']:.1f} "
+                     f"(first step {st['first_step_seconds']:.1f} s)")
+    d = p.get("decode", {})
+    if d.get("decode_step_ms_by_rows"):
+        lines.append("decode step by rows: " + ", ".join(f"{r} rows {ms:.2f} ms" for r, ms in
+                                                         d["decode_step_ms_by_rows"].items())
+                     + f"; LM head alone {_fmt(d.get('lm_head_ms'), '.2f', unit=' ms')}, selection (t=1) "
+                     f"{_fmt(d.get('select_t1_ms'), '.2f', unit=' ms')}")
+    for name, r in p.items():
+        if r["status"] != "ok":
+            lines.append(f"part {name}: {r['status']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m atgrpo_jax.bench device", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="small shapes: any machine, seconds per part")
+    parser.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"comma-separated, of {PARTS}")
+    parser.add_argument("--out", default=".", help="folder for device.json and each part's figures")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every part's time limit")
+    parser.add_argument("--part", help=argparse.SUPPRESS)  # internal: run one part in this process
+    parser.add_argument("--results", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.part:
+        run_part(args.part, args.tiny, args.results)
+        return 0
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        parser.error(f"--parts: unknown {unknown}; choose from {PARTS}")
+    if args.time_scale <= 0:
+        parser.error("--time-scale must be positive")
+    results = run_all(parts, args.tiny, Path(args.out), args.time_scale)
+    print(table(results), flush=True)
+    return 0 if all(r["status"] == "ok" for r in results["parts"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,146 @@
+"""The update part of `bench device`: the trainer's update of a Qwen3-1.7B-shaped model in
+bf16 (float32 master weights and AdamW state, bf16 matmuls) on rows x width tokens, with each
+attention backend that runs here, against the same loss in PyTorch on the same device; and
+the update's peak device memory against the planner's prediction.
+
+- Ours: `train.update.make_update_fns` (chunked log-probs, clipped token-mean loss, clip 1.0,
+  AdamW wd 0.01), jitted with donated state, one compile per backend.
+- PyTorch: transformers' Qwen3 in float32 under `torch.autocast(bfloat16)` (its default sdpa
+  attention), full `log_softmax`, the same loss, `clip_grad_norm_`, fused AdamW.
+MFU = useful FLOPs (`bench.train.update_flops`: 6 x params per token plus causal attention) /
+step time / the device's datasheet bf16 peak.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+from flax import nnx
+
+from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.bench.device_parts import Shapes, datasheet_peak, torch_device, torch_sync
+from atgrpo_jax.bench.train import jax_batch, jax_update, make_batch, old_logprobs, optim_config, update_flops
+from atgrpo_jax.models import Qwen3, get_preset
+from atgrpo_jax.models.attention import BACKENDS
+from atgrpo_jax.plan_memory import abstract_mesh, model_params, param_bytes, update_memory
+
+CHUNK = 512  # the trainer's default log-prob chunk
+
+
+def backends_here() -> tuple[str, ...]:
+    """Attention backends worth timing on this platform (splash needs a TPU, cuDNN a GPU)."""
+    fused = {"gpu": ("cudnn",), "tpu": ("splash",)}.get(jax.default_backend(), ())
+    return tuple(b for b in (*fused, "xla", "chunked") if b in BACKENDS)
+
+
+def planned_peak(cfg, rows: int, width: int, backend: str) -> int:
+    """The planner's peak of an update step (plan_memory.plan's update_peak) on one device."""
+    mesh = abstract_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+    params = model_params(cfg)
+    resident = param_bytes(params, mesh) * 3  # weights, AdamW's mu and nu
+    return resident + update_memory(cfg, mesh, params, rows, width, CHUNK, False, backend)["total"]
+
+
+def peak_bytes() -> int | None:
+    return (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+
+
+def ours(shapes: Shapes, record, backends=None) -> None:
+    """Time each backend's update (compile first), in an order that lets the process-wide peak
+    be read for each: cuDNN / splash (smallest score memory) before the einsum's [B, H, T, T]."""
+    rows, width = shapes.update_rows
+    base = get_preset(shapes.preset).replace(param_dtype="float32", compute_dtype="bfloat16")
+    data = make_batch(base.vocab_size, rows, width)
+    flops = update_flops(base, rows, width)
+    peak = datasheet_peak(jax.devices()[0].device_kind)
+    batch = None
+    for backend in backends or backends_here():
+        cfg = base.replace(attention=backend)
+        state = update_fn = None  # the last backend's state is freed before the next one's is made
+        try:
+            model = nnx.jit(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))()
+            logprobs_fn, update_fn, state = jax_update(model, optim_config(), LossConfig(), CHUNK)
+            del model
+            if batch is None:  # one batch for every backend
+                batch = jax_batch(data, old_logprobs(logprobs_fn, state.params, data))
+            start = time.perf_counter()
+            state, m = update_fn(state, batch)
+            jax.block_until_ready(m)
+            first = time.perf_counter() - start
+            times = []
+            for _ in range(shapes.update_steps):
+                start = time.perf_counter()
+                state, m = update_fn(state, batch)
+                jax.block_until_ready(m)
+                times.append(time.perf_counter() - start)
+            best = min(times)
+            record(f"update_{backend}", {
+                "rows": rows, "width": width, "tokens": rows * width, "compile_and_first_s": first,
+                "step_seconds": times, "tokens_per_s": rows * width / best, "mfu": flops / best / peak if peak else None,
+                "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]), "skipped": float(m["skipped"]),
+                "peak_bytes_so_far": peak_bytes(), "planned_peak_bytes": planned_peak(cfg, rows, width, backend)})
+        except Exception as e:  # one backend that does not run here must not hide the others
+            record(f"update_{backend}", {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
+
+
+def pytorch(shapes: Shapes, record) -> None:
+    """The same loss in PyTorch on the same device: autocast bf16 over float32 weights."""
+    import torch
+    import transformers
+    from atgrpo_jax.bench.torch_baseline import torch_loss, torch_token_logprobs
+    rows, width = shapes.update_rows
+    cfg = get_preset(shapes.preset)
+    dev = torch_device()
+    hf_cfg = transformers.Qwen3Config(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, tie_word_embeddings=cfg.tie_word_embeddings, rope_theta=cfg.rope_theta)
+    with torch.device(dev):
+        model = transformers.Qwen3ForCausalLM(hf_cfg).float().train()
+    optim = optim_config()
+    opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay,
+                            fused=dev.type == "cuda")
+    data = make_batch(cfg.vocab_size, rows, width)
+    t = {k: torch.tensor(v).to(dev) for k, v in data.items()}
+    tokens, valid = t["tokens"].long(), t["valid"].long()
+    with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16):
+        old = torch_token_logprobs(model(input_ids=tokens, attention_mask=valid).logits, tokens).float()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            logits = model(input_ids=tokens, attention_mask=valid).logits
+        logp = torch_token_logprobs(logits, tokens)
+        loss = torch_loss(LossConfig(), logp, old, t["adv"], t["is_resp"].float())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
+        opt.step()
+        return loss
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    step()
+    times = []
+    for _ in range(shapes.update_steps):
+        torch_sync()
+        start = time.perf_counter()
+        loss = step()
+        torch_sync()
+        times.append(time.perf_counter() - start)
+    best = min(times)
+    peak = datasheet_peak(jax.devices()[0].device_kind)
+    flops = update_flops(cfg, rows, width)
+    record("update_pytorch", {"step_seconds": times, "tokens_per_s": rows * width / best,
+                              "mfu": flops / best / peak if peak else None, "loss": float(loss),
+                              "attention": model.config._attn_implementation,
+                              "peak_bytes": torch.cuda.max_memory_allocated() if dev.type == "cuda" else None})
+
+
+def update(shapes: Shapes, record) -> None:
+    """PyTorch first (it frees its memory after), so a slow compile on our side cannot cost the
+    baseline; JAX's peak-memory figure counts JAX's allocations only."""
+    pytorch(shapes, record)  # its model and optimizer are freed when it returns
+    if torch_device().type == "cuda":
+        import torch
+        torch.cuda.empty_cache()  # give the cached blocks back for JAX's allocator
+    ours(shapes, record)

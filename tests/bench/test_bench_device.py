@@ -1,0 +1,81 @@
+"""`bench device --tiny` on this CPU: every part runs in its own process and reports what the
+issue asks for (so the check cannot rot before a session with a GPU runs it); a part that
+overruns its limit or fails is reported as such without losing the others; the floors count
+what they say."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from atgrpo_jax.bench import device, device_parts
+from atgrpo_jax.models import get_preset
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("device")
+    proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.bench", "device", "--tiny", f"--out={out}",
+                           "--time-scale=8"], capture_output=True, text=True, timeout=900)
+    return proc, json.loads((out / "device.json").read_text())
+
+
+def test_every_part_reports(tiny_run):
+    proc, res = tiny_run
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert list(res["parts"]) == list(device.DEFAULT_PARTS)
+    assert all(r["status"] == "ok" for r in res["parts"].values()), res
+    for line in ("parity", "sampler B=", "long tail", "update_xla", "update_pytorch", "AT-GRPO step"):
+        assert line in proc.stdout, line
+
+
+def test_parity_figures(tiny_run):
+    par = tiny_run[1]["parts"]["parity"]["parity"]
+    assert par["ours_f32_vs_f32_ref"]["rel_l2"] < 1e-5  # the same function in float32
+    for side in ("ours_bf16_vs_f32_ref", "transformers_bf16_vs_f32_ref"):
+        assert 1e-4 < par[side]["rel_l2"] < 5e-2, (side, par[side])  # bf16 rounding, no more
+    # ours in bf16 is as close to the float32 truth as transformers in bf16
+    assert par["ours_bf16_vs_f32_ref"]["rel_l2"] < 2 * par["transformers_bf16_vs_f32_ref"]["rel_l2"]
+
+
+def test_sampler_and_update_figures(tiny_run):
+    p = tiny_run[1]["parts"]
+    s = p["sampler"]
+    shapes = device_parts.TINY
+    assert s["sampler_fixed"]["ours_tokens_per_s"] == pytest.approx(
+        shapes.batch * shapes.new / s["sampler_fixed"]["ours_seconds"])
+    assert s["sampler_fixed_transformers"]["tokens_per_s"] > 0
+    assert s["sampler_longtail"]["useful_tokens"] < shapes.batch * shapes.new
+    losses = {k: r["loss"] for k, r in p["update"].items() if k.startswith("update_")}
+    assert set(losses) == {"update_pytorch", "update_xla", "update_chunked"}  # no cuDNN/splash on a CPU
+    ours = [v for k, v in losses.items() if k != "update_pytorch"]
+    assert max(ours) - min(ours) < 1e-2  # same weights and batch: the backends agree
+    assert p["update"]["update_xla"]["skipped"] == 0.0
+    st = p["step"]["step"]
+    assert st["sampling_seconds"] > 0 and st["environment_seconds"] >= 0 and st["update_seconds"] > 0
+    assert st["first_step_seconds"] > st["step_seconds"]  # the first step compiles
+
+
+def test_a_part_over_its_limit_is_reported_and_the_rest_goes_on(tmp_path):
+    res = device.run_all(["facts"], tiny=True, out_dir=tmp_path, scale=0.0005)
+    assert res["parts"]["facts"]["status"].startswith("timed out")
+    assert "part facts: timed out" in device.table(res)
+    assert json.loads((tmp_path / "device.json").read_text())["parts"]["facts"]["status"].startswith("timed out")
+
+
+def test_unknown_part_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        device.main(["--parts=facts,bogus"])
+    assert e.value.code == 2 and "bogus" in capsys.readouterr().err
+
+
+def test_weight_read_floor_counts_every_weight_but_the_norms():
+    cfg = get_preset("qwen3-1.7b").replace(param_dtype="bfloat16", compute_dtype="bfloat16")
+    norms = cfg.num_layers * (2 * cfg.hidden_size + 2 * cfg.head_dim) + cfg.hidden_size
+    assert device_parts.weight_read_bytes(cfg) == 2 * (cfg.num_params() - norms)  # tied: the head is the embedding
+    assert device_parts.cache_read_bytes(cfg, rows=2, keys=10) == 2 * 28 * 2 * 10 * 8 * 128 * 2
+
+
+def test_datasheet_peak_by_device_name():
+    assert device_parts.datasheet_peak("NVIDIA H100 80GB HBM3") == 989e12
+    assert device_parts.datasheet_peak("cpu") is None
