@@ -105,7 +105,6 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     import jax
 
     from atgrpo_jax.models.hf_io import save_pretrained
-    from atgrpo_jax.models.lora import merge_lora
     from atgrpo_jax.models.peft_io import save_adapter
     from atgrpo_jax.train.checkpoint import Checkpointer
     from atgrpo_jax.train.config import from_saved
@@ -149,11 +148,10 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
         os.makedirs(os.path.dirname(out), exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.partial-", dir=os.path.dirname(out))
     try:
-        model = chosen.model()
         if lora == "adapter":
-            save_adapter(model, tmp, base)
+            save_adapter(chosen.model(), tmp, base)
         else:
-            save_pretrained(merge_lora(model) if chosen.is_lora else model, tmp)
+            save_pretrained(chosen.export_model(), tmp)  # LoRA merged, masters in the model's param_dtype
         if writer:
             for extra in extras:
                 extra.save_pretrained(tmp)

@@ -335,6 +335,12 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     trainable = adapters if lora else base
     copies = AGENTS if lora else 1  # one adapter set per agent on the shared base
     p_bytes = param_bytes(base, mesh) + copies * param_bytes(adapters, mesh)
+    if not lora and config.optim.master_dtype == "float32" and cfg.param_dtype != "float32":
+        # float32 masters are trained (AdamW's moments and gradients in float32 too) and the sampler's
+        # copy in param_dtype stays cached beside them (train/policies.py)
+        trainable = tuple((shape, jnp.float32, axes, adapter) for shape, _, axes, adapter in base)
+        p_bytes += param_bytes(trainable, mesh)
+        notes.append(f"float32 master weights (optim.master_dtype) beside the sampler's {cfg.param_dtype} copy")
     optimizer = copies * 2 * param_bytes(trainable, mesh)  # optax.adamw: mu and nu in the params' dtype
     reference = copies * param_bytes(trainable, mesh) if lo.kl_coef else 0  # the starting policy
     merged = 0

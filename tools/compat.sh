@@ -7,9 +7,17 @@
 #   JAX=0.11.2 tools/compat.sh -x   # the jax a lent GPU machine ships
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python312="${PYTHON312:-$(command -v python3.12 || echo "$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python")}"
-"$python312" -c 'import sys; assert sys.version_info[:2] == (3, 12)' \
-  || { echo "compat.sh: no Python 3.12 (set PYTHON312=/path/to/python3.12)" >&2; exit 2; }
+find_python312() {
+  local c
+  for c in "${PYTHON312:-}" "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python python3.12; do
+    if [ -n "$c" ] && "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+      echo "$c"
+      return 0
+    fi
+  done
+  return 1
+}
+python312="$(find_python312)" || { echo "compat.sh: no Python 3.12 (set PYTHON312=/path/to/python3.12)" >&2; exit 2; }
 venv="${VENV:-/tmp/atgrpo-compat-py312-jax${JAX:-newest}}"
 [ -x "$venv/bin/python" ] || "$python312" -m venv "$venv"
 pins=()

@@ -89,6 +89,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.loss.logprob_chunk = 512  # tokens per chunk of the LM head in the update ([chunk, vocab] logits at a time)
     c.optim = ml_collections.ConfigDict()  # AdamW
     c.optim.lr = 1e-6  # learning rate
+    c.optim.master_dtype = "float32"  # "float32": with a lower model.param_dtype, train float32 master weights
+    # (AdamW's moments too) and sample with a copy in param_dtype; "param_dtype": train in param_dtype (less memory)
     c.optim.schedule = "constant"  # "constant" or "cosine" (to 10% of lr over the run)
     c.optim.warmup_steps = 0  # optimizer steps of linear warm-up
     c.optim.weight_decay = 0.01  # AdamW weight decay

@@ -109,7 +109,8 @@ def build_run(config) -> Run:
     how = SampledFrom(vocab_limit=limit, top_k=config.rollout.top_k, top_p=any(s.top_p < 1 for s in sampling))
     policies = build_policies(layout, base, names, tx, loss_config(config), config.loss.logprob_chunk,
                               config.lora.rank, config.lora.alpha, config.model.init_seed,
-                              model_copy=lambda i: build_model(config, pools[i]), how=how)
+                              model_copy=lambda i: build_model(config, pools[i]), how=how,
+                              master_dtype=config.optim.master_dtype)
     per_agent_pool = len(policies) == len(names)
     for i, p in enumerate(policies):
         p.mesh, p.local_mesh = (pools[i], local_meshes[i]) if per_agent_pool else (mesh, local_meshes[0])

@@ -71,6 +71,9 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
                  "model.init='random' to train from random weights on purpose")
     for key in ("param_dtype", "compute_dtype"):
         _require(m[key] in DTYPES, f"model.{key}", f"must be one of {sorted(DTYPES)}")
+    from atgrpo_jax.train.policies import MASTER_DTYPES
+    _require(c.optim.master_dtype in MASTER_DTYPES, "optim.master_dtype",
+             f"must be one of {MASTER_DTYPES}, got {c.optim.master_dtype!r}")
     _require(m.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = the preset's)")
     from atgrpo_jax.models.attention import BACKENDS
     _require(m.attention in BACKENDS, "model.attention",

@@ -79,3 +79,12 @@ def test_weight_read_floor_counts_every_weight_but_the_norms():
 def test_datasheet_peak_by_device_name():
     assert device_parts.datasheet_peak("NVIDIA H100 80GB HBM3") == 989e12
     assert device_parts.datasheet_peak("cpu") is None
+
+
+def test_tools_scripts_pass_shellcheck():
+    from pathlib import Path
+    import shutil
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    out = subprocess.run([shellcheck, *sorted(str(p) for p in tools.glob("*.sh"))], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
