@@ -36,12 +36,36 @@ def matmul_peak(dtype: str = "float32", size: int = 1024, repeats: int = 10) -> 
     return 2 * size ** 3 / min(timed(mm, a, b, repeats=repeats, warmup=2))
 
 
+# Vector and matrix extensions that change which CPU kernels XLA and PyTorch pick.
+CPU_EXTENSIONS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16",
+                  "amx_int8", "asimd", "sve", "sve2")
+
+
+def cpu_model(cpuinfo: str | None = None) -> dict:
+    """The CPU's model name and which of CPU_EXTENSIONS it has (from /proc/cpuinfo where there is one):
+    the same benchmark gives different ratios on CPUs with and without AVX-512 or AMX."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    import platform
+    return {"cpu_model": fields.get("model name") or platform.processor() or platform.machine(),
+            "cpu_extensions": [x for x in CPU_EXTENSIONS if x in flags]}
+
+
 def machine_notes(heap_kept: bool = False) -> dict:
-    """Cores and load: benchmarks on a shared machine are only comparable within one run.
-    heap_kept: apply `keep_heap` first (the --keep-heap flag) and say so in the notes."""
+    """Cores, CPU model and extensions, and load: benchmarks on a shared machine are only comparable
+    within one run. heap_kept: apply `keep_heap` first (the --keep-heap flag) and say so in the notes."""
     if heap_kept:
         keep_heap()
-    notes = {"cpu_count": os.cpu_count(), "jax_backend": jax.default_backend(),
+    notes = {"cpu_count": os.cpu_count(), **cpu_model(), "jax_backend": jax.default_backend(),
              "jax_devices": jax.device_count(), "keep_heap": heap_kept}
     if hasattr(os, "getloadavg"):
         notes["load_average_1min"] = round(os.getloadavg()[0], 2)

@@ -80,7 +80,8 @@ def facts(shapes: Shapes, record) -> None:
     import flax
     import optax
     dev = jax.devices()[0]
-    record("device", {"platform": dev.platform, "kind": dev.device_kind, "count": jax.device_count(),
+    from atgrpo_jax.bench.common import cpu_model
+    record("device", {"platform": dev.platform, "kind": dev.device_kind, "count": jax.device_count(), **cpu_model(),
                       "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
                       "memory_bytes": (dev.memory_stats() or {}).get("bytes_limit")})
     record("datasheet_bf16_flops_per_s", datasheet_peak(dev.device_kind))

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from atgrpo_jax.bench.common import machine_notes
 from atgrpo_jax.envs import plan_path, reference_steppers, sokoban, sudoku
 
 GAMES = {
@@ -104,6 +105,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"unknown games {unknown}; choose from {sorted(GAMES)}")
     batches = [int(b) for b in args.batches.split(",") if b]
 
+    notes = machine_notes()
+    print(f"machine: {notes}")
     rows = []
     header = (f"{'game':<10} {'batch':>6} {'python/s':>11} {'jax/s':>12} {'jax scan/s':>12} "
               f"{'ratio':>8} {'ratio scan':>10}  agree")
@@ -121,6 +124,7 @@ def main(argv: list[str]) -> int:
           f"at batch {max(batches)} (one move per call): "
           + ", ".join(f"{r['game']} {r['ratio']:.0f}x" for r in big))
     if args.json:
-        print(json.dumps({"bench": "envs", "devices": str(jax.devices()[0].platform), "moves": args.moves,
+        print(json.dumps({"bench": "envs", "devices": str(jax.devices()[0].platform), "machine": notes,
+                          "moves": args.moves,
                           "target_ratio": TARGET_RATIO, "results": rows}))
     return 0 if all(r["rewards_agree"] for r in rows) else 1

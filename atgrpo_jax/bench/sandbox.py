@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
+from atgrpo_jax.bench.common import cpu_model
 from atgrpo_jax.envs.sandbox import Limits, filesystem_plan, run_python
 
 SETTINGS = {
@@ -37,6 +39,7 @@ def main(argv: list[str]) -> int:
     if args.programs < args.rounds or args.rounds < 1:
         parser.error("--programs must be at least --rounds, which must be at least 1")
 
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores")
     start = time.perf_counter()
     filesystem_plan()
     plan_s = time.perf_counter() - start
@@ -59,6 +62,6 @@ def main(argv: list[str]) -> int:
     for line in failures[:5]:
         print("FAILED", line)
     if args.json:
-        print(json.dumps({"bench": "sandbox", "programs": args.programs, "plan_s": plan_s, "per_run_ms": per_run_ms,
+        print(json.dumps({"bench": "sandbox", "machine": cpu_model(), "programs": args.programs, "plan_s": plan_s, "per_run_ms": per_run_ms,
                           "private_root_ratio": per_run_ms["private root"] / base, "failures": len(failures)}))
     return 1 if failures else 0
