@@ -27,10 +27,27 @@ from atgrpo_jax.trace import Tracer
 
 
 def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, pool_of_agent: Sequence[int],
-              host_workers: int, tracer: Tracer | None = None, pool_names: Sequence[str] | None = None) -> None:
-    """Run every stage of every cohort (see the module docstring); errors in a worker re-raise here."""
+              host_workers: int, tracer: Tracer | None = None, pool_names: Sequence[str] | None = None,
+              on_pool_done: Callable[[int], None] | None = None) -> None:
+    """Run every stage of every cohort (see the module docstring); errors in a worker re-raise here.
+    on_pool_done(pool), if given, is called (here, once per pool) as soon as every stage of the
+    pool's agents has been stepped in every cohort: its groups are complete while other pools may
+    still sample."""
     tracer = tracer or Tracer(enabled=False)
     pools = sorted(set(int(p) for p in pool_of_agent))
+    agents_of = {p: [a for a, q in enumerate(pool_of_agent) if int(q) == p] for p in pools}
+    position: dict[int, tuple[int, int] | None] = {ci: (0, 0) for ci in range(len(cohorts))}  # next stage
+    waiting = set(pools) if on_pool_done is not None else set()
+
+    def may_still_act(pos, agents) -> bool:
+        """Whether a cohort whose next stage is `pos` (None: finished) can still run one of `agents`."""
+        return pos is not None and (pos[0] < stages.max_turns - 1 or any(a >= pos[1] for a in agents))
+
+    def report_finished_pools():
+        for p in sorted(waiting):
+            if not any(may_still_act(pos, agents_of[p]) for pos in position.values()):
+                waiting.discard(p)
+                on_pool_done(p)
     label = lambda p: f"pool {pool_names[p] if pool_names else p}"  # noqa: E731 (as run_sync's)
     requests = {p: queue.Queue() for p in pools}
     events: queue.Queue = queue.Queue()
@@ -73,10 +90,12 @@ def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, po
                 host.submit(host_job, ci, req, out)
             else:
                 _, ci, nxt = event
+                position[ci] = None if nxt is None else (nxt.turn, nxt.agent)
                 if nxt is None:
                     running -= 1
                 else:
                     requests[int(pool_of_agent[nxt.agent])].put((ci, nxt))
+                report_finished_pools()
     finally:
         for p in pools:
             requests[p].put(None)

@@ -53,20 +53,32 @@ class Schedule:
     pool_of_agent: tuple = ()  # the pool (policy) that samples for each agent
     pool_names: tuple = ()
     tracer: Tracer | None = None
+    # asynchronous tree rollouts: on_pool_done(pool, samples) as soon as a pool's agents have acted in
+    # every stage, with their groups (Samples in the order the whole rollout gives them), while other
+    # pools may still sample: that pool's update can start then
+    on_pool_done: Callable | None = None
 
 
 def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, split: str, k: int, max_turns: int,
-         alpha: float, key: jax.Array, streams: np.ndarray, schedule: Schedule | None = None):
+         alpha: float, key: jax.Array, streams: np.ndarray, schedule: Schedule | None = None,
+         on_pool_done: Callable | None = None):
     """The loop both modes share: (one record per stage over all tasks, success [B], turns [B]).
-    streams [B]: the random stream of each task (see cohort.prompt_keys)."""
+    streams [B]: the random stream of each task (see cohort.prompt_keys). on_pool_done(pool, records):
+    asynchronous runs only, the records of the pool's agents over all tasks once they are complete."""
     schedule = schedule or Schedule()
     task_ids = np.asarray(task_ids)
     stages = Stages(workflow, encode, k, max_turns, alpha, key, np.asarray(streams))
     cohorts = [stages.start(task_ids, split, rows) for rows in split_cohorts(len(task_ids), schedule.cohorts)]
     if schedule.asynchronous:
         pools = schedule.pool_of_agent or (0,) * len(workflow.agents)
+
+        def pool_done(p: int):
+            agents = {a for a, q in enumerate(pools) if int(q) == p}
+            mine = [dataclasses.replace(c, records=[r for r in list(c.records) if r.agent in agents]) for c in cohorts]
+            on_pool_done(p, combine(mine, len(task_ids), k))
+
         run_async(stages, cohorts, sample_fn, pools, schedule.host_workers, schedule.tracer,
-                  schedule.pool_names or None)
+                  schedule.pool_names or None, pool_done if on_pool_done else None)
     else:
         names = schedule.pool_names
         label = (lambda agent: f"pool {names[schedule.pool_of_agent[agent]]}") if names else None  # noqa: E731
@@ -100,9 +112,14 @@ def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task
     Samples.task is a task's position in the step's task list: `first_task` + i
     for task_ids[i] (a process rolling out a slice passes where it starts)."""
     streams = first_task + np.arange(len(task_ids))
+    as_samples = lambda records: concat([_record_samples(r, k, streams) for r in records]) \
+        if records else Samples.empty(k)  # noqa: E731
+    # (a pool's early samples in the order merge_rollouts gives the whole step's)
+    done = (lambda p, records: schedule.on_pool_done(p, canonical(as_samples(records)))) \
+        if schedule is not None and schedule.on_pool_done else None
     records, success, turns = _run(workflow, sample_fn, encode, task_ids, split, k, max_turns, alpha, key, streams,
-                                   schedule)
-    samples = concat([_record_samples(r, k, streams) for r in records]) if records else Samples.empty(k)
+                                   schedule, done)
+    samples = as_samples(records)
     return samples, Episodes(success, turns, _agent_reward(samples, len(workflow.agents)), success[:, None], samples)
 
 
@@ -180,13 +197,16 @@ def merge_rollouts(parts: Sequence[tuple[Samples, Episodes]], num_agents: int) -
     """One step's rollouts of consecutive task slices (e.g. one per process) as
     one: groups in (turn, agent, task) order, groups with no live sample
     dropped, so the result does not depend on how the tasks were split."""
-    def merged(samples: Samples) -> Samples:
-        order = [g for g in np.lexsort((samples.task, samples.agent, samples.turn)) if samples.mask[g].any()]
-        return samples.take(np.asarray(order, np.int64))
-
-    samples = merged(concat([s for s, _ in parts]))
+    samples = canonical(concat([s for s, _ in parts]))
     trajectories = [e.trajectory for _, e in parts if e.trajectory is not None]
     cat = lambda name: np.concatenate([getattr(e, name) for _, e in parts])
     episodes = Episodes(cat("success"), cat("turns"), _agent_reward(samples, num_agents), cat("episode_success"),
-                        merged(concat(trajectories)) if trajectories else None)
+                        canonical(concat(trajectories)) if trajectories else None)
     return samples, episodes
+
+
+def canonical(samples: Samples) -> Samples:
+    """Groups in (turn, agent, task) order, those with no live sample dropped: the order a step's
+    samples have however its tasks were split (processes, cohorts) or its pools finished."""
+    order = [g for g in np.lexsort((samples.task, samples.agent, samples.turn)) if samples.mask[g].any()]
+    return samples.take(np.asarray(order, np.int64))

@@ -35,12 +35,13 @@ def fine_bucket(n: int, minimum: int = 8, per_octave: int = 8) -> int:
 def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_of_agent: np.ndarray,
                    num_policies: int, mini_batch: int, rng: np.random.Generator,
                    inv_temp_of_agent: np.ndarray | None = None,
-                   top_p_of_agent: np.ndarray | None = None) -> list[dict | None]:
+                   top_p_of_agent: np.ndarray | None = None, only: int | None = None) -> list[dict | None]:
     """Per policy, its kept samples (keep: [G] groups or [G, K] samples) as arrays tokens/valid/
     is_resp/sampler_logp [N, L], adv [N], share [N] (rows with one share id >= 0 answer one
     prompt; -1: an empty row) and the sampling settings of each row's agent, inv_temp and
     top_p [N] (default 1: temperature 1, no top-p), with N a multiple of `mini_batch` (the
-    last mini-batch padded with empty rows). Groups are shuffled and each
+    last mini-batch padded with empty rows); `only`: that policy's alone (the others None, and
+    `rng` not drawn from for them). Groups are shuffled and each
     group's samples stay together, so a mini-batch holds whole groups (as verl's, and so
     `pack_minibatch` can share their prompt). A policy with no kept sample gets None.
     """
@@ -49,6 +50,9 @@ def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_o
     policy = policy_of_agent[samples.sample_agent]  # [G, K]: a sample goes to its agent's policy
     out: list[dict | None] = []
     for p in range(num_policies):
+        if only is not None and p != only:
+            out.append(None)
+            continue
         groups = np.flatnonzero((has_response & (policy == p)).any(1))
         groups = groups[rng.permutation(len(groups))]
         g, k = np.nonzero((has_response & (policy == p))[groups])  # group-major: a group's samples together

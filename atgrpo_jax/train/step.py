@@ -36,24 +36,26 @@ def sample_fn_for(run: Run, temperature: float | None, max_prompts: int):
                           decode_slots=run.config.rollout.decode_slots)
 
 
-def schedule_for(run: Run, tracer: Tracer | None) -> Schedule:
+def schedule_for(run: Run, tracer: Tracer | None, on_pool_done=None) -> Schedule:
     """The rollout schedule of config.system: one pool (sampling worker) per policy."""
     s = run.config.system
     return Schedule(cohorts=s.cohorts if s.schedule == "async" else 1, asynchronous=s.schedule == "async",
                     host_workers=s.host_workers, pool_of_agent=tuple(int(p) for p in run.policy_of_agent),
-                    pool_names=tuple(p.name for p in run.policies), tracer=tracer)
+                    pool_names=tuple(p.name for p in run.policies), tracer=tracer, on_pool_done=on_pool_done)
 
 
-def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float, k: int, key, tracer=None):
+def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float, k: int, key, tracer=None,
+            on_pool_done=None):
     """`fn` (tree_rollout or plain_rollout) over this process's slice of task_ids,
-    then the slices of all processes merged (every process gets the whole step)."""
+    then the slices of all processes merged (every process gets the whole step).
+    on_pool_done(policy, samples): see `early_updates`."""
     mine = task_slice(len(task_ids))
     prompts = (mine.stop - mine.start) * (k if fn is plain_rollout else 1)
     r = run.config.rollout
     extra = {"grouping": r.plain_grouping} if fn is plain_rollout else {}
     part = fn(run.workflow, sample_fn_for(run, temperature, prompts), run.encode, task_ids[mine], split,
               k=k, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key, first_task=mine.start,
-              schedule=schedule_for(run, tracer), **extra)
+              schedule=schedule_for(run, tracer, on_pool_done), **extra)
     return merge_rollouts(gather_objects(part), len(run.workflow.agents))
 
 
@@ -84,6 +86,7 @@ class PendingUpdate:
     old: list | None  # recomputed old log-probs per mini-batch (None: the sampler's were used)
     packed: list[dict]
     samples: int
+    tokens: int  # response tokens trained on (per epoch)
 
 
 def start_update(run: Run, policy, batch: dict, behavior_logprobs: bool = False) -> PendingUpdate:
@@ -108,7 +111,7 @@ def start_update(run: Run, policy, batch: dict, behavior_logprobs: bool = False)
         for mb, old_mb, ref_mb in zip(placed, old, ref_logp):
             policy.state, m = policy.update_fn(policy.state, mb._replace(old_logp=old_mb, ref_logp=ref_mb))
             metrics.append(m)
-    return PendingUpdate(policy, metrics, recomputed, packed, int(batch["num_samples"]))
+    return PendingUpdate(policy, metrics, recomputed, packed, int(batch["num_samples"]), int(batch["is_resp"].sum()))
 
 
 def finish_update(p: PendingUpdate) -> dict:
@@ -158,15 +161,71 @@ class Rollout:
     stale: bool = False  # sampled with the weights before the previous step's update (system.staleness)
 
 
-def rollout_step(run: Run, step: int, tracer: Tracer | None = None, stale: bool = False) -> Rollout:
+def rollout_step(run: Run, step: int, tracer: Tracer | None = None, stale: bool = False,
+                 on_pool_done=None) -> Rollout:
     """The step's tree (or plain) rollout of its training tasks, with each agent's sampling settings."""
     c, r = run.config, run.config.rollout
     key = jax.random.fold_in(jax.random.key(c.train.seed), step)
     t0 = time.perf_counter()
     fn = tree_rollout if r.tree else plain_rollout
     samples, episodes = rollout(run, fn, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", None, r.k, key,
-                                tracer)
+                                tracer, on_pool_done)
     return Rollout(step, samples, episodes, time.perf_counter() - t0, stale)
+
+
+@dataclasses.dataclass
+class Groups:
+    """A step's samples made ready for the update: advantages, the groups the filters keep, and
+    the samples each policy is trained on."""
+
+    adv: np.ndarray  # [G, K]
+    keep: np.ndarray  # [G]
+    trained: np.ndarray  # [G, K]
+
+
+def score_groups(run: Run, samples) -> Groups:
+    """Advantages and filters of `samples` (all of a step's, or those of some policies alone: each
+    group's figures, and the filters ranking within a policy or an agent, depend on its own scope only)."""
+    c = run.config
+    rewards, mask = jnp.asarray(samples.reward), jnp.asarray(samples.mask)
+    adv = np.asarray(group_advantages(rewards, mask, c.algo.advantage))
+    mixed = samples.agent < 0  # a group of several agents' samples (plain GRPO by task): a scope of its own
+    scope = {"policy": np.where(mixed, len(run.policies), run.policy_of_agent[samples.agent]),
+             "agent": np.where(mixed, len(run.workflow.agents), samples.agent), "batch": None}[c.algo.filter_scope]
+    keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance, scope))
+    frozen = [i for i, a in enumerate(run.workflow.agents) if a.name in c.policy.frozen_agents]
+    return Groups(adv, keep, keep[:, None] & ~np.isin(samples.sample_agent, frozen))
+
+
+def policy_batch(run: Run, step: int, samples, groups: Groups, policy: int) -> dict | None:
+    """One policy's batch of the step (None: nothing of it kept). Its mini-batch order comes from
+    (seed, step, policy) alone, so it is the same whether built with the others or on its own."""
+    c = run.config
+    rng = np.random.default_rng([c.train.seed, step] + ([policy] if policy else []))
+    return policy_batches(samples, groups.adv, groups.trained, run.policy_of_agent, len(run.policies),
+                          c.optim.mini_batch_size, rng, np.array([s.inv_temp for s in run.sampling], np.float32),
+                          np.array([s.top_p for s in run.sampling], np.float32), only=policy)[policy]
+
+
+def early_updates(run: Run, step: int, tracer: Tracer, worker: ThreadPoolExecutor, started: dict):
+    """on_pool_done for an asynchronous step with several policies: a policy's update starts (on
+    `worker`, so the rollout's scheduler goes on) as soon as its agents' stages are done in every
+    cohort (its groups are complete), while the other policies still sample; `started` collects
+    {policy: future of its PendingUpdate or None}. None (no early start) where that could change the
+    result: several processes (the others' samples arrive at the end), plain GRPO's groups, and a
+    low-mean filter ranking the whole batch."""
+    c = run.config
+    if (c.system.schedule != "async" or len(run.policies) < 2 or not c.rollout.tree
+            or c.algo.filter_scope == "batch" or jax.process_count() > 1):
+        return None
+
+    def start(policy: int, samples):
+        p = run.policies[policy]
+        with tracer.span("start update", track=f"pool {p.name}"):
+            batch = policy_batch(run, step, samples, score_groups(run, samples), policy)
+            return None if batch is None else start_update(run, p, batch)
+
+    return lambda policy, samples: started.__setitem__(policy, worker.submit(start, policy, samples))
 
 
 def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = None, ro: Rollout | None = None,
@@ -175,23 +234,18 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
     if given, sees the step's rollout (episode logs). ro: the step's rollout if it was made already
     (system.staleness = 1); then(), if given, runs while the updates are on the devices (the next
     step's rollout, made with the weights from before this update)."""
-    c = run.config
     tracer = tracer or Tracer()
-    ro = ro or rollout_step(run, step, tracer)
+    started: dict = {}  # policies whose update began during the rollout (early_updates)
+    if ro is None:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="early-update") as worker:
+            early = early_updates(run, step, tracer, worker, started) if then is None else None
+            ro = rollout_step(run, step, tracer, on_pool_done=early)  # (staleness: behavior weights first)
+        started = {policy: future.result() for policy, future in started.items()}
     samples, episodes = ro.samples, ro.episodes
     t1 = time.perf_counter()
-    rewards, mask = jnp.asarray(samples.reward), jnp.asarray(samples.mask)
-    adv = np.asarray(group_advantages(rewards, mask, c.algo.advantage))
-    mixed = samples.agent < 0  # a group of several agents' samples (plain GRPO by task): a scope of its own
-    scope = {"policy": np.where(mixed, len(run.policies), run.policy_of_agent[samples.agent]),
-             "agent": np.where(mixed, len(run.workflow.agents), samples.agent), "batch": None}[c.algo.filter_scope]
-    keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance, scope))
-    frozen = [i for i, a in enumerate(run.workflow.agents) if a.name in c.policy.frozen_agents]
-    trained = keep[:, None] & ~np.isin(samples.sample_agent, frozen)  # [G, K]: the samples the update sees
-    rng = np.random.default_rng([c.train.seed, step])
-    batches = policy_batches(samples, adv, trained, run.policy_of_agent, len(run.policies),
-                             c.optim.mini_batch_size, rng, np.array([s.inv_temp for s in run.sampling], np.float32),
-                             np.array([s.top_p for s in run.sampling], np.float32))
+    groups = score_groups(run, samples)
+    adv, keep = groups.adv, groups.keep
+    batches = [None if p in started else policy_batch(run, step, samples, groups, p) for p in range(len(run.policies))]
     if on_rollout is not None:
         on_rollout(samples, episodes, adv)
     metrics = {"success": float(np.mean(episodes.success)), "turns": float(np.mean(episodes.turns)),
@@ -204,9 +258,9 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
     if then is not None:  # the next rollout samples with the weights from before this update
         for p in run.policies:
             p.hold_behavior()
-    pending = [start_update(run, p, b, behavior_logprobs=ro.stale) for p, b in zip(run.policies, batches)
-               if b is not None]
-    tokens = sum(int(b["is_resp"].sum()) for b in batches if b is not None)
+    pending = [started[i] if i in started else start_update(run, p, b, behavior_logprobs=ro.stale)
+               for i, (p, b) in enumerate(zip(run.policies, batches)) if started.get(i) is not None or b is not None]
+    tokens = sum(p.tokens for p in pending)
     if then is not None:
         then()
     for p, out in zip(pending, finish_updates(pending, tracer)):

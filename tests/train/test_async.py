@@ -30,17 +30,36 @@ def config(sharing="shared", pools=False, schedule="sync", **system):
     return c
 
 
-def two_steps(c):
+def two_steps(c, tracers=None):
     run = build_run(c)
-    metrics = [train_step(run, step) for step in (1, 2)]
+    tracers = [Tracer(), Tracer()] if tracers is None else tracers
+    metrics = [train_step(run, step, tracer=t) for step, t in zip((1, 2), tracers)]
     params = [np.asarray(x) for p in run.policies for x in jax.tree.leaves(p.state.params)]
     return metrics, params
+
+
+def early_starts(tracer: Tracer) -> list[tuple[str, float, float]]:
+    """(pool, when its update started, when the other pools' last sampling ended) per early start."""
+    events = tracer.to_json()["traceEvents"]
+    track = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    spans = [(track[e["tid"]], e["name"], e["ts"], e["ts"] + e["dur"]) for e in events if e["ph"] == "X"]
+    return [(pool, ts, max(end for other, name, _, end in spans if other != pool and name.startswith("sample")))
+            for pool, name, ts, _ in spans if name == "start update"]
 
 
 @pytest.mark.parametrize("sharing,pools", [("per_role", True)] + [("shared", False)] * FULL,  # tiers.py
                          ids=["per_role_pools"] + ["shared"] * FULL)
 def test_async_schedule_equals_the_synchronous_loop(sharing, pools):
-    (m_sync, p_sync), (m_async, p_async) = (two_steps(config(sharing, pools, s)) for s in ("sync", "async"))
+    """...and with several policies, a policy's update starts while the other pool still samples
+    (its agents' stages are done in every cohort): the results are still those of the loop."""
+    tracers = [Tracer(), Tracer()]
+    (m_sync, p_sync), (m_async, p_async) = (two_steps(config(sharing, pools, s), tracers if s == "async" else None)
+                                            for s in ("sync", "async"))
+    if sharing == "per_role":
+        for t in tracers:  # the first agent acts first in each turn: its pool is done first
+            starts = {pool: (start, other_end) for pool, start, other_end in early_starts(t)}
+            start, other_end = starts["pool policy_planner"]
+            assert start < other_end, starts
     for a, b in zip(m_sync, m_async):
         assert set(a) == set(b)
         for key in a:
