@@ -29,3 +29,17 @@ def test_one_small_run_reports_both_schedules(workflow, capsys):
         assert step["host_s"] > 0 and 0 <= step["host_overlapped"] <= 1
         assert all(0 < step[f"pool_busy_{p}"] <= 1 for p in "AB")  # each agent sampled on its own pool
         assert min(step["update_tokens"]) > 0
+        assert 0 < side["device_only"] <= side["best"]  # host work only adds time
+    assert report["device_only_ratio"] == pytest.approx(
+        report["sides"]["async"]["device_only"] / report["sides"]["sync"]["device_only"])
+
+
+def test_device_only_replay():
+    """Two cohorts, A then B each (1 s per stage), updates A 2 s, B 1 s: the sync loop is 4 s of stages
+    then the longer update; the pipelined schedule overlaps the pools, and A's early update overlaps B."""
+    one_cohort = [(0, "A", 2.0), (0, "B", 2.0)]
+    assert system.device_only(one_cohort, {"A": 2.0, "B": 1.0}, early=False) == pytest.approx(6.0)
+    two = [(0, "A", 1.0), (1, "A", 1.0), (0, "B", 1.0), (1, "B", 1.0)]
+    # A: 0-1 (c0), 1-2 (c1); B: 1-2 (c0), 2-3 (c1); A's update 2-4, B's 3-4
+    assert system.device_only(two, {"A": 2.0, "B": 1.0}, early=True) == pytest.approx(4.0)
+    assert system.device_only(two, {"A": 2.0, "B": 1.0}, early=False) == pytest.approx(5.0)
