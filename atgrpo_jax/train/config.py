@@ -60,8 +60,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.k = 8  # branches (tree) or episodes (plain) per task: the group size K
     c.rollout.max_turns = 4  # turns per episode (T); every agent acts once per turn
     c.rollout.temperature = 1.0  # sampling temperature in training (0: greedy; the update then scores at 1)
-    c.rollout.top_p = 1.0  # nucleus sampling in training and evaluation (1 = off)
-    c.rollout.top_k = 0  # top-k sampling in training and evaluation (0 = off)
+    c.rollout.top_p = 1.0  # nucleus sampling in training (1 = off)
+    c.rollout.top_k = 0  # top-k sampling in training (0 = off); one for all agents
+    c.rollout.repetition_penalty = 1.0  # vLLM's repetition penalty in training: logits of ids already in the prompt
+    # or the response divided by it where positive, multiplied where not (1 = off)
     c.rollout.max_prompt_len = 4096  # prompt tokens kept (cut from the left)
     c.rollout.prompt_buckets = (512, 1024, 2048, 4096)  # padded prompt lengths (one compilation each); the last >=
     # max_prompt_len
@@ -69,9 +71,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.decode_slots = 0  # rows one sampling call decodes at once (0: all, tasks x k); fewer bound the new
     # tokens' cache to slots x max_new_tokens, and a finished row's slot takes a waiting row (continuous batching)
     c.rollout.eval_temperature = 0.0  # sampling temperature in evaluation (0 = greedy)
+    c.rollout.eval_top_p = 1.0  # nucleus sampling in evaluation (1 = off)
+    c.rollout.eval_top_k = 0  # top-k sampling in evaluation (0 = off); one for all agents
+    c.rollout.eval_repetition_penalty = 1.0  # repetition penalty in evaluation (1 = off)
     c.rollout.thinking = False  # Qwen3's thinking mode (the chat template's enable_thinking); the paper's runs: off
-    c.rollout.agents = ml_collections.ConfigDict()  # per agent: {name: {temperature, top_p, max_new_tokens,
-    # thinking}}, e.g. --config.rollout.agents.reasoner.max_new_tokens=4096; unset keys: the rollout's
+    c.rollout.agents = ml_collections.ConfigDict()  # per agent: {name: {temperature, top_p, repetition_penalty,
+    # eval_temperature, eval_top_p, eval_repetition_penalty, max_new_tokens, thinking}}, e.g.
+    # --config.rollout.agents.reasoner.max_new_tokens=4096; unset keys: the rollout's
     c.algo = ml_collections.ConfigDict()  # rewards, advantages, group filters
     c.algo.alpha = 1.0  # an agent's reward = its own + alpha * the team's
     c.algo.advantage = "grpo"  # advantage estimator, a name in atgrpo_jax.algo.advantages.ADVANTAGES (grpo, drgrpo)
@@ -89,8 +95,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.loss.logprob_chunk = 512  # tokens per chunk of the LM head in the update ([chunk, vocab] logits at a time)
     c.optim = ml_collections.ConfigDict()  # AdamW
     c.optim.lr = 1e-6  # learning rate
-    c.optim.schedule = "constant"  # "constant" or "cosine" (to 10% of lr over the run)
-    c.optim.warmup_steps = 0  # optimizer steps of linear warm-up
+    c.optim.schedule = "constant"  # "constant" or "cosine" (verl's: over the run's training steps down to
+    # min_lr_ratio x lr); the rate changes once per training step, never within one
+    c.optim.warmup_steps = 0  # training steps of linear warm-up from 0 (step s runs at (s - 1) / warmup_steps x lr)
+    c.optim.min_lr_ratio = 0.0  # "cosine" ends at this fraction of lr
     c.optim.weight_decay = 0.01  # AdamW weight decay
     c.optim.grad_clip = 1.0  # global gradient-norm clip
     c.optim.b1 = 0.9  # AdamW beta1
@@ -143,6 +151,7 @@ class AgentSampling:
     top_k: int
     max_new_tokens: int
     thinking: bool
+    repetition_penalty: float = 1.0
 
     @property
     def inv_temp(self) -> float:
@@ -150,15 +159,18 @@ class AgentSampling:
         return 1.0 / self.temperature if self.temperature > 0 else 1.0
 
 
-AGENT_KEYS = ("temperature", "top_p", "max_new_tokens", "thinking")
+SAMPLING_KEYS = ("temperature", "top_p", "repetition_penalty")  # each with an eval_ twin
+AGENT_KEYS = SAMPLING_KEYS + tuple(f"eval_{k}" for k in SAMPLING_KEYS) + ("max_new_tokens", "thinking")
 
 
-def agent_sampling(c, name: str) -> AgentSampling:
+def agent_sampling(c, name: str, evaluation: bool = False) -> AgentSampling:
+    """Agent `name`'s sampling in training, or with `evaluation` the rollout.eval_* settings."""
     r = c.rollout
     mine = dict(r.agents.get(name, {}))
+    pre = "eval_" if evaluation else ""
     get = lambda key: mine.get(key, r[key])  # noqa: E731
-    return AgentSampling(float(get("temperature")), float(get("top_p")), int(r.top_k), int(get("max_new_tokens")),
-                         bool(get("thinking")))
+    return AgentSampling(float(get(pre + "temperature")), float(get(pre + "top_p")), int(r[pre + "top_k"]),
+                         int(get("max_new_tokens")), bool(get("thinking")), float(get(pre + "repetition_penalty")))
 
 
 def max_new_tokens(c) -> int:

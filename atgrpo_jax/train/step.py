@@ -23,14 +23,16 @@ from atgrpo_jax.train.batch import length_bucket, pack_minibatch, policy_batches
 from atgrpo_jax.train.config import max_new_tokens
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.trace import Tracer
-from atgrpo_jax.train.update import Packed, TrainState
+from atgrpo_jax.train.update import Packed, TrainState, with_lr
 
 TRAIN_TASK_STRIDE = 1_000_003  # task ids of step s: s * stride + [0, B); test ids are another split
 
 
-def sample_fn_for(run: Run, temperature: float | None, max_prompts: int):
-    """The rollout's sample function: each agent's sampling settings (`temperature`, if given, for all)."""
-    return make_sample_fn(run.policies, run.policy_of_agent, run.tokenizer, sampling=run.sampling,
+def sample_fn_for(run: Run, temperature: float | None, max_prompts: int, evaluation: bool = False):
+    """The rollout's sample function: each agent's sampling settings in training (or `evaluation`),
+    `temperature`, if given, for all."""
+    sampling = run.eval_sampling if evaluation else run.sampling
+    return make_sample_fn(run.policies, run.policy_of_agent, run.tokenizer, sampling=sampling,
                           temperature=temperature, stop_ids=run.stop_ids,
                           prompt_buckets=run.config.rollout.prompt_buckets, max_tasks=max_prompts,
                           decode_slots=run.config.rollout.decode_slots)
@@ -44,14 +46,16 @@ def schedule_for(run: Run, tracer: Tracer | None) -> Schedule:
                     pool_names=tuple(p.name for p in run.policies), tracer=tracer)
 
 
-def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float, k: int, key, tracer=None):
-    """`fn` (tree_rollout or plain_rollout) over this process's slice of task_ids,
-    then the slices of all processes merged (every process gets the whole step)."""
+def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float | None, k: int, key, tracer=None,
+            evaluation: bool = False):
+    """`fn` (tree_rollout or plain_rollout) over this process's slice of task_ids, with the agents'
+    training (or `evaluation`) sampling, then the slices of all processes merged (every process gets
+    the whole step)."""
     mine = task_slice(len(task_ids))
     prompts = (mine.stop - mine.start) * (k if fn is plain_rollout else 1)
     r = run.config.rollout
     extra = {"grouping": r.plain_grouping} if fn is plain_rollout else {}
-    part = fn(run.workflow, sample_fn_for(run, temperature, prompts), run.encode, task_ids[mine], split,
+    part = fn(run.workflow, sample_fn_for(run, temperature, prompts, evaluation), run.encode, task_ids[mine], split,
               k=k, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key, first_task=mine.start,
               schedule=schedule_for(run, tracer), **extra)
     return merge_rollouts(gather_objects(part), len(run.workflow.agents))
@@ -191,7 +195,7 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
     rng = np.random.default_rng([c.train.seed, step])
     batches = policy_batches(samples, adv, trained, run.policy_of_agent, len(run.policies),
                              c.optim.mini_batch_size, rng, np.array([s.inv_temp for s in run.sampling], np.float32),
-                             np.array([s.top_p for s in run.sampling], np.float32))
+                             np.array([s.top_p for s in run.sampling], np.float32), penalties(run))
     if on_rollout is not None:
         on_rollout(samples, episodes, adv)
     metrics = {"success": float(np.mean(episodes.success)), "turns": float(np.mean(episodes.turns)),
@@ -204,6 +208,9 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
     if then is not None:  # the next rollout samples with the weights from before this update
         for p in run.policies:
             p.hold_behavior()
+    lr = run.lr_schedule(step)
+    for p in run.policies:  # the schedule moves once per training step (verl's), whatever the optimizer steps
+        p.state = with_lr(p.state, lr)
     pending = [start_update(run, p, b, behavior_logprobs=ro.stale) for p, b in zip(run.policies, batches)
                if b is not None]
     tokens = sum(int(b["is_resp"].sum()) for b in batches if b is not None)
@@ -217,9 +224,15 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
     if ro.stale:  # optimizer steps between the weights that sampled and those this update started from
         metrics["lag_updates"] = float(np.mean(lags))
     metrics.update(rollout_s=ro.seconds, update_s=t2 - t1,
-                   lr=float(run.lr_schedule(int(run.policies[0].state.step))), tokens_per_s=tokens / max(t2 - t1, 1e-9),
+                   lr=float(lr), tokens_per_s=tokens / max(t2 - t1, 1e-9),
                    rollout_tokens_per_s=float(samples.response_len[samples.mask].sum()) / max(ro.seconds, 1e-9))
     return metrics
+
+
+def penalties(run: Run) -> np.ndarray | None:
+    """Each agent's repetition penalty in training, or None when no agent has one."""
+    values = np.array([s.repetition_penalty for s in run.sampling], np.float32)
+    return values if (values != 1).any() else None
 
 
 def evaluate(run: Run, split: str, num_tasks: int, k: int = 1, temperature: float | None = None):
@@ -230,11 +243,10 @@ def evaluate(run: Run, split: str, num_tasks: int, k: int = 1, temperature: floa
     if size == "unknown":
         raise ValueError(f"split {split!r}: the workflow has {', '.join(run.workflow.splits)}")
     n = num_tasks if size is None else size
-    r = run.config.rollout
-    temp = r.eval_temperature if temperature is None else temperature
     per = -(-n // jax.process_count()) * jax.process_count()  # every process gets as many tasks
     ids = np.minimum(np.arange(per), n - 1)  # (the padding repeats the last task; it is dropped below)
-    _, episodes = rollout(run, plain_rollout, ids, split, temp, k, jax.random.key(run.config.train.seed + 1))
+    _, episodes = rollout(run, plain_rollout, ids, split, temperature, k, jax.random.key(run.config.train.seed + 1),
+                          evaluation=True)
     wins = episodes.episode_success[:n]
     return {f"eval/{split}/avg@{k}": float(wins.mean()), f"eval/{split}/pass@{k}": float(wins.any(1).mean()),
             f"eval/{split}/turns": float(np.mean(episodes.turns[:n]))}, episodes
