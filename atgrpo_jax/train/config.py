@@ -317,31 +317,38 @@ def config_docs_markdown() -> str:
 # ---------------------------------------------------------------- the paper's runs
 
 # Per-task settings of the paper's system (docs/paper.md): workflow, turns (T = 5 for the games, as the
-# reference runs them), filters, eval temperature.
+# reference runs them), filters, training and evaluation temperatures (games: 1.5 and greedy).
 TASKS = {
-    "plan_path": dict(workflow="plan_path_tool_plan", max_turns=5, eval_temperature=0.0,
+    "plan_path": dict(workflow="plan_path_tool_plan", max_turns=5, temperature=1.5, eval_temperature=0.0,
                       drop_low_mean_frac=0.5, drop_zero_variance=False),
-    "sokoban": dict(workflow="sokoban_tool_plan", max_turns=5, eval_temperature=0.0,
+    "sokoban": dict(workflow="sokoban_tool_plan", max_turns=5, temperature=1.5, eval_temperature=0.0,
                     drop_low_mean_frac=0.5, drop_zero_variance=False),
-    "sudoku": dict(workflow="sudoku_tool_plan", max_turns=5, eval_temperature=0.0,
+    "sudoku": dict(workflow="sudoku_tool_plan", max_turns=5, temperature=1.5, eval_temperature=0.0,
                    drop_low_mean_frac=0.5, drop_zero_variance=False),
-    "math": dict(workflow="math", max_turns=4, eval_temperature=0.6,
+    "math": dict(workflow="math", max_turns=4, temperature=1.0, eval_temperature=0.6,
                  drop_low_mean_frac=0.0, drop_zero_variance=False),
-    "code": dict(workflow="code", max_turns=4, eval_temperature=0.6,
+    "code": dict(workflow="code", max_turns=4, temperature=1.0, eval_temperature=0.6,
                  drop_low_mean_frac=0.0, drop_zero_variance=True),
 }
+
+# The reference's sampling and schedule for every task (its configs at commit a054fb1, verl's schedule).
+PAPER_SAMPLING = dict(top_p=0.9, top_k=20, repetition_penalty=1.2, eval_top_p=0.95, eval_top_k=20,
+                      eval_repetition_penalty=1.0)
+PAPER_OPTIM = dict(lr=5e-6, schedule="cosine", warmup_steps=10, min_lr_ratio=0.3)
 
 
 def paper_config(task: str, preset: str) -> ml_collections.ConfigDict:
     """The paper's system for `task` with a Qwen3 `preset` (weights from model.hf_path).
 
-    The rest of the paper's settings (B = 32, K = 8, 4096/2048 tokens, lr 1e-6, mini-batch 16,
-    200 steps, evaluation every 10) are base_config's defaults."""
+    The rest of the paper's settings (B = 32, K = 8, 4096/2048 tokens, mini-batch 16, 200 steps,
+    evaluation every 10) are base_config's defaults."""
     t = TASKS[task]
     c = base_config()
     c.model.update(preset=preset, param_dtype="bfloat16", compute_dtype="bfloat16", remat=True)
     c.env.workflow = t["workflow"]
-    c.rollout.update(max_turns=t["max_turns"], eval_temperature=t["eval_temperature"])
+    c.rollout.update(max_turns=t["max_turns"], temperature=t["temperature"], eval_temperature=t["eval_temperature"],
+                     **PAPER_SAMPLING)
+    c.optim.update(**PAPER_OPTIM)
     c.algo.update(drop_low_mean_frac=t["drop_low_mean_frac"], drop_zero_variance=t["drop_zero_variance"])
     return c
 
