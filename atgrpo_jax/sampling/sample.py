@@ -33,7 +33,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from atgrpo_jax.sampling.draw import blocked, pick, two_stage
+from atgrpo_jax.sampling.draw import blocked, pick, top_k_barred, two_stage
 from atgrpo_jax.sampling.nucleus import top_p_draw
 
 NEG_INF = -jnp.inf
@@ -58,9 +58,7 @@ def _from_sorted(scaled: jax.Array, idx: jax.Array, u: jax.Array, top_p):
 
 
 def _top_k(logits: jax.Array, k: int):
-    # The barrier keeps XLA from folding later slices into top_k's sort, which
-    # defeats the CPU TopK rewrite and turns it into a full sort (100x slower).
-    return jax.lax.optimization_barrier(jax.lax.top_k(logits, min(k, logits.shape[-1])))
+    return top_k_barred(logits, k)
 
 
 def greedy(logits: jax.Array) -> jax.Array:
