@@ -83,6 +83,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.algo.advantage = "grpo"  # advantage estimator, a name in atgrpo_jax.algo.advantages.ADVANTAGES (grpo, drgrpo)
     c.algo.drop_low_mean_frac = 0.5  # drop this fraction of the groups with the lowest mean reward
     c.algo.drop_zero_variance = False  # drop groups whose K rewards are all equal
+    c.algo.filter_plain = False  # apply the two filters above without tree sampling too (rollout.tree=False);
+    # the reference filters only tree-sampled groups
     c.algo.filter_scope = "policy"  # the low-mean filter ranks groups within each "policy" (as each model's batch is
     # filtered on its own), each "agent", or the whole "batch"
     c.loss = ml_collections.ConfigDict()  # the clipped policy-gradient loss

@@ -189,7 +189,9 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
     mixed = samples.agent < 0  # a group of several agents' samples (plain GRPO by task): a scope of its own
     scope = {"policy": np.where(mixed, len(run.policies), run.policy_of_agent[samples.agent]),
              "agent": np.where(mixed, len(run.workflow.agents), samples.agent), "batch": None}[c.algo.filter_scope]
-    keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance, scope))
+    filtering = c.rollout.tree or c.algo.filter_plain  # plain GRPO keeps every group unless asked (as the reference)
+    low_mean, zero_var = (c.algo.drop_low_mean_frac, c.algo.drop_zero_variance) if filtering else (0.0, False)
+    keep = np.asarray(group_filter(rewards, mask, low_mean, zero_var, scope))
     frozen = [i for i, a in enumerate(run.workflow.agents) if a.name in c.policy.frozen_agents]
     trained = keep[:, None] & ~np.isin(samples.sample_agent, frozen)  # [G, K]: the samples the update sees
     rng = np.random.default_rng([c.train.seed, step])

@@ -121,6 +121,7 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     _require(a.advantage in ADVANTAGES, "algo.advantage",
              f"unknown {a.advantage!r}{closest(a.advantage, ADVANTAGES)}; known: {', '.join(ADVANTAGES)}")
     _require(0 <= a.drop_low_mean_frac < 1, "algo.drop_low_mean_frac", "must be in [0, 1)")
+    _require(isinstance(a.filter_plain, bool), "algo.filter_plain", f"must be True or False, got {a.filter_plain!r}")
     _require(a.filter_scope in FILTER_SCOPES, "algo.filter_scope", f"must be one of {FILTER_SCOPES}, got "
              f"{a.filter_scope!r}")
     try:

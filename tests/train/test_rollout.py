@@ -294,3 +294,19 @@ def test_decode_slots_sample_what_all_rows_at_once_do(run):
         run.config.rollout.decode_slots = 0
     for field in ("response", "response_len", "reward", "sampler_logp", "selected"):
         np.testing.assert_allclose(getattr(slotted, field), getattr(whole, field), atol=2e-6, err_msg=field)
+
+
+def test_plain_grpo_skips_the_group_filters_unless_asked():
+    """The reference filters only tree-sampled groups: plain GRPO keeps them all unless
+    algo.filter_plain; tree sampling filters as configured."""
+    config = tiny_config("plain_grpo")
+    config.algo.update(drop_low_mean_frac=0.5, filter_scope="batch")
+    run = build_run(config)
+    m = train_step(run, 1)
+    assert m["groups"] == 3 and m["groups_kept"] == 3
+    run.config.algo.filter_plain = True
+    assert train_step(run, 2)["groups_kept"] < 3
+    tree = build_run(tiny_config())
+    tree.config.algo.update(drop_low_mean_frac=0.5, filter_scope="batch")
+    m = train_step(tree, 1)
+    assert m["groups_kept"] < m["groups"]
