@@ -318,8 +318,8 @@ def config_docs_markdown() -> str:
 
 # ---------------------------------------------------------------- the paper's runs
 
-# Per-task settings of the paper's system (docs/paper.md): workflow, turns (T = 5 for the games, as the
-# reference runs them), filters, training and evaluation temperatures (games: 1.5 and greedy).
+# Per-task settings of the paper's system (docs/paper.md): workflow, turns (T = 5 for the games and code, as
+# the reference runs them), filters, training and evaluation temperatures (games: 1.5 and greedy).
 TASKS = {
     "plan_path": dict(workflow="plan_path_tool_plan", max_turns=5, temperature=1.5, eval_temperature=0.0,
                       drop_low_mean_frac=0.5, drop_zero_variance=False),
@@ -329,7 +329,7 @@ TASKS = {
                    drop_low_mean_frac=0.5, drop_zero_variance=False),
     "math": dict(workflow="math", max_turns=4, temperature=1.0, eval_temperature=0.6,
                  drop_low_mean_frac=0.0, drop_zero_variance=False),
-    "code": dict(workflow="code", max_turns=4, temperature=1.0, eval_temperature=0.6,
+    "code": dict(workflow="code", max_turns=5, temperature=1.0, eval_temperature=0.6,
                  drop_low_mean_frac=0.0, drop_zero_variance=True),
 }
 
