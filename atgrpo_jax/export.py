@@ -61,11 +61,13 @@ def generation_config(run, index: int):
     mine = [s for s, p in zip(run.sampling, run.policy_of_agent) if int(p) == index]
     rollout = agent_sampling(run.config, "")  # no agent's overrides
     pick = {k: getattr(mine[0], k) if len({getattr(s, k) for s in mine}) == 1 else getattr(rollout, k)
-            for k in ("temperature", "top_p", "top_k", "max_new_tokens")}
+            for k in ("temperature", "top_p", "top_k", "max_new_tokens", "repetition_penalty")}
     fields = dict(eos_token_id=list(run.stop_ids), pad_token_id=run.tokenizer.pad_token_id,
                   max_new_tokens=pick["max_new_tokens"], do_sample=pick["temperature"] > 0)
     if pick["temperature"] > 0:  # top_k 0 = off, as in transformers (whose default is 50) and vLLM
         fields.update(temperature=pick["temperature"], top_p=pick["top_p"], top_k=pick["top_k"])
+    if pick["repetition_penalty"] != 1:  # transformers' definition is vLLM's (prompt and response ids)
+        fields.update(repetition_penalty=pick["repetition_penalty"])
     config = GenerationConfig(**fields)
     config.validate(strict=True)
     return config

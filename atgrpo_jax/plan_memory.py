@@ -216,7 +216,7 @@ def kv_cache_bytes(cfg: Qwen3Config, mesh, rows: int, length: int, itemsize: int
 
 def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: int,
                     new_tokens: int, cache_itemsize: int, backend: str = "xla",
-                    decode_slots: int = 0) -> dict[str, int]:
+                    decode_slots: int = 0, penalty: bool = False) -> dict[str, int]:
     """KV cache of one sampling call and the working sets of prefill and decode.
 
     As in sampling/decode.py and segments.py: prefill writes the num_tasks
@@ -225,7 +225,8 @@ def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: 
     decode_slots < num_tasks*k rows (continuous batching) only that many rows
     decode at once, each with its own copy of its prompt's slots. A decode step
     reads one layer's keys and values at a time and turns [rows, V] float32
-    logits into tokens.
+    logits into tokens; with a repetition penalty each row also keeps a [V] bool set of the ids
+    it has seen.
     """
     rows = num_tasks * k
     decoding = min(rows, decode_slots) if decode_slots else rows
@@ -237,6 +238,8 @@ def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: 
     prefill = 2 * attn["working"] + attn["mask"]
     layer_kv = cache // cfg.num_layers  # one layer's keys and values, read out of the stack
     logits = 3 * local_bytes((decoding, cfg.vocab_size), ("batch", "vocab"), 4, mesh)  # logits + selection
+    if penalty:  # the rows' seen-id sets, and the prompts' from prefill
+        logits += local_bytes((decoding + num_tasks, cfg.vocab_size), ("batch", "vocab"), 1, mesh)
     working = max(prefill, layer_kv + logits)
     return {"kv_cache": cache, "prompt_cache": prompt_cache, "new_token_cache": own_cache + gathered,
             "decode_rows": decoding, "prefill_attention": prefill, "decode_layer_kv": layer_kv,
@@ -358,7 +361,9 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     acts = {remat: update_activations(cfg.replace(remat=remat), mesh, config.optim.mini_batch_size, width - 1,
                                       lo.logprob_chunk, remat, backend) for remat in (False, True)}
     sampling = sampling_memory(cfg, mesh, r.num_tasks, r.k, r.max_prompt_len, max_new_tokens(config),
-                               _itemsize(cfg.compute_dtype), backend, r.decode_slots)  # the cache: compute dtype
+                               _itemsize(cfg.compute_dtype), backend, r.decode_slots,  # the cache: compute dtype
+                               penalty=r.repetition_penalty != 1 or any(
+                                   a.get("repetition_penalty", 1) != 1 for a in r.agents.values()))
     resident = p_bytes + optimizer + reference
     update_peak = resident + upd["total"]
     sampling_peak = resident + merged + sampling["kv_cache"] + sampling["working"]

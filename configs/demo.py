@@ -23,7 +23,7 @@ def get_config():
     c.rollout.update(num_tasks=8, k=8, max_turns=4, temperature=1.0, max_prompt_len=64,
                      prompt_buckets=(64,), max_new_tokens=2, eval_temperature=0.0)
     c.algo.update(alpha=1.0, drop_low_mean_frac=0.0)
-    c.optim.update(lr=3e-4, schedule="constant", warmup_steps=5, mini_batch_size=128, weight_decay=0.01)
+    c.optim.update(lr=3e-4, schedule="constant", warmup_steps=2, mini_batch_size=128, weight_decay=0.01)
     c.train.update(steps=400, eval_every=10, eval_tasks=100, checkpoint_every=20, keep_last=2,
                    time_budget_s=540.0)
     return c

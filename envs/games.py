@@ -17,7 +17,8 @@ A game module provides:
   direct_format(max_len) -> str        what a direct answer looks like ("1-2 moves UDLR")
   show_actions(codes) -> str           codes as the model writes them
   short(codes) -> str                  a direct answer, compactly (what a planner hands over)
-and, optionally, local_view(state, last_move) -> str (the agent's surroundings only).
+and, optionally, local_view(state, last_move) -> str (the agent's surroundings only) and
+TOOL_PENALTY (the tool agent's reward when nothing parses; default -2).
 Parsers never raise; they return None when nothing parses.
 """
 from __future__ import annotations

@@ -96,7 +96,8 @@ class GridState(NamedTuple):
 class WorkflowConfig:
     max_turns: int = 4
     seed: int = 0
-    tool_penalty: float = -2.0
+    tool_penalty: float | None = None  # None: the game's TOOL_PENALTY (the reference's: Sudoku -1), else -2
+    tool_empty_reward: float = 0.0  # the tool agent's local reward for printing an empty list [] (the reference's)
     plan_penalty: float = -2.0
     format_penalty: float = -1.0
     plan_len: int = 4
@@ -108,7 +109,8 @@ class WorkflowConfig:
 
 
 def actions_from_output(stdout: str, game: GridGame) -> list[int] | None:
-    """Actions from the last `**Actions List**:` line a program printed."""
+    """Actions from the last `**Actions List**:` line a program printed; [] for an empty list `[]`
+    (which the tool agent's prompt allows), None when nothing parses."""
     if not isinstance(stdout, str):
         return None
     at = stdout.rfind(ACTIONS_MARKER)
@@ -116,7 +118,10 @@ def actions_from_output(stdout: str, game: GridGame) -> list[int] | None:
         at = stdout.rfind("Actions List:")
         if at < 0:
             return None
-    return game.parse_list(stdout[at:].split(":", 1)[1][:20_000])
+    rest = stdout[at:].split(":", 1)[1][:20_000]
+    if rest.strip().split("\n", 1)[0].replace(" ", "") == "[]":
+        return []
+    return game.parse_list(rest)
 
 
 def actions_from_answer(text: str, game: GridGame) -> list[int] | None:
@@ -149,6 +154,9 @@ class GridWorkflow:
         self.kind = kind
         self.game = make_game(game) if isinstance(game, str) else game
         self.config = config or WorkflowConfig()
+        if self.config.tool_penalty is None:
+            default = float(getattr(self.game.module, "TOOL_PENALTY", -2.0))
+            self.config = dataclasses.replace(self.config, tool_penalty=default)
         local_ok = hasattr(self.game.module, "local_view")
         if self.config.view not in ("grid", "local") or (self.config.view == "local" and not local_ok):
             raise ValueError(f"view must be 'grid', or 'local' for a game with a local view (plan_path); got "
@@ -232,6 +240,10 @@ class GridWorkflow:
         new_env, reward, done, success = self._step(state.env, jnp.asarray(padded))
         reward = np.asarray(reward, np.float32) * parsed
         penalty = np.float32(getattr(self.config, role.penalty))
+        if role.answer == "code":  # an empty printed list [] is an answer (no moves), not a format error
+            empty = np.array([[a is not None and len(a) == 0 for a in row] for row in actions]) & active[:, None]
+            penalty = np.where(empty, np.float32(self.config.tool_empty_reward), penalty)
+            parsed_as[empty] = "an empty action list []"
         local = np.where(parsed, reward, penalty) * active[:, None]
         if role.moves_env:
             team, last_reward = reward, reward

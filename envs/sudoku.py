@@ -277,5 +277,6 @@ RULES = (
     "0-3. A placement is [row, col, digit]."
 )
 MAX_ACTIONS = 16
+TOOL_PENALTY = -1.0  # the tool agent's reward when nothing parses: the reference's Sudoku value (other games -2)
 ANSWER_FORMAT = "a list of placements [[row, col, digit], ...] or the full grid [[1,2,3,4], ...]"
 ANSWER_EXAMPLE = "[[0, 1, 3], [2, 2, 4]]"

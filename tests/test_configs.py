@@ -76,3 +76,36 @@ def test_every_config_key_has_a_comment_and_the_readme_lists_them():
     assert all(len(docs[k]) > 10 for k in leaves), [k for k in leaves if len(docs[k]) <= 10]
     readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
     assert config_docs_markdown() in readme, "README's config reference is stale: paste `python -m atgrpo_jax.train.config`"
+
+
+def _paper_table():
+    """{config key: {column: cell}} of docs/paper.md's table of the paper's settings."""
+    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "paper.md"), encoding="utf-8").read()
+    section = text[text.index("## Settings of the paper's runs"):].split("\n## ")[0]
+    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("| ")]
+    header = [h.strip() for h in rows[0]]
+    table = {}
+    for cells in rows[1:]:
+        keys = [k.strip().strip("`") for k in cells[1].split(",")]
+        for i, key in enumerate(keys):
+            table[key] = {col: c.split(",")[i].strip() if len(keys) > 1 else c.strip()
+                          for col, c in zip(header[2:], cells[2:])}
+    return table
+
+
+def test_docs_table_says_what_the_paper_configs_carry():
+    import ast
+
+    from atgrpo_jax.train.config import paper_config
+
+    table = _paper_table()
+    assert {"rollout.top_p", "rollout.repetition_penalty", "rollout.eval_top_k", "optim.min_lr_ratio"} <= set(table)
+    columns = {"games (Plan-Path, Sokoban, Sudoku)": ("plan_path", "sokoban", "sudoku"), "math": ("math",),
+               "code": ("code",)}
+    for key, cells in table.items():
+        section, leaf = key.split(".")
+        for column, tasks in columns.items():
+            for task in tasks:
+                for preset in ("qwen3-1.7b", "qwen3-8b"):
+                    value = paper_config(task, preset)[section][leaf]
+                    assert ast.literal_eval(cells[column]) == value, (key, task, cells[column], value)

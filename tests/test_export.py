@@ -154,3 +154,23 @@ def test_bad_requests_name_what_is_wrong_and_write_nothing(runs, tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json there"):
         export_policy(str(tmp_path / "full"), str(tmp_path / "d"))
     assert sorted(os.listdir(tmp_path)) == ["full"]
+
+
+def test_generation_config_carries_the_repetition_penalty():
+    """transformers' repetition penalty is vLLM's definition (prompt and response ids), so an exported
+    policy samples as its agents did; at 1 the field is left out (transformers' default)."""
+    from types import SimpleNamespace
+
+    from atgrpo_jax.export import generation_config
+    from atgrpo_jax.train.config import agent_sampling, base_config
+
+    c = base_config()
+    c.rollout.update(top_k=20, top_p=0.9, repetition_penalty=1.2)
+    run = SimpleNamespace(config=c, sampling=[agent_sampling(c, "a"), agent_sampling(c, "b")], policy_of_agent=[0, 0],
+                          stop_ids=(151645,), tokenizer=SimpleNamespace(pad_token_id=0))
+    gen = generation_config(run, 0)
+    assert (gen.repetition_penalty, gen.top_k, gen.top_p) == (1.2, 20, 0.9)
+    c.rollout.repetition_penalty = 1.0
+    run.sampling = [agent_sampling(c, "a")]
+    run.policy_of_agent = [0]
+    assert generation_config(run, 0).repetition_penalty in (None, 1.0)  # unset: transformers applies none

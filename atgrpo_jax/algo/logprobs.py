@@ -6,7 +6,8 @@ peak memory is one chunk's logits, not B*T*V*4 bytes (1.2 GB for 8 x 256
 tokens at V = 151,669).
 
 The distribution is the one the sampler drew from (`SampledFrom`): ids past the
-tokenizer's vocabulary excluded, logits divided by the token's temperature, cut to
+tokenizer's vocabulary excluded, the repetition penalty on the ids already seen
+(`Repeats`), logits divided by the token's temperature, cut to
 top-k and to the token's top-p nucleus, so old and new log-probs and the sampler's
 are of one distribution and the importance ratio compares like with like. The cut
 (which tokens are in) is taken as given, not differentiated; the sampled token is
@@ -23,12 +24,15 @@ Two ways to differentiate through it:
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from atgrpo_jax.sampling.nucleus import nucleus_mask
+from atgrpo_jax.sampling.sample import penalize
+
+NOT_SEEN = jnp.iinfo(jnp.int32).max
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +43,26 @@ class SampledFrom:
     top_k: int = 0  # 0: off
     top_p: bool = False  # tokens were drawn from a top-p nucleus (each with its own top_p)
     top_p_cap: int = 256  # as the sampler's
+    repetition_penalty: bool = False  # logits of ids already seen were penalized (each token with its own penalty)
+
+
+class Repeats(NamedTuple):
+    """What the repetition penalty needs: token (b, t) saw id v iff first[sample[b, t], v] < order[b, t]."""
+
+    first: jax.Array  # [S, V] int32: -1 for the ids of sample s's prompt, else the order of the id's first
+    # appearance in its response (NOT_SEEN: never)
+    sample: jax.Array  # [B, T] int32: the sample each token belongs to
+    order: jax.Array  # [B, T] int32: increasing along each sample's response
+    penalty: jax.Array  # [B, T] float32: the penalty the token was sampled with (1: none)
+
+
+def first_seen(prompt_present: jax.Array, sample, order, target, scored) -> jax.Array:
+    """`Repeats.first` [S, V] from prompt_present [S, V] bool (the ids of each sample's prompt) and
+    the response tokens target [B, T] of `sample` at `order` (where scored); ids >= V are ignored."""
+    num_samples = prompt_present.shape[0]
+    first = jnp.where(prompt_present, -1, NOT_SEEN).astype(jnp.int32)
+    rows = jnp.where(scored & (sample >= 0), sample, num_samples)  # out of range: dropped
+    return first.at[rows, target].min(order.astype(jnp.int32), mode="drop")
 
 
 def _kept(logits, inv_temp, targets, top_p, how: SampledFrom):
@@ -62,11 +86,15 @@ def _kept(logits, inv_temp, targets, top_p, how: SampledFrom):
     return keep | (jnp.arange(scaled.shape[-1]) == targets[:, None])
 
 
-def _chunk_stats(h, w, targets, how: SampledFrom = SampledFrom(), inv_temp=None, top_p=None):
+def _chunk_stats(h, w, targets, how: SampledFrom = SampledFrom(), inv_temp=None, top_p=None, penalty=None,
+                 sample=None, order=None, first=None):
     """log p(target) and the entropy, per row of one chunk, under the sampling distribution."""
     if how.vocab_limit:
         w = w[:, :how.vocab_limit]
     logits = jnp.einsum("nd,dv->nv", h, w, preferred_element_type=jnp.float32)
+    if penalty is not None:  # as the sampler: before temperature and truncation (sampling/sample.py)
+        seen = jnp.take(first, jnp.maximum(sample, 0), axis=0)[:, :logits.shape[1]] < order[:, None]
+        logits = penalize(logits, seen, penalty)
     keep = _kept(jax.lax.stop_gradient(logits), inv_temp, targets, top_p, how)
     if inv_temp is not None:
         logits = logits * inv_temp[:, None]
@@ -93,9 +121,11 @@ def _from_chunks(x: jax.Array, b: int, t: int) -> jax.Array:
     return x.reshape(-1)[:b * t].reshape(b, t)
 
 
-def _sampling_inputs(how: SampledFrom, inv_temp, top_p, b: int, t: int) -> dict:
+def _sampling_inputs(how: SampledFrom, inv_temp, top_p, b: int, t: int, repeats: Repeats | None = None) -> dict:
     """The per-token sampling arrays the chunks need ([B, T] each; ones when not given)."""
     out = {}
+    if how.repetition_penalty and repeats is not None:
+        out.update(penalty=repeats.penalty.astype(jnp.float32), sample=repeats.sample, order=repeats.order)
     if inv_temp is not None:
         out["inv_temp"] = jnp.broadcast_to(inv_temp, (b, t)).astype(jnp.float32)
     if how.top_p:
@@ -103,22 +133,29 @@ def _sampling_inputs(how: SampledFrom, inv_temp, top_p, b: int, t: int) -> dict:
     return out
 
 
+def _first(how: SampledFrom, repeats: Repeats | None) -> dict:
+    return {"first": repeats.first} if how.repetition_penalty and repeats is not None else {}
+
+
 def token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, chunk_size: int = 1024,
-                   how: SampledFrom = SampledFrom(), inv_temp=None, top_p=None) -> tuple[jax.Array, jax.Array]:
+                   how: SampledFrom = SampledFrom(), inv_temp=None, top_p=None,
+                   repeats: Repeats | None = None) -> tuple[jax.Array, jax.Array]:
     """log p(targets) and entropy per position, under the sampling distribution (`SampledFrom`).
 
     hidden [B, T, D] (final-normed), head [D, V], targets [B, T] int; inv_temp and top_p:
-    [B, T] per-token 1 / temperature and top-p (None: 1). Returns two float32 [B, T] arrays.
+    [B, T] per-token 1 / temperature and top-p (None: 1); repeats: the ids each token had seen
+    and its repetition penalty (None: no penalty). Returns two float32 [B, T] arrays.
     """
     b, t, _ = hidden.shape
     chunk = min(chunk_size, b * t)
     w = head.astype(hidden.dtype)
-    per_token = {k: _to_chunks(v, chunk) for k, v in _sampling_inputs(how, inv_temp, top_p, b, t).items()}
+    per_token = {k: _to_chunks(v, chunk) for k, v in _sampling_inputs(how, inv_temp, top_p, b, t, repeats).items()}
+    first = _first(how, repeats)
 
     @jax.checkpoint
     def body(_, xs):
         h, y, x = xs
-        return None, _chunk_stats(h, w, y, how, **x)
+        return None, _chunk_stats(h, w, y, how, **x, **first)
 
     _, (logp, ent) = jax.lax.scan(body, None, (_to_chunks(hidden, chunk), _to_chunks(targets, chunk), per_token))
     return _from_chunks(logp, b, t), _from_chunks(ent, b, t)
@@ -126,7 +163,7 @@ def token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, chunk
 
 def fused_head_loss(hidden: jax.Array, head: jax.Array, targets: jax.Array, token_inputs: dict,
                     loss_of_tokens: Callable, chunk_size: int = 1024, head_grad: bool = True,
-                    how: SampledFrom = SampledFrom(), inv_temp=None, top_p=None):
+                    how: SampledFrom = SampledFrom(), inv_temp=None, top_p=None, repeats: Repeats | None = None):
     """(loss, (logp, entropy)) where loss = sum over tokens of loss_of_tokens.
 
     loss_of_tokens(logp [c], entropy [c], inputs) -> [c] per-token loss terms,
@@ -135,18 +172,19 @@ def fused_head_loss(hidden: jax.Array, head: jax.Array, targets: jax.Array, toke
     a per-token weight). The loss is differentiable in `hidden` and, if
     `head_grad`, in `head` (pass False for a frozen head: its [D, V] gradient
     is then never computed); logp and entropy [B, T] are returned for
-    diagnostics and are not differentiable. how, inv_temp, top_p: as `token_logprobs`.
+    diagnostics and are not differentiable. how, inv_temp, top_p, repeats: as `token_logprobs`.
     """
     b, t, _ = hidden.shape
     chunk = min(chunk_size, b * t)
     hs, ys = _to_chunks(hidden, chunk), _to_chunks(targets, chunk)
     xs = jax.tree.map(lambda x: _to_chunks(x, chunk), token_inputs)
-    ss = {k: _to_chunks(v, chunk) for k, v in _sampling_inputs(how, inv_temp, top_p, b, t).items()}
+    ss = {k: _to_chunks(v, chunk) for k, v in _sampling_inputs(how, inv_temp, top_p, b, t, repeats).items()}
+    first = _first(how, repeats)
 
     def forward(hs, w):
         def body(dw, c):
             hc, yc, xc, sc = c
-            stats = lambda h, w: _chunk_stats(h, w, yc, how, **sc)  # noqa: E731
+            stats = lambda h, w: _chunk_stats(h, w, yc, how, **sc, **first)  # noqa: E731
             if head_grad:
                 (lp, ent), pull = jax.vjp(stats, hc, w)
             else:

@@ -33,7 +33,8 @@ def make_sample_fn(policies, policy_of_agent: np.ndarray, tokenizer, *, sampling
     A policy samples where its weights live: on its pool, and with several
     processes on this process's part of it (`policy.local_mesh`). sampling[agent]
     (train.config.AgentSampling) sets the agent's temperature (unless `temperature`
-    overrides it for all, as evaluation does), top-k, top-p and response length.
+    overrides it for all, as `evaluate --temperature` does), top-k, top-p, repetition penalty
+    and response length.
     decode_slots > 0: at most that many rows decode at once (continuous batching)."""
     rows = batch_buckets(max_tasks)
     pad_id = tokenizer.pad_token_id or 0
@@ -47,6 +48,7 @@ def make_sample_fn(policies, policy_of_agent: np.ndarray, tokenizer, *, sampling
             keys = jax.random.wrap_key_data(keys)  # raw uint32 [n, 2] keys
         gen = generate(model, [list(map(int, p)) for p in prompts], max_new_tokens=s.max_new_tokens,
                        row_keys=branch_keys(keys, k), top_k=s.top_k, top_p=s.top_p,
+                       repetition_penalty=s.repetition_penalty,
                        temperature=s.temperature if temperature is None else temperature,
                        stop_ids=tuple(stops), num_branches=k, pad_id=pad_id, buckets=prompt_buckets,
                        batch_buckets=rows, vocab_limit=len(tokenizer),  # never ids the tokenizer lacks

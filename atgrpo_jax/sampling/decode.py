@@ -23,6 +23,12 @@ values) at column (start + j) mod max_new of its buffers, a ring it never
 laps since it makes at most max_new tokens; `write_back` unrolls the ring.
 Rows that all start at step 0 write column j at step j, as a plain loop.
 
+Repetition penalty (vLLM's): with `DecodeSettings.repetition_penalty` on,
+each row carries a [R, V] bool set of the ids in its prompt and in its
+response so far (made once by prefill, one scatter per step), and the
+logits of those ids are divided by the penalty where positive, multiplied
+where not, before temperature and truncation. Off, none of it is built.
+
 Randomness: row r draws the uniforms of its j-th token from
 fold_in(row_keys[r], j), so a row's tokens depend only on its prompt, its key
 and the settings, never on the other rows, where they sit or when they
@@ -58,6 +64,7 @@ class DecodeSettings:
     cache_dtype: str | None = None  # None: the model's compute dtype
     raw_logprobs: bool = False  # also keep log softmax(logits) of each sampled token
     vocab_limit: int | None = None  # only ids < vocab_limit are sampled (None: all of the LM head's)
+    repetition_penalty: bool = False  # penalize ids already seen (SamplingParams.repetition_penalty is by how much)
 
     def __post_init__(self):
         for name in ("max_new_tokens", "num_branches"):
@@ -75,12 +82,14 @@ class SamplingParams(NamedTuple):
     """Traced controls: changing them does not recompile."""
 
     temperature: jax.Array  # float32 scalar, 0 = greedy
+    repetition_penalty: jax.Array  # float32 scalar > 0, used only when DecodeSettings.repetition_penalty
 
 
 class Prefilled(NamedTuple):
     cache: KVCache  # B rows, P slots: the prompts' keys and values
     logits: jax.Array  # [B, V] float32, next-token logits of each prompt
     lengths: jax.Array  # [B] int32, real tokens of each prompt (= position of its first new token)
+    present: jax.Array | None = None  # [B, V] bool: ids in each prompt (with the repetition penalty only)
 
 
 class Decoded(NamedTuple):
@@ -105,10 +114,13 @@ class Rows(NamedTuple):
     keys: jax.Array  # [R] PRNG keys
     start: jax.Array  # [R] int32: the step each row began at (its j-th token is made at step start + j)
     out: Decoded  # the rows' outputs so far, ring-ordered (module docstring); out.steps is the global step
+    present: jax.Array | None = None  # [R, V] bool: ids in the row's prompt and response so far (penalty only)
 
 
-def _prefill(graphdef, weights, prompt_ids, prompt_mask, *, cache_dtype: str | None = None) -> Prefilled:
-    """Run B left-padded prompts once; keeps the last position's logits only. Independent of K."""
+def _prefill(graphdef, weights, prompt_ids, prompt_mask, *, cache_dtype: str | None = None,
+             presence: bool = False) -> Prefilled:
+    """Run B left-padded prompts once; keeps the last position's logits only. Independent of K.
+    presence: also the [B, V] set of each prompt's ids (for the repetition penalty)."""
     model = nnx.merge(graphdef, weights)
     b, p = prompt_ids.shape
     prompt_ids = constrain(prompt_ids, ("batch", "seq"))
@@ -117,8 +129,13 @@ def _prefill(graphdef, weights, prompt_ids, prompt_mask, *, cache_dtype: str | N
     h, cache = model.hidden_states(prompt_ids, positions, prompt_mask,
                                    init_cache(model.cfg, b, p, cache_dtype))
     logits = model.logits(h[:, -1])  # left padding: the last column is every prompt's last token
+    present = None
+    if presence:
+        ids = jnp.where(prompt_mask, prompt_ids, logits.shape[-1])  # padding: out of range, dropped
+        present = jnp.zeros(logits.shape, bool).at[jnp.arange(b)[:, None], ids].set(True, mode="drop")
+        present = constrain(present, ("batch", "vocab"))
     return Prefilled(constrain_cache(cache), constrain(logits, ("batch", "vocab")),
-                     jnp.sum(prompt_mask, axis=1, dtype=jnp.int32))
+                     jnp.sum(prompt_mask, axis=1, dtype=jnp.int32), present)
 
 
 def _step_select(s: Rows, params: SamplingParams, settings: DecodeSettings):
@@ -128,9 +145,12 @@ def _step_select(s: Rows, params: SamplingParams, settings: DecodeSettings):
     made = step - s.start  # tokens each row has made before this one
     sel = select(s.logits, row_uniforms(s.keys, made), params.temperature, top_k=settings.top_k,
                  top_p=settings.top_p, top_p_cap=settings.top_p_cap, raw_logprobs=settings.raw_logprobs,
-                 vocab_limit=settings.vocab_limit)
+                 vocab_limit=settings.vocab_limit, present=s.present, penalty=params.repetition_penalty)
     live = ~s.done
     tok = jnp.where(live, sel.tokens, settings.pad_id)
+    if s.present is not None:  # one scatter: the new token counts as seen from the next step on
+        seen = jnp.where(live, sel.tokens, s.present.shape[-1])  # finished rows: out of range, dropped
+        s = s._replace(present=s.present.at[jnp.arange(tok.shape[0]), seen].set(True, mode="drop"))
 
     def put(buf, x):  # finished rows keep their column: their ring must survive until it is written back
         old = jax.lax.dynamic_slice_in_dim(buf, col, 1, axis=1)[:, 0]
@@ -172,9 +192,10 @@ def start(model, pre: Prefilled, settings: DecodeSettings, stop_ids=None, row_ke
     # The K branches of a prompt start from its logits; copying them is the first step's work.
     logits = constrain(jnp.repeat(pre.logits, k, axis=0), ("batch", "vocab"))
     own = init_branch_cache(model, n, new, pre.cache.k.dtype)
+    present = None if pre.present is None else constrain(jnp.repeat(pre.present, k, axis=0), ("batch", "vocab"))
     return Rows(pre.cache, own, logits, jnp.repeat(pre.lengths, k), jnp.zeros((n,), bool),
                 jnp.repeat(budget, k), jnp.repeat(stop_ids, k, axis=0), row_keys, jnp.zeros((n,), jnp.int32),
-                empty_outputs(n, settings))
+                empty_outputs(n, settings), present)
 
 
 def _start(graphdef, weights, pre: Prefilled, stop_ids, row_keys, budget, settings) -> tuple[Rows, Decoded]:
@@ -231,12 +252,14 @@ def _segment(graphdef, weights, rows: Rows, full: Decoded, ids, until, params: S
     return rows, write_back(full, rows, ids, settings.pad_id)
 
 
-prefill_jit = jax.jit(_prefill, static_argnames=("graphdef", "cache_dtype"))
+prefill_jit = jax.jit(_prefill, static_argnames=("graphdef", "cache_dtype", "presence"))
 start_jit = jax.jit(_start, static_argnames=("graphdef", "settings"))
 segment_jit = jax.jit(_segment, static_argnames=("graphdef", "settings"), donate_argnames=("rows", "full"))
 
 
-def sampling_params(temperature=1.0) -> SamplingParams:
+def sampling_params(temperature=1.0, repetition_penalty=1.0) -> SamplingParams:
     if not temperature >= 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    return SamplingParams(jnp.float32(temperature))
+    if not repetition_penalty > 0:
+        raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
+    return SamplingParams(jnp.float32(temperature), jnp.float32(repetition_penalty))

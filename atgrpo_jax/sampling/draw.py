@@ -34,6 +34,15 @@ def block_layout(vocab: int) -> tuple[int, int]:
     return divisor_blocks(vocab, math.sqrt(vocab), -(-vocab // limit), limit, math.isqrt(vocab) + 1)
 
 
+def top_k_barred(x: jax.Array, k: int):
+    """lax.top_k behind optimization barriers: they keep XLA from folding later slices into top_k's
+    sort, which defeats the CPU TopK rewrite and turns it into a full sort (100x slower). One barrier
+    per output: a barrier over top_k's result tuple crashes XLA's SPMD partitioner on a mesh
+    (hlo_casting_utils check failure, seen with an fsdp=8 mesh)."""
+    vals, idx = jax.lax.top_k(x, min(k, x.shape[-1]))
+    return jax.lax.optimization_barrier(vals), jax.lax.optimization_barrier(idx)
+
+
 def pick(weights: jax.Array, u: jax.Array) -> jax.Array:
     """Inverse CDF over the last axis: the i with cum[i-1] <= u*total < cum[i].
 

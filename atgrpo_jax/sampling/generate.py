@@ -106,7 +106,8 @@ def budgets_for(max_new_tokens, num_prompts: int) -> np.ndarray:
 
 
 def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, temperature: float = 1.0,
-             top_k: int = 0, top_p: float = 1.0, stop_ids=(), num_branches: int = 1, pad_id: int = 0,
+             top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, stop_ids=(),
+             num_branches: int = 1, pad_id: int = 0,
              buckets: Sequence[int] = DEFAULT_BUCKETS, batch_buckets: Sequence[int] | None = None,
              prompt_lengths=None, raw_logprobs: bool = False, cache_dtype: str | None = None,
              top_p_cap: int = 256, vocab_limit: int | None = None, segment: int = 16,
@@ -120,12 +121,15 @@ def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, tempera
     one per prompt (each row of prompt b produces at most max_new_tokens[b]
     tokens; the outputs have max(max_new_tokens) columns). key: one PRNG key, row r uses
     fold_in(key, r); or row_keys: [B*K] keys, one per output row.
-    temperature 0 is greedy. vocab_limit: only ids < vocab_limit are ever
+    temperature 0 is greedy. repetition_penalty (1 = off): vLLM's, the
+    logits of ids in the prompt or the response so far divided by it where
+    positive, multiplied where not, before temperature. vocab_limit: only ids < vocab_limit are ever
     sampled (pass the tokenizer's size when the LM head has more rows than it
     has ids, as Qwen3's 151,936 vs 151,669); None or >= the head's size: all.
     Log-probs are under the distribution sampled from (after the limit,
     temperature, top-k, top-p); raw_logprobs adds temperature-1 ones over the
-    whole head. Changing temperature reuses the compiled sampler; top_k, top_p,
+    whole head. Changing temperature or a penalty other than 1 reuses the
+    compiled sampler; the penalty on or off, top_k, top_p,
     vocab_limit and the shapes (bucketed prompt length, batch, max_new_tokens,
     K) select one. segment: steps between drops of finished rows (the live
     rows move to a smaller batch; see segments.py); 0 decodes the whole batch
@@ -154,8 +158,8 @@ def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, tempera
         raise ValueError(f"slots must be >= 1 and needs segment >= 1 to refill, got slots={slots}, segment={segment}")
     max_new_tokens = int(budget.max())
     settings = DecodeSettings(max_new_tokens, num_branches, top_k, top_p, top_p_cap, pad_id, cache_dtype,
-                              raw_logprobs, vocab_limit)
-    params = sampling_params(temperature)
+                              raw_logprobs, vocab_limit, repetition_penalty != 1.0)
+    params = sampling_params(temperature, repetition_penalty)
     b_padded = b if batch_buckets is None else bucket_for(b, batch_buckets)
     n, n_padded = b * num_branches, b_padded * num_branches
     if (key is None) == (row_keys is None):

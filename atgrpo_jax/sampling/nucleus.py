@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from atgrpo_jax.sampling.draw import blocked, divisor_blocks, fused_sum, pick
+from atgrpo_jax.sampling.draw import blocked, divisor_blocks, fused_sum, pick, top_k_barred
 from atgrpo_jax.sampling.search import Nucleus, by_threshold, from_key, gather_layout, search_nucleus, to_key, weights
 
 CHUNKS = 16  # rows the head leaves are searched max(4, N // CHUNKS) at a time
@@ -52,14 +52,14 @@ def row_head(logits: jax.Array, b: int = HEAD) -> Head:
     xb = blocked(logits, -jnp.inf, (size, blocks))
     k = min(b, blocks)
     # the barriers keep XLA from folding the slices below into top_k (then a full sort on CPU, 30x slower)
-    top, block = jax.lax.optimization_barrier(jax.lax.top_k(jnp.max(xb, axis=-1), min(k + 1, blocks)))
+    top, block = top_k_barred(jnp.max(xb, axis=-1), min(k + 1, blocks))
     bound = from_key(to_key(top[:, k])) if blocks > k else jnp.full((n,), -jnp.inf)
     block = jnp.sort(block[:, :k], axis=1)  # index order, so positions below follow indices
     cand = jnp.take_along_axis(xb, block[:, :, None], axis=1).reshape(n, k * size)
     pos = (block[:, :, None] * size + jnp.arange(size)).reshape(n, k * size)
     # keys make -0.0, +0.0 and denormals one value, as the search's thresholds do
     cand = jnp.where(pos < vocab, from_key(to_key(cand)), -jnp.inf)
-    logit, j = jax.lax.optimization_barrier(jax.lax.top_k(cand, min(b, k * size)))
+    logit, j = top_k_barred(cand, min(b, k * size))
     index = jnp.take_along_axis(pos, j, axis=1).astype(jnp.int32)
     return Head(logit, index, logit > bound[:, None], top[:, 0])
 

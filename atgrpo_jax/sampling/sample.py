@@ -21,7 +21,7 @@ logits were -inf: an LM head with more rows than the tokenizer has ids
 decoded, greedy included.
 
 Log-probs are those of the distribution actually sampled from (after the
-vocabulary limit, temperature, top-k, top-p); greedy samples from a point
+vocabulary limit, the repetition penalty, temperature, top-k, top-p); greedy samples from a point
 mass, so they are 0. With `raw_logprobs`, the plain temperature-1 log-prob
 log softmax(logits) of the chosen token over all the logits (the model's
 own, as a trainer recomputes it) is returned too (two more passes).
@@ -33,7 +33,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from atgrpo_jax.sampling.draw import blocked, pick, two_stage
+from atgrpo_jax.sampling.draw import blocked, pick, top_k_barred, two_stage
 from atgrpo_jax.sampling.nucleus import top_p_draw
 
 NEG_INF = -jnp.inf
@@ -58,9 +58,7 @@ def _from_sorted(scaled: jax.Array, idx: jax.Array, u: jax.Array, top_p):
 
 
 def _top_k(logits: jax.Array, k: int):
-    # The barrier keeps XLA from folding later slices into top_k's sort, which
-    # defeats the CPU TopK rewrite and turns it into a full sort (100x slower).
-    return jax.lax.optimization_barrier(jax.lax.top_k(logits, min(k, logits.shape[-1])))
+    return top_k_barred(logits, k)
 
 
 def greedy(logits: jax.Array) -> jax.Array:
@@ -71,15 +69,24 @@ def greedy(logits: jax.Array) -> jax.Array:
     return (block * xb.shape[-1] + jnp.argmax(inside, axis=-1)).astype(jnp.int32)
 
 
+def penalize(logits: jax.Array, present: jax.Array, penalty) -> jax.Array:
+    """vLLM's repetition penalty: the logits of ids already seen (present [N, V] bool) divided by
+    `penalty` (a scalar or [N]) where positive, multiplied by it where not; the others unchanged."""
+    p = jnp.broadcast_to(jnp.asarray(penalty, jnp.float32), logits.shape[:1])[:, None]
+    return jnp.where(present, jnp.where(logits > 0, logits / p, logits * p), logits)
+
+
 def select(logits: jax.Array, u: jax.Array, temperature, *, top_k: int = 0, top_p: float = 1.0,
-           top_p_cap: int = 256, raw_logprobs: bool = False, vocab_limit: int | None = None) -> Selection:
+           top_p_cap: int = 256, raw_logprobs: bool = False, vocab_limit: int | None = None,
+           present: jax.Array | None = None, penalty=1.0) -> Selection:
     """One token per row of logits [N, V] with uniforms u [N, 2] in [0, 1).
 
     temperature (0 = greedy) is traced; top_k (0 = off), top_p (1 = off),
     top_p_cap (tokens sorted per row at the end of the top-p search) and
     vocab_limit (None = all V ids; else only ids < vocab_limit are drawn) are
     static: a `lax.cond` between the truncation paths would make XLA CPU slow
-    down the untruncated draw 3x (measured).
+    down the untruncated draw 3x (measured). present [N, V] bool (None: no
+    repetition penalty): the ids whose logits `penalize` changes first.
     """
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
@@ -89,6 +96,8 @@ def select(logits: jax.Array, u: jax.Array, temperature, *, top_k: int = 0, top_
         raise ValueError(f"top_p_cap must be >= 1, got {top_p_cap}")
     full = logits.astype(jnp.float32)
     logits = full[:, :vocab_limit]  # the ids >= vocab_limit cannot be drawn
+    if present is not None:  # before temperature and truncation, as vLLM; raw log-probs stay the model's own
+        logits = penalize(logits, present[:, :vocab_limit], penalty)
     temperature = jnp.asarray(temperature, jnp.float32)
     inv_t = 1.0 / jnp.where(temperature > 0, temperature, 1.0)
 

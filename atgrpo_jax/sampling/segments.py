@@ -89,8 +89,10 @@ def _compact(rows: Rows, src, keep, src_group) -> Rows:
 
     o = rows.out
     out = Decoded(take(o.tokens), take(o.logprobs), take(o.raw_logprobs), take(o.lengths), take(o.stopped), o.steps)
+    present = None if rows.present is None else take(rows.present)
     return Rows(cache(rows.prefix, src_group), cache(rows.own, src), take(rows.logits), take(rows.positions),
-                take(rows.done) | ~keep, take(rows.budget), take(rows.stop_ids), take(rows.keys), take(rows.start), out)
+                take(rows.done) | ~keep, take(rows.budget), take(rows.stop_ids), take(rows.keys), take(rows.start), out,
+                present)
 
 
 def _admit(rows: Rows, pre: Prefilled, stop_ids, budget, row_keys, new_ids, branches: int) -> Rows:
@@ -110,17 +112,19 @@ def _admit(rows: Rows, pre: Prefilled, stop_ids, budget, row_keys, new_ids, bran
                                      admit(p.valid, jnp.take(c.valid, prompt, axis=0)), p.index))
     o = rows.out
     out = o._replace(lengths=jnp.where(fill, 0, o.lengths), stopped=o.stopped & ~fill)
+    present = None if rows.present is None else admit(rows.present, jnp.take(pre.present, prompt, axis=0))
     return Rows(prefix, rows.own, admit(rows.logits, jnp.take(pre.logits, prompt, axis=0)),
                 admit(rows.positions, jnp.take(pre.lengths, prompt)), rows.done & ~fill,
                 admit(rows.budget, jnp.take(budget, prompt)), admit(rows.stop_ids, jnp.take(stop_ids, prompt, axis=0)),
-                admit(rows.keys, jnp.take(row_keys, caller)), jnp.where(fill, o.steps, rows.start), out)
+                admit(rows.keys, jnp.take(row_keys, caller)), jnp.where(fill, o.steps, rows.start), out, present)
 
 
 def _empty(graphdef, weights, pre: Prefilled, stop_ids, row_keys, budget, slots: int, settings: DecodeSettings):
     """`slots` finished filler rows in groups of one to admit rows into, and the caller-ordered
     output buffers (one row per key)."""
     c = pre.cache
-    first_prompt = Prefilled(KVCache(c.k[:, :1], c.v[:, :1], c.valid[:1], c.index), pre.logits[:1], pre.lengths[:1])
+    first_prompt = Prefilled(KVCache(c.k[:, :1], c.v[:, :1], c.valid[:1], c.index), pre.logits[:1], pre.lengths[:1],
+                             None if pre.present is None else pre.present[:1])
     one = start(nnx.merge(graphdef, weights), first_prompt, dataclasses.replace(settings, num_branches=1),
                 stop_ids[:1], row_keys[:1], budget[:1])
     first = jnp.zeros(slots, jnp.int32)
@@ -157,7 +161,8 @@ def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingPara
     if continuous and (segment <= 0 or slots < 1):
         raise ValueError(f"continuous batching (slots={slots} < {n} rows) needs slots >= 1 and segment >= 1, "
                          f"got segment={segment}")
-    pre = prefill_jit(graphdef, weights, prompt_ids, prompt_mask, cache_dtype=settings.cache_dtype)
+    pre = prefill_jit(graphdef, weights, prompt_ids, prompt_mask, cache_dtype=settings.cache_dtype,
+                      presence=settings.repetition_penalty)
     prompt_of = np.arange(n) // k
     if continuous:
         stop_ids, budget = jnp.asarray(stop_ids), jnp.asarray(budget)  # read at every admission

@@ -35,11 +35,13 @@ def fine_bucket(n: int, minimum: int = 8, per_octave: int = 8) -> int:
 def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_of_agent: np.ndarray,
                    num_policies: int, mini_batch: int, rng: np.random.Generator,
                    inv_temp_of_agent: np.ndarray | None = None,
-                   top_p_of_agent: np.ndarray | None = None, only: int | None = None) -> list[dict | None]:
+                   top_p_of_agent: np.ndarray | None = None,
+                   penalty_of_agent: np.ndarray | None = None, only: int | None = None) -> list[dict | None]:
     """Per policy, its kept samples (keep: [G] groups or [G, K] samples) as arrays tokens/valid/
     is_resp/sampler_logp [N, L], adv [N], share [N] (rows with one share id >= 0 answer one
     prompt; -1: an empty row) and the sampling settings of each row's agent, inv_temp and
-    top_p [N] (default 1: temperature 1, no top-p), with N a multiple of `mini_batch` (the
+    top_p [N] (default 1: temperature 1, no top-p) and, if penalty_of_agent is given, its
+    repetition penalty `penalty` [N], with N a multiple of `mini_batch` (the
     last mini-batch padded with empty rows); `only`: that policy's alone (the others None, and
     `rng` not drawn from for them). Groups are shuffled and each
     group's samples stay together, so a mini-batch holds whole groups (as verl's, and so
@@ -71,6 +73,8 @@ def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_o
                         adv=pad(adv[g, k].astype(np.float32)), share=pad(share.astype(np.int64), -1),
                         inv_temp=per_agent(inv_temp_of_agent), top_p=per_agent(top_p_of_agent),
                         num_samples=len(g)))
+        if penalty_of_agent is not None:
+            out[-1]["penalty"] = per_agent(penalty_of_agent)
     return out
 
 
@@ -103,7 +107,9 @@ def pack_minibatch(mb: dict, shards: int = 1, share_prompts: bool = True, slots:
     row can be under its config, so a packed mini-batch never needs more memory than one
     sample per row, which is what the planner assumes); R is padded to a power of two and
     a multiple of `shards` (the devices the batch is split over), W to `fine_bucket` and M
-    (the most response tokens in a row) to `fine_bucket` at 4 sizes per octave.
+    (the most response tokens in a row) to `fine_bucket` at 4 sizes per octave. With a
+    `penalty` per sample, also `penalty` [R, M] and `sample_row` [S] (the packed row of each
+    mini-batch row's sample, -1 if none): the update rebuilds the ids each token had seen.
     """
     max_width = max(max_width or 0, mb["tokens"].shape[1])  # a single sample always fits
     start, end = mb["is_resp"].argmax(1), mb["valid"].sum(1)
@@ -155,7 +161,11 @@ def pack_minibatch(mb: dict, shards: int = 1, share_prompts: bool = True, slots:
     out["scored"][rr, entry] = True
     out["sample_len"][rr, entry] = n_resp[owner]
     out["adv"][rr, entry] = mb["adv"][i]
-    for name in ("inv_temp", "top_p"):  # the distribution each token was drawn from
+    if "penalty" in mb:
+        out["penalty"] = np.ones((r, m), np.float32)
+        out["sample_row"] = np.full(len(mb["adv"]), -1, np.int32)
+        out["sample_row"][sample] = row_of
+    for name in ("inv_temp", "top_p", "penalty"):  # the distribution each token was drawn from
         if name in mb:
             out[name][rr, entry] = mb[name][i]
     out["sampler_logp"][rr, entry] = mb["sampler_logp"][i, src]

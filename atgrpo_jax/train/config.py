@@ -60,8 +60,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.k = 8  # branches (tree) or episodes (plain) per task: the group size K
     c.rollout.max_turns = 4  # turns per episode (T); every agent acts once per turn
     c.rollout.temperature = 1.0  # sampling temperature in training (0: greedy; the update then scores at 1)
-    c.rollout.top_p = 1.0  # nucleus sampling in training and evaluation (1 = off)
-    c.rollout.top_k = 0  # top-k sampling in training and evaluation (0 = off)
+    c.rollout.top_p = 1.0  # nucleus sampling in training (1 = off)
+    c.rollout.top_k = 0  # top-k sampling in training (0 = off); one for all agents
+    c.rollout.repetition_penalty = 1.0  # vLLM's repetition penalty in training: logits of ids already in the prompt
+    # or the response divided by it where positive, multiplied where not (1 = off)
     c.rollout.max_prompt_len = 4096  # prompt tokens kept (cut from the left)
     c.rollout.prompt_buckets = (512, 1024, 2048, 4096)  # padded prompt lengths (one compilation each); the last >=
     # max_prompt_len
@@ -69,14 +71,20 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.decode_slots = 0  # rows one sampling call decodes at once (0: all, tasks x k); fewer bound the new
     # tokens' cache to slots x max_new_tokens, and a finished row's slot takes a waiting row (continuous batching)
     c.rollout.eval_temperature = 0.0  # sampling temperature in evaluation (0 = greedy)
+    c.rollout.eval_top_p = 1.0  # nucleus sampling in evaluation (1 = off)
+    c.rollout.eval_top_k = 0  # top-k sampling in evaluation (0 = off); one for all agents
+    c.rollout.eval_repetition_penalty = 1.0  # repetition penalty in evaluation (1 = off)
     c.rollout.thinking = False  # Qwen3's thinking mode (the chat template's enable_thinking); the paper's runs: off
-    c.rollout.agents = ml_collections.ConfigDict()  # per agent: {name: {temperature, top_p, max_new_tokens,
-    # thinking}}, e.g. --config.rollout.agents.reasoner.max_new_tokens=4096; unset keys: the rollout's
+    c.rollout.agents = ml_collections.ConfigDict()  # per agent: {name: {temperature, top_p, repetition_penalty,
+    # eval_temperature, eval_top_p, eval_repetition_penalty, max_new_tokens, thinking}}, e.g.
+    # --config.rollout.agents.reasoner.max_new_tokens=4096; unset keys: the rollout's
     c.algo = ml_collections.ConfigDict()  # rewards, advantages, group filters
     c.algo.alpha = 1.0  # an agent's reward = its own + alpha * the team's
     c.algo.advantage = "grpo"  # advantage estimator, a name in atgrpo_jax.algo.advantages.ADVANTAGES (grpo, drgrpo)
     c.algo.drop_low_mean_frac = 0.5  # drop this fraction of the groups with the lowest mean reward
     c.algo.drop_zero_variance = False  # drop groups whose K rewards are all equal
+    c.algo.filter_plain = False  # apply the two filters above without tree sampling too (rollout.tree=False);
+    # the reference filters only tree-sampled groups
     c.algo.filter_scope = "policy"  # the low-mean filter ranks groups within each "policy" (as each model's batch is
     # filtered on its own), each "agent", or the whole "batch"
     c.loss = ml_collections.ConfigDict()  # the clipped policy-gradient loss
@@ -91,8 +99,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.lr = 1e-6  # learning rate
     c.optim.master_dtype = "float32"  # "float32": with a lower model.param_dtype, train float32 master weights
     # (AdamW's moments too) and sample with a copy in param_dtype; "param_dtype": train in param_dtype (less memory)
-    c.optim.schedule = "constant"  # "constant" or "cosine" (to 10% of lr over the run)
-    c.optim.warmup_steps = 0  # optimizer steps of linear warm-up
+    c.optim.schedule = "constant"  # "constant" or "cosine" (verl's: over the run's training steps down to
+    # min_lr_ratio x lr); the rate changes once per training step, never within one
+    c.optim.warmup_steps = 0  # training steps of linear warm-up from 0 (step s runs at (s - 1) / warmup_steps x lr)
+    c.optim.min_lr_ratio = 0.0  # "cosine" ends at this fraction of lr
     c.optim.weight_decay = 0.01  # AdamW weight decay
     c.optim.grad_clip = 1.0  # global gradient-norm clip
     c.optim.b1 = 0.9  # AdamW beta1
@@ -145,6 +155,7 @@ class AgentSampling:
     top_k: int
     max_new_tokens: int
     thinking: bool
+    repetition_penalty: float = 1.0
 
     @property
     def inv_temp(self) -> float:
@@ -152,15 +163,18 @@ class AgentSampling:
         return 1.0 / self.temperature if self.temperature > 0 else 1.0
 
 
-AGENT_KEYS = ("temperature", "top_p", "max_new_tokens", "thinking")
+SAMPLING_KEYS = ("temperature", "top_p", "repetition_penalty")  # each with an eval_ twin
+AGENT_KEYS = SAMPLING_KEYS + tuple(f"eval_{k}" for k in SAMPLING_KEYS) + ("max_new_tokens", "thinking")
 
 
-def agent_sampling(c, name: str) -> AgentSampling:
+def agent_sampling(c, name: str, evaluation: bool = False) -> AgentSampling:
+    """Agent `name`'s sampling in training, or with `evaluation` the rollout.eval_* settings."""
     r = c.rollout
     mine = dict(r.agents.get(name, {}))
+    pre = "eval_" if evaluation else ""
     get = lambda key: mine.get(key, r[key])  # noqa: E731
-    return AgentSampling(float(get("temperature")), float(get("top_p")), int(r.top_k), int(get("max_new_tokens")),
-                         bool(get("thinking")))
+    return AgentSampling(float(get(pre + "temperature")), float(get(pre + "top_p")), int(r[pre + "top_k"]),
+                         int(get("max_new_tokens")), bool(get("thinking")), float(get(pre + "repetition_penalty")))
 
 
 def max_new_tokens(c) -> int:
@@ -306,32 +320,39 @@ def config_docs_markdown() -> str:
 
 # ---------------------------------------------------------------- the paper's runs
 
-# Per-task settings of the paper's system (docs/paper.md): workflow, turns (T = 5 for the games, as the
-# reference runs them), filters, eval temperature.
+# Per-task settings of the paper's system (docs/paper.md): workflow, turns (T = 5 for the games and code, as
+# the reference runs them), filters, training and evaluation temperatures (games: 1.5 and greedy).
 TASKS = {
-    "plan_path": dict(workflow="plan_path_tool_plan", max_turns=5, eval_temperature=0.0,
+    "plan_path": dict(workflow="plan_path_tool_plan", max_turns=5, temperature=1.5, eval_temperature=0.0,
                       drop_low_mean_frac=0.5, drop_zero_variance=False),
-    "sokoban": dict(workflow="sokoban_tool_plan", max_turns=5, eval_temperature=0.0,
+    "sokoban": dict(workflow="sokoban_tool_plan", max_turns=5, temperature=1.5, eval_temperature=0.0,
                     drop_low_mean_frac=0.5, drop_zero_variance=False),
-    "sudoku": dict(workflow="sudoku_tool_plan", max_turns=5, eval_temperature=0.0,
+    "sudoku": dict(workflow="sudoku_tool_plan", max_turns=5, temperature=1.5, eval_temperature=0.0,
                    drop_low_mean_frac=0.5, drop_zero_variance=False),
-    "math": dict(workflow="math", max_turns=4, eval_temperature=0.6,
+    "math": dict(workflow="math", max_turns=4, temperature=1.0, eval_temperature=0.6,
                  drop_low_mean_frac=0.0, drop_zero_variance=False),
-    "code": dict(workflow="code", max_turns=4, eval_temperature=0.6,
+    "code": dict(workflow="code", max_turns=5, temperature=1.0, eval_temperature=0.6,
                  drop_low_mean_frac=0.0, drop_zero_variance=True),
 }
+
+# The reference's sampling and schedule for every task (its configs at commit a054fb1, verl's schedule).
+PAPER_SAMPLING = dict(top_p=0.9, top_k=20, repetition_penalty=1.2, eval_top_p=0.95, eval_top_k=20,
+                      eval_repetition_penalty=1.0)
+PAPER_OPTIM = dict(lr=5e-6, schedule="cosine", warmup_steps=10, min_lr_ratio=0.3)
 
 
 def paper_config(task: str, preset: str) -> ml_collections.ConfigDict:
     """The paper's system for `task` with a Qwen3 `preset` (weights from model.hf_path).
 
-    The rest of the paper's settings (B = 32, K = 8, 4096/2048 tokens, lr 1e-6, mini-batch 16,
-    200 steps, evaluation every 10) are base_config's defaults."""
+    The rest of the paper's settings (B = 32, K = 8, 4096/2048 tokens, mini-batch 16, 200 steps,
+    evaluation every 10) are base_config's defaults."""
     t = TASKS[task]
     c = base_config()
     c.model.update(preset=preset, param_dtype="bfloat16", compute_dtype="bfloat16", remat=True)
     c.env.workflow = t["workflow"]
-    c.rollout.update(max_turns=t["max_turns"], eval_temperature=t["eval_temperature"])
+    c.rollout.update(max_turns=t["max_turns"], temperature=t["temperature"], eval_temperature=t["eval_temperature"],
+                     **PAPER_SAMPLING)
+    c.optim.update(**PAPER_OPTIM)
     c.algo.update(drop_low_mean_frac=t["drop_low_mean_frac"], drop_zero_variance=t["drop_zero_variance"])
     return c
 

@@ -34,8 +34,9 @@ class Run:
     policies: list[Policy]
     policy_of_agent: np.ndarray
     stop_ids: tuple[int, ...]
-    lr_schedule: Any
-    sampling: list[AgentSampling]  # per agent
+    lr_schedule: Any  # training step (1-based) -> learning rate
+    sampling: list[AgentSampling]  # per agent, in training
+    eval_sampling: list[AgentSampling]  # per agent, in evaluation (rollout.eval_*)
     ref_params: dict = dataclasses.field(default_factory=dict)  # policy name -> frozen params (KL)
 
     def encode(self, messages, agent: int = 0) -> list[int]:
@@ -67,13 +68,6 @@ def build_model(config, mesh) -> Qwen3:
     return shard_model(Qwen3(get_preset(m.preset, **kw), rngs=nnx.Rngs(m.init_seed)), mesh)
 
 
-def updates_per_step(config) -> int:
-    """Optimizer steps per training step, for the lr schedule (an upper estimate)."""
-    r, o = config.rollout, config.optim
-    samples = r.num_tasks * r.k * r.max_turns * 2
-    return max(1, -(-samples // o.mini_batch_size)) * o.epochs
-
-
 def build_run(config) -> Run:
     resolve(config)
     init_distributed(config.distributed)
@@ -103,10 +97,11 @@ def build_run(config) -> Run:
     base = build_model(config, pools[0])
     if base.cfg.vocab_size < len(tokenizer):
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
-    tx, lr = make_optimizer(config.optim, config.train.steps * updates_per_step(config))
+    tx, lr = make_optimizer(config.optim, config.train.steps)  # lr(training step), as verl's schedule
     layout = sharing(config)
     limit = len(tokenizer) if len(tokenizer) < base.cfg.vocab_size else None  # as the sampler's (rollout.router)
-    how = SampledFrom(vocab_limit=limit, top_k=config.rollout.top_k, top_p=any(s.top_p < 1 for s in sampling))
+    how = SampledFrom(vocab_limit=limit, top_k=config.rollout.top_k, top_p=any(s.top_p < 1 for s in sampling),
+                      repetition_penalty=any(s.repetition_penalty != 1 for s in sampling))
     policies = build_policies(layout, base, names, tx, loss_config(config), config.loss.logprob_chunk,
                               config.lora.rank, config.lora.alpha, config.model.init_seed,
                               model_copy=lambda i: build_model(config, pools[i]), how=how,
@@ -117,4 +112,5 @@ def build_run(config) -> Run:
     stops = tuple(sorted({tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}))
     # The KL reference is the starting policy; nothing is kept when the KL is off.
     ref = {p.name: jax.tree.map(jnp.copy, p.state.params) for p in policies} if config.loss.kl_coef else {}
-    return Run(config, mesh, tokenizer, workflow, policies, layout.route(len(names)), stops, lr, sampling, ref)
+    return Run(config, mesh, tokenizer, workflow, policies, layout.route(len(names)), stops, lr, sampling,
+               [agent_sampling(config, n, evaluation=True) for n in names], ref)

@@ -23,14 +23,16 @@ from atgrpo_jax.train.batch import length_bucket, pack_minibatch, policy_batches
 from atgrpo_jax.train.config import max_new_tokens
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.trace import Tracer
-from atgrpo_jax.train.update import Packed, TrainState
+from atgrpo_jax.train.update import Packed, TrainState, with_lr
 
 TRAIN_TASK_STRIDE = 1_000_003  # task ids of step s: s * stride + [0, B); test ids are another split
 
 
-def sample_fn_for(run: Run, temperature: float | None, max_prompts: int):
-    """The rollout's sample function: each agent's sampling settings (`temperature`, if given, for all)."""
-    return make_sample_fn(run.policies, run.policy_of_agent, run.tokenizer, sampling=run.sampling,
+def sample_fn_for(run: Run, temperature: float | None, max_prompts: int, evaluation: bool = False):
+    """The rollout's sample function: each agent's sampling settings in training (or `evaluation`),
+    `temperature`, if given, for all."""
+    sampling = run.eval_sampling if evaluation else run.sampling
+    return make_sample_fn(run.policies, run.policy_of_agent, run.tokenizer, sampling=sampling,
                           temperature=temperature, stop_ids=run.stop_ids,
                           prompt_buckets=run.config.rollout.prompt_buckets, max_tasks=max_prompts,
                           decode_slots=run.config.rollout.decode_slots)
@@ -44,16 +46,16 @@ def schedule_for(run: Run, tracer: Tracer | None, on_pool_done=None) -> Schedule
                     pool_names=tuple(p.name for p in run.policies), tracer=tracer, on_pool_done=on_pool_done)
 
 
-def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float, k: int, key, tracer=None,
-            on_pool_done=None):
-    """`fn` (tree_rollout or plain_rollout) over this process's slice of task_ids,
-    then the slices of all processes merged (every process gets the whole step).
-    on_pool_done(policy, samples): see `early_updates`."""
+def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float | None, k: int, key, tracer=None,
+            evaluation: bool = False, on_pool_done=None):
+    """`fn` (tree_rollout or plain_rollout) over this process's slice of task_ids, with the agents'
+    training (or `evaluation`) sampling, then the slices of all processes merged (every process gets
+    the whole step). on_pool_done(policy, samples): see `early_updates`."""
     mine = task_slice(len(task_ids))
     prompts = (mine.stop - mine.start) * (k if fn is plain_rollout else 1)
     r = run.config.rollout
     extra = {"grouping": r.plain_grouping} if fn is plain_rollout else {}
-    part = fn(run.workflow, sample_fn_for(run, temperature, prompts), run.encode, task_ids[mine], split,
+    part = fn(run.workflow, sample_fn_for(run, temperature, prompts, evaluation), run.encode, task_ids[mine], split,
               k=k, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key, first_task=mine.start,
               schedule=schedule_for(run, tracer, on_pool_done), **extra)
     return merge_rollouts(gather_objects(part), len(run.workflow.agents))
@@ -169,7 +171,7 @@ def rollout_step(run: Run, step: int, tracer: Tracer | None = None, stale: bool 
     t0 = time.perf_counter()
     fn = tree_rollout if r.tree else plain_rollout
     samples, episodes = rollout(run, fn, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", None, r.k, key,
-                                tracer, on_pool_done)
+                                tracer, on_pool_done=on_pool_done)
     return Rollout(step, samples, episodes, time.perf_counter() - t0, stale)
 
 
@@ -192,7 +194,9 @@ def score_groups(run: Run, samples) -> Groups:
     mixed = samples.agent < 0  # a group of several agents' samples (plain GRPO by task): a scope of its own
     scope = {"policy": np.where(mixed, len(run.policies), run.policy_of_agent[samples.agent]),
              "agent": np.where(mixed, len(run.workflow.agents), samples.agent), "batch": None}[c.algo.filter_scope]
-    keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance, scope))
+    filtering = c.rollout.tree or c.algo.filter_plain  # plain GRPO keeps every group unless asked (as the reference)
+    low_mean, zero_var = (c.algo.drop_low_mean_frac, c.algo.drop_zero_variance) if filtering else (0.0, False)
+    keep = np.asarray(group_filter(rewards, mask, low_mean, zero_var, scope))
     frozen = [i for i, a in enumerate(run.workflow.agents) if a.name in c.policy.frozen_agents]
     return Groups(adv, keep, keep[:, None] & ~np.isin(samples.sample_agent, frozen))
 
@@ -204,7 +208,7 @@ def policy_batch(run: Run, step: int, samples, groups: Groups, policy: int) -> d
     rng = np.random.default_rng([c.train.seed, step] + ([policy] if policy else []))
     return policy_batches(samples, groups.adv, groups.trained, run.policy_of_agent, len(run.policies),
                           c.optim.mini_batch_size, rng, np.array([s.inv_temp for s in run.sampling], np.float32),
-                          np.array([s.top_p for s in run.sampling], np.float32), only=policy)[policy]
+                          np.array([s.top_p for s in run.sampling], np.float32), penalties(run), only=policy)[policy]
 
 
 def early_updates(run: Run, step: int, tracer: Tracer, worker: ThreadPoolExecutor, started: dict):
@@ -223,7 +227,10 @@ def early_updates(run: Run, step: int, tracer: Tracer, worker: ThreadPoolExecuto
         p = run.policies[policy]
         with tracer.span("start update", track=f"pool {p.name}"):
             batch = policy_batch(run, step, samples, score_groups(run, samples), policy)
-            return None if batch is None else start_update(run, p, batch)
+            if batch is None:
+                return None
+            p.state = with_lr(p.state, run.lr_schedule(step))  # as train_step sets it for the others
+            return start_update(run, p, batch)
 
     return lambda policy, samples: started.__setitem__(policy, worker.submit(start, policy, samples))
 
@@ -258,6 +265,10 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
     if then is not None:  # the next rollout samples with the weights from before this update
         for p in run.policies:
             p.hold_behavior()
+    lr = run.lr_schedule(step)
+    for i, p in enumerate(run.policies):  # the schedule moves once per training step (verl's), whatever the
+        if i not in started:  # optimizer steps (an early update set it before it started)
+            p.state = with_lr(p.state, lr)
     pending = [started[i] if i in started else start_update(run, p, b, behavior_logprobs=ro.stale)
                for i, (p, b) in enumerate(zip(run.policies, batches)) if started.get(i) is not None or b is not None]
     tokens = sum(p.tokens for p in pending)
@@ -271,9 +282,15 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
     if ro.stale:  # optimizer steps between the weights that sampled and those this update started from
         metrics["lag_updates"] = float(np.mean(lags))
     metrics.update(rollout_s=ro.seconds, update_s=t2 - t1,
-                   lr=float(run.lr_schedule(int(run.policies[0].state.step))), tokens_per_s=tokens / max(t2 - t1, 1e-9),
+                   lr=float(lr), tokens_per_s=tokens / max(t2 - t1, 1e-9),
                    rollout_tokens_per_s=float(samples.response_len[samples.mask].sum()) / max(ro.seconds, 1e-9))
     return metrics
+
+
+def penalties(run: Run) -> np.ndarray | None:
+    """Each agent's repetition penalty in training, or None when no agent has one."""
+    values = np.array([s.repetition_penalty for s in run.sampling], np.float32)
+    return values if (values != 1).any() else None
 
 
 def evaluate(run: Run, split: str, num_tasks: int, k: int = 1, temperature: float | None = None):
@@ -284,11 +301,10 @@ def evaluate(run: Run, split: str, num_tasks: int, k: int = 1, temperature: floa
     if size == "unknown":
         raise ValueError(f"split {split!r}: the workflow has {', '.join(run.workflow.splits)}")
     n = num_tasks if size is None else size
-    r = run.config.rollout
-    temp = r.eval_temperature if temperature is None else temperature
     per = -(-n // jax.process_count()) * jax.process_count()  # every process gets as many tasks
     ids = np.minimum(np.arange(per), n - 1)  # (the padding repeats the last task; it is dropped below)
-    _, episodes = rollout(run, plain_rollout, ids, split, temp, k, jax.random.key(run.config.train.seed + 1))
+    _, episodes = rollout(run, plain_rollout, ids, split, temperature, k, jax.random.key(run.config.train.seed + 1),
+                          evaluation=True)
     wins = episodes.episode_success[:n]
     return {f"eval/{split}/avg@{k}": float(wins.mean()), f"eval/{split}/pass@{k}": float(wins.any(1).mean()),
             f"eval/{split}/turns": float(np.mean(episodes.turns[:n]))}, episodes

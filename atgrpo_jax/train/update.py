@@ -20,6 +20,7 @@ functions.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -29,7 +30,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from atgrpo_jax.algo.logprobs import SampledFrom, fused_head_loss, token_logprobs
+from atgrpo_jax.algo.logprobs import Repeats, SampledFrom, first_seen, fused_head_loss, token_logprobs
 from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, token_loss_terms, weighted_policy_loss
 
 
@@ -61,13 +62,19 @@ class Packed(NamedTuple):
     top_p: jax.Array  # [R, M] float32: the top-p it was sampled with (1: none)
     old_logp: jax.Array | None = None  # [R, M]
     ref_logp: jax.Array | None = None
+    penalty: jax.Array | None = None  # [R, M] float32: the repetition penalty it was sampled with (None: none)
+    sample: jax.Array | None = None  # [R, M] int32: the sample each scored token belongs to (with penalty)
+    sample_row: jax.Array | None = None  # [S] int32: the row holding sample s's prompt, -1 none (with penalty)
 
     @classmethod
     def from_arrays(cls, arrays: dict, place: Callable = jnp.asarray) -> "Packed":
         """The inputs (all but the log-probs) from `pack_minibatch`'s dict, each `place`d; a dict
-        without inv_temp / top_p was sampled at temperature 1 without top-p."""
+        without inv_temp / top_p was sampled at temperature 1 without top-p, one without penalty
+        without a repetition penalty."""
         ones = np.ones(arrays["target"].shape, np.float32)
-        return cls(*(place(arrays.get(f, ones)) for f in cls._fields[:-2]))
+        inputs = [place(arrays.get(f, ones)) for f in cls._fields[:cls._fields.index("old_logp")]]
+        penalized = {f: place(arrays[f]) for f in ("penalty", "sample", "sample_row")} if "penalty" in arrays else {}
+        return cls(*inputs, **penalized)
 
 
 def packed_from_rows(b: Batch) -> Packed:
@@ -87,18 +94,38 @@ def rows_from_packed(x: jax.Array) -> jax.Array:
     return jnp.concatenate([jnp.zeros((x.shape[0], 1), x.dtype), x], axis=1)
 
 
-def make_optimizer(optim, total_steps: int) -> tuple[optax.GradientTransformation, Callable]:
-    """AdamW with global-norm clipping; constant lr (after an optional linear
-    warm-up) or warm-up then cosine decay to 10% over `total_steps` optimizer steps."""
-    warm = optim.warmup_steps
+def lr_factor(step: int, optim, total_steps: int) -> float:
+    """The multiple of optim.lr that training step `step` (1-based) runs at, as verl schedules it:
+    its scheduler advances once per training step, so step s reads the factor of s - 1. Warm-up:
+    (s - 1) / warmup_steps; then 1 ("constant"), or "cosine" from 1 down to optim.min_lr_ratio at
+    `total_steps` (the run's training steps). Unlike verl's constant schedule, which starts at 0
+    even without warm-up, "constant" with warmup_steps = 0 starts at 1 (our runs always did)."""
+    done, warm = step - 1, optim.warmup_steps
+    if done < warm:
+        return done / max(1, warm)
     if optim.schedule == "constant":
-        lr = optax.linear_schedule(0.0, optim.lr, warm) if warm else optax.constant_schedule(optim.lr)
-    else:
-        lr = optax.warmup_cosine_decay_schedule(0.0, optim.lr, warm, max(total_steps, warm + 1),
-                                                end_value=0.1 * optim.lr)
-    tx = optax.chain(optax.clip_by_global_norm(optim.grad_clip),
-                     optax.adamw(lr, b1=optim.b1, b2=optim.b2, weight_decay=optim.weight_decay))
-    return tx, lr
+        return 1.0
+    progress = (done - warm) / max(1, total_steps - warm)
+    floor = optim.min_lr_ratio
+    return max(0.0, (1 - floor) / 2 * math.cos(math.pi * progress) + (1 + floor) / 2)
+
+
+def make_optimizer(optim, total_steps: int) -> tuple[optax.GradientTransformation, Callable]:
+    """(AdamW with global-norm clipping, lr_at) where lr_at(training step) is the learning rate of that
+    step (`lr_factor`). The rate is a hyperparameter in the optimizer state, set once per training step
+    (`with_lr`): verl counts its schedule in training steps, not in optimizer steps."""
+    lr_at = lambda step: optim.lr * lr_factor(step, optim, total_steps)  # noqa: E731
+    adamw = optax.inject_hyperparams(optax.adamw)(learning_rate=lr_at(1), b1=optim.b1, b2=optim.b2,
+                                                  weight_decay=optim.weight_decay)
+    return optax.chain(optax.clip_by_global_norm(optim.grad_clip), adamw), lr_at
+
+
+def with_lr(state: "TrainState", lr: float) -> "TrainState":
+    """`state` whose optimizer takes its next steps at learning rate `lr` (placed as the value it replaces)."""
+    clip, adamw = state.opt_state
+    old = adamw.hyperparams["learning_rate"]
+    new = jax.device_put(np.asarray(lr, old.dtype), old.sharding)
+    return state._replace(opt_state=(clip, adamw._replace(hyperparams=dict(adamw.hyperparams, learning_rate=new))))
 
 
 def sequence_logprobs(model, tokens, valid, chunk: int):
@@ -117,15 +144,30 @@ def scoring_states(model, p: Packed) -> jax.Array:
     return jnp.take_along_axis(h, p.pred[..., None], axis=1)
 
 
+def repeats_of(p: Packed, how: SampledFrom, vocab: int) -> Repeats | None:
+    """The ids each scored token had seen (its row's prompt, its sample's earlier tokens), when the
+    sampler penalized repeats (None otherwise: no [S, V] arrays are built)."""
+    if not how.repetition_penalty or p.penalty is None:
+        return None
+    vocab = how.vocab_limit or vocab
+    r, m = p.target.shape
+    ids = jnp.where(p.segment == 0, p.tokens, vocab)  # prompt columns; the rest out of range, dropped
+    row_prompt = jnp.zeros((r, vocab), bool).at[jnp.arange(r)[:, None], ids].set(True, mode="drop")
+    prompt_present = jnp.take(row_prompt, jnp.maximum(p.sample_row, 0), axis=0) & (p.sample_row >= 0)[:, None]
+    order = jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32), (r, m))  # a sample's entries are consecutive
+    return Repeats(first_seen(prompt_present, p.sample, order, p.target, p.scored), p.sample, order, p.penalty)
+
+
 def packed_logprobs(model, p: Packed, chunk: int, how: SampledFrom = SampledFrom()) -> jax.Array:
     """log p of every scored entry under its sampling distribution, [R, M] (unscored entries hold junk)."""
-    return token_logprobs(scoring_states(model, p), model.head_weight(), p.target, chunk, how, p.inv_temp,
-                          p.top_p)[0]
+    head = model.head_weight()
+    return token_logprobs(scoring_states(model, p), head, p.target, chunk, how, p.inv_temp, p.top_p,
+                          repeats_of(p, how, head.shape[1]))[0]
 
 
 def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how: SampledFrom = SampledFrom()):
     """(logprobs_fn, update_fn) for one policy; tokens are scored under the distribution the sampler drew
-    them from (`how`, and each token's temperature and top-p in the batch).
+    them from (`how`, and each token's temperature, top-p and repetition penalty in the batch).
 
     `graphdef` and `frozen` (the non-trainable part of the model state, e.g. a
     LoRA base; may be empty) come from `nnx.split`. logprobs_fn(params, packed)
@@ -164,10 +206,11 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how:
         per_token = {"old": p.old_logp, "adv": p.adv, "w": w}
         if loss_cfg.kl_coef:
             per_token["ref"] = p.ref_logp
+        head = model.head_weight()
         loss, (logp, ent) = fused_head_loss(
-            scoring_states(model, p), model.head_weight(), p.target, per_token,
+            scoring_states(model, p), head, p.target, per_token,
             lambda lp, en, x: token_loss_terms(loss_cfg, lp, en, x), chunk, head_grad=train_head,
-            how=how, inv_temp=p.inv_temp, top_p=p.top_p)
+            how=how, inv_temp=p.inv_temp, top_p=p.top_p, repeats=repeats_of(p, how, head.shape[1]))
         _, metrics = weighted_policy_loss(loss_cfg, w, logp, p.old_logp, p.adv, p.ref_logp, ent)  # diagnostics
         return loss, dict(metrics, loss=loss)
 

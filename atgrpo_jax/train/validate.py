@@ -100,9 +100,14 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
              f"must be an int >= 0 (0 = all rows at once), got {r.decode_slots!r}")
     _require(r.plain_grouping in ("task", "task_agent"), "rollout.plain_grouping",
              f"must be 'task' or 'task_agent', got {r.plain_grouping!r}")
-    _require(r.temperature >= 0 and r.eval_temperature >= 0, "rollout.temperature", "must be >= 0")
-    _require(0 < r.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {r.top_p}")
-    _require(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)")
+    for pre in ("", "eval_"):  # training, then evaluation
+        _require(r[pre + "temperature"] >= 0, f"rollout.{pre}temperature",
+                 f"must be >= 0, got {r[pre + 'temperature']}")
+        _require(0 < r[pre + "top_p"] <= 1, f"rollout.{pre}top_p", f"must be in (0, 1], got {r[pre + 'top_p']}")
+        _require(isinstance(r[pre + "top_k"], int) and r[pre + "top_k"] >= 0, f"rollout.{pre}top_k",
+                 f"must be an int >= 0 (0 = off), got {r[pre + 'top_k']!r}")
+        _require(r[pre + "repetition_penalty"] > 0, f"rollout.{pre}repetition_penalty",
+                 f"must be > 0 (1 = off), got {r[pre + 'repetition_penalty']}")
     _require(list(r.prompt_buckets) == sorted(r.prompt_buckets) and len(r.prompt_buckets) > 0,
              "rollout.prompt_buckets", "must be a non-empty increasing list")
     _require(r.prompt_buckets[-1] >= r.max_prompt_len, "rollout.prompt_buckets",
@@ -110,13 +115,16 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     for name, mine in r.agents.items():
         _require(hasattr(mine, "keys") and set(mine) <= set(AGENT_KEYS), f"rollout.agents.{name}",
                  f"must set some of {AGENT_KEYS}, got {dict(mine) if hasattr(mine, 'keys') else mine!r}")
-        s = agent_sampling(c, name)
-        _require(s.temperature >= 0 and 0 < s.top_p <= 1 and s.max_new_tokens > 0, f"rollout.agents.{name}",
-                 "needs temperature >= 0, top_p in (0, 1] and max_new_tokens > 0")
+        for evaluation in (False, True):
+            s = agent_sampling(c, name, evaluation)
+            _require(s.temperature >= 0 and 0 < s.top_p <= 1 and s.repetition_penalty > 0 and s.max_new_tokens > 0,
+                     f"rollout.agents.{name}", "needs (eval_)temperature >= 0, (eval_)top_p in (0, 1], "
+                     "(eval_)repetition_penalty > 0 and max_new_tokens > 0")
     a = c.algo
     _require(a.advantage in ADVANTAGES, "algo.advantage",
              f"unknown {a.advantage!r}{closest(a.advantage, ADVANTAGES)}; known: {', '.join(ADVANTAGES)}")
     _require(0 <= a.drop_low_mean_frac < 1, "algo.drop_low_mean_frac", "must be in [0, 1)")
+    _require(isinstance(a.filter_plain, bool), "algo.filter_plain", f"must be True or False, got {a.filter_plain!r}")
     _require(a.filter_scope in FILTER_SCOPES, "algo.filter_scope", f"must be one of {FILTER_SCOPES}, got "
              f"{a.filter_scope!r}")
     try:
@@ -127,8 +135,10 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     o = c.optim
     _require(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")
     _require(o.schedule in SCHEDULES, "optim.schedule", f"must be one of {SCHEDULES}")
-    _require(o.warmup_steps >= 0 and o.weight_decay >= 0 and o.grad_clip > 0, "optim",
-             "warmup_steps and weight_decay must be >= 0 and grad_clip > 0")
+    _require(isinstance(o.warmup_steps, int) and o.warmup_steps >= 0, "optim.warmup_steps",
+             f"must be an int >= 0 (training steps), got {o.warmup_steps!r}")
+    _require(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")
+    _require(o.weight_decay >= 0 and o.grad_clip > 0, "optim", "weight_decay must be >= 0 and grad_clip > 0")
     _require(o.mini_batch_size > 0 and o.epochs > 0, "optim.mini_batch_size", "mini_batch_size and epochs must be > 0")
     _require(c.lora.rank > 0, "lora.rank", "must be > 0")
     y = c.system

@@ -353,3 +353,22 @@ def test_a_parsed_answer_beats_the_format_penalty_whenever_its_step_reward_excee
     assert out.team_reward[0, 0] == pytest.approx(9 * (-0.1 + 0.01), abs=1e-5)
     assert total[0, 0] == pytest.approx(-1.62, abs=1e-5) and total[0, 1] == -2.0  # parsed beats unparsed
     assert 3 * out.team_reward[0, 0] < -2.0  # (as 3r, it would not have)
+
+
+@pytest.mark.parametrize("game, unparsed", [("plan_path", -2.0), ("sudoku", -1.0)])
+def test_tool_agent_empty_list_earns_0_and_nothing_parsed_the_references_penalty(game, unparsed):
+    """The reference's tool-agent rewards: `[]` (its prompt allows it) is a move-less answer worth 0,
+    not a format error; a program that prints no list gets -2 (Sudoku: -1)."""
+    from atgrpo_jax.envs.sandbox import Limits
+
+    wf = gw.make_grid_workflow("tool_plan", game, sandbox_limits=Limits(wall_s=10, cpu_s=10))
+    b, k = SOLVER_BK
+    state = wf.reset(range(b), "train")
+    prints = lambda text: f"```python\nprint({text!r})\n```"  # noqa: E731
+    tools = [prints("**Actions List**: []"), prints("**Actions List**:  [ ]"), prints("no list"), "no code",
+             prints("**Actions List**: none")] + ["..."] * (k - 5)
+    out = wf.step(state, 0, 0, [tools] * b)
+    np.testing.assert_array_equal(out.local_reward[:, :2], 0.0)
+    np.testing.assert_array_equal(out.local_reward[:, 2:], unparsed)
+    assert out.parsed_as[0, 0] == "an empty action list []" and out.parsed_as[0, 2].startswith("unparsed")
+    assert gw.make_grid_workflow("tool_plan", game, tool_penalty=-3.0).config.tool_penalty == -3.0  # an option

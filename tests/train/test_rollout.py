@@ -250,6 +250,40 @@ def test_old_logprobs_are_of_the_distribution_sampled_from():
     assert update_policy(run, policy, batch)["logprob_gap"] < 1e-4
 
 
+def test_old_logprobs_include_the_repetition_penalty():
+    """The reference's training sampling (T=1.5, top-p 0.9, top-k 20, repetition penalty 1.2; another
+    penalty for one agent): the update scores each token under the penalty of the ids its prompt and
+    its own response had shown, so the trainer's old log-probs equal the sampler's; without the
+    penalty they do not."""
+    from atgrpo_jax.rollout.tree import tree_rollout
+    from atgrpo_jax.train import batch as batch_mod
+    from atgrpo_jax.train.step import packed_minibatches, penalties, sample_fn_for, update_policy
+    from atgrpo_jax.train.update import Packed
+
+    config = tiny_config()
+    config.rollout.update(temperature=1.5, top_p=0.9, top_k=20, repetition_penalty=1.2, max_new_tokens=8)
+    config.rollout.agents = {"executor": {"repetition_penalty": 1.5}}
+    run = build_run(config)
+    assert list(penalties(run)) == [np.float32(1.2), 1.5]
+    samples, _ = tree_rollout(run.workflow, sample_fn_for(run, None, 3), run.encode, [11, 12, 13], "train", k=K,
+                              max_turns=2, alpha=1.0, key=jax.random.key(7))
+    (batch,) = batch_mod.policy_batches(samples, np.zeros(samples.reward.shape, np.float32), samples.mask.any(1),
+                                        run.policy_of_agent, 1, config.optim.mini_batch_size, np.random.default_rng(0),
+                                        np.full(2, 1 / 1.5, np.float32), np.full(2, 0.9, np.float32), penalties(run))
+    policy = run.policies[0]
+    shared = 0
+    for mb in packed_minibatches(run, policy, batch):
+        scored = mb["scored"]
+        shared += int((np.bincount(mb["sample_row"][mb["sample_row"] >= 0]) > 1).sum())
+        exact = np.asarray(policy.logprobs_fn(policy.state.params, Packed.from_arrays(mb)))
+        unpenalized = np.asarray(policy.logprobs_fn(policy.state.params, Packed.from_arrays(
+            {k: v for k, v in mb.items() if k != "penalty"})))
+        assert np.abs(exact - mb["sampler_logp"])[scored].max() < 1e-4
+        assert np.abs(unpenalized - mb["sampler_logp"])[scored].mean() > 0.01
+    assert shared > 0  # rows held several samples of one prompt: each saw its own response only
+    assert update_policy(run, policy, batch)["logprob_gap"] < 1e-4
+
+
 def test_decode_slots_sample_what_all_rows_at_once_do(run):
     """rollout.decode_slots (continuous batching) changes how many rows decode at once, not the samples."""
     _, whole, _ = rollout(run, seed=2)
@@ -260,3 +294,19 @@ def test_decode_slots_sample_what_all_rows_at_once_do(run):
         run.config.rollout.decode_slots = 0
     for field in ("response", "response_len", "reward", "sampler_logp", "selected"):
         np.testing.assert_allclose(getattr(slotted, field), getattr(whole, field), atol=2e-6, err_msg=field)
+
+
+def test_plain_grpo_skips_the_group_filters_unless_asked():
+    """The reference filters only tree-sampled groups: plain GRPO keeps them all unless
+    algo.filter_plain; tree sampling filters as configured."""
+    config = tiny_config("plain_grpo")
+    config.algo.update(drop_low_mean_frac=0.5, filter_scope="batch")
+    run = build_run(config)
+    m = train_step(run, 1)
+    assert m["groups"] == 3 and m["groups_kept"] == 3
+    run.config.algo.filter_plain = True
+    assert train_step(run, 2)["groups_kept"] < 3
+    tree = build_run(tiny_config())
+    tree.config.algo.update(drop_low_mean_frac=0.5, filter_scope="batch")
+    m = train_step(tree, 1)
+    assert m["groups_kept"] < m["groups"]
