@@ -267,3 +267,61 @@ class Checkpointer:
         restored = self._manager.restore(
             step, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore()))
         return restored.state, restored.meta["meta"]
+
+
+def short_cause(e: BaseException) -> str:
+    """One line for an error: the deepest OSError's message if there is one (disk full, permissions),
+    else the error's first line."""
+    seen, x = [], e
+    while x is not None and x not in seen:
+        seen.append(x)
+        if isinstance(x, OSError) and x.strerror:
+            return f"{x.strerror}" + (f": {x.filename}" if x.filename else "")
+        x = x.__cause__ or x.__context__
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    text = text.split(" See full TensorStore details")[0]  # the rest is a repr of the whole spec
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def step_dirs(directory: str) -> list[int]:
+    """The step numbers of `directory`'s finished step folders (orbax's temporary ones left out),
+    whether or not their contents are readable."""
+    import os
+
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+
+
+def restore_newest_readable(directory: str, target, say) -> tuple[int | None, Any, dict, list[int]]:
+    """(step, state, meta, unreadable steps) of the newest checkpoint in `directory` that restores
+    whole and finite, trying older ones in turn; `say(line)` reports each one that does not.
+    Opens the directory read-only: nothing on disk changes. step is None if none restores."""
+    import warnings
+
+    from absl import logging as absl_logging
+
+    bad = []
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax warns that a read-only manager saves nothing
+    reader = Checkpointer(directory, keep_last=0, best_metric=None, read_only=True)
+    try:
+        for step in reversed(step_dirs(directory)):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    state, meta = reader.restore(step, target=target)
+                if not is_finite_state(state):
+                    raise ValueError("it holds a NaN or inf")
+                int(meta["step"])
+            except Exception as e:  # noqa: BLE001 - any failure means: not this one
+                bad.append(step)
+                older = [s for s in step_dirs(directory) if s < step]
+                then = f"trying checkpoint {older[-1]}" if older else "no older checkpoint"
+                say(f"checkpoint {step} in {directory} does not restore ({short_cause(e)}); {then}")
+                continue
+            return step, state, meta, bad
+        return None, None, {}, bad
+    finally:
+        reader.close()
+        absl_logging.set_verbosity(verbosity)

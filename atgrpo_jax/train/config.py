@@ -122,6 +122,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 10  # save a checkpoint every this many steps (and at the end)
     c.train.keep_last = 2  # checkpoints kept besides the best one (0 = all)
     c.train.time_budget_s = 0.0  # stop (evaluate, checkpoint) after this many seconds (0 = no limit)
+    c.train.max_skipped_updates = 4  # stop the run when a policy's updates are skipped (non-finite loss or
+    # gradient) this many times in a row: it diverged (0 = never stop)
     c.distributed = ml_collections.ConfigDict()  # several processes (hosts); see atgrpo_jax/distributed.py
     c.distributed.coordinator_address = ""  # host:port of process 0 (or ATGRPO_COORDINATOR)
     c.distributed.num_processes = 0  # processes in the run (0: from ATGRPO_NUM_PROCESSES, else 1)
@@ -258,7 +260,8 @@ def flat(c) -> dict:
 # Keys a resumed run may change: how long and how often, and where it runs.
 # rollout.decode_slots changes how many rows decode at once, never what they sample.
 RESUMABLE = ("train.steps", "train.time_budget_s", "train.eval_every", "train.eval_tasks", "train.eval_k",
-             "train.log_every", "train.log_episodes", "train.checkpoint_every", "train.keep_last", "mesh.",
+             "train.log_every", "train.log_episodes", "train.checkpoint_every", "train.keep_last", "train.max_skipped_updates",
+             "mesh.",
              "distributed.", "rollout.decode_slots", "system.schedule", "system.cohorts", "system.host_workers",
              "system.trace_every")
 

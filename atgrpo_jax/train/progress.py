@@ -66,6 +66,16 @@ class ProgressBar:
             self.stream.write(text + "\n")
         self.stream.flush()
 
+    def note(self, text: str):
+        """A line of its own (an evaluation's result), kept above an in-place progress line."""
+        if not self.enabled:
+            return
+        if self.inplace and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self._width = 0
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
     def close(self):
         if self.enabled and self.inplace and self._width:
             self.stream.write("\n")

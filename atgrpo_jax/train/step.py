@@ -21,6 +21,7 @@ from atgrpo_jax.rollout.tree import Schedule, merge_rollouts, plain_rollout, tre
 from atgrpo_jax.sharding import batch_shards
 from atgrpo_jax.train.batch import length_bucket, pack_minibatch, policy_batches
 from atgrpo_jax.train.config import max_new_tokens
+from atgrpo_jax.train.guard import StepAbandoned
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train.update import Packed, TrainState
@@ -116,7 +117,11 @@ def finish_update(p: PendingUpdate) -> dict:
     gap between the recomputed old log-probs and the sampler's (0 when the two are one distribution)."""
     logs = jax.device_get(p.metrics)
     out = {k: float(np.mean([log[k] for log in logs])) for k in logs[0]}
-    out["skipped"] = float(np.sum([log["skipped"] for log in logs]))
+    skipped = [bool(log["skipped"]) for log in logs]
+    out["skipped"] = float(sum(skipped))
+    out["updates"] = float(len(skipped))
+    last_applied = max((i + 1 for i, s in enumerate(skipped) if not s), default=0)
+    out["skipped_tail"] = float(len(skipped) - last_applied)  # skipped after the last applied update
     if p.old is not None:
         scored = np.concatenate([mb["scored"].ravel() for mb in p.packed])
         old = np.concatenate([to_host(x).ravel() for x in p.old])
@@ -170,14 +175,17 @@ def rollout_step(run: Run, step: int, tracer: Tracer | None = None, stale: bool 
 
 
 def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = None, ro: Rollout | None = None,
-               then=None) -> dict:
+               then=None, abandon=None) -> dict:
     """One AT-GRPO step on every policy; returns scalar metrics. on_rollout(samples, episodes, adv),
     if given, sees the step's rollout (episode logs). ro: the step's rollout if it was made already
     (system.staleness = 1); then(), if given, runs while the updates are on the devices (the next
-    step's rollout, made with the weights from before this update)."""
+    step's rollout, made with the weights from before this update). abandon(), if given, is asked
+    once the rollout is done: True raises StepAbandoned and leaves every policy as it was."""
     c = run.config
     tracer = tracer or Tracer()
     ro = ro or rollout_step(run, step, tracer)
+    if abandon is not None and abandon():  # a stop was asked for: drop the step before its update starts
+        raise StepAbandoned(step)
     samples, episodes = ro.samples, ro.episodes
     t1 = time.perf_counter()
     rewards, mask = jnp.asarray(samples.reward), jnp.asarray(samples.mask)
