@@ -136,19 +136,16 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
 
     def save(step, metrics, force=False):
         writer.sync()  # an object store then holds every row a resume from this checkpoint keeps
-        try:
-            ckpt.save(step, policy_states(run), meta={"step": step}, metrics=metrics, force=force)
-            if force:
-                ckpt.wait()
-        except Exception as e:  # noqa: BLE001 - disk full, permissions: the run cannot go on safely
-            raise save_failed(ckpt, step, e) from None
+        ckpt.save(step, policy_states(run), meta={"step": step}, metrics=metrics, force=force)
+        if force:
+            ckpt.wait()
 
     def stopped(done: int):
         """Save the last completed step (if not saved yet) and stop with one line."""
         if done > start and all(v == 0 for v in streaks.values()) and ckpt.latest_step() != done:
             save(done, last, force=True)
         kept = ckpt.latest_step()
-        close_checkpoints(ckpt)
+        ckpt.close()
         what = f"checkpoint {kept} saved" if kept == done and done else \
             (f"last checkpoint {kept}" if kept else "no checkpoint yet")
         return cli.RunStopped(f"stopped by {stop.name} at step {done}; {what}; run the same command to resume",
@@ -201,7 +198,9 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
                 if lead:
                     print(f"time budget of {t.time_budget_s:.0f}s reached after step {step}", flush=True)
                 break
-        close_checkpoints(ckpt)  # the last asynchronous save may fail here
+        ckpt.close()  # the last asynchronous save may fail here
+    except checkpoint.SaveError as e:  # disk full, permissions: the run cannot go on safely
+        raise save_failed(e) from None
     finally:
         bar.close()
         writer.close()  # an object-store workdir gets its last upload even after an error
@@ -210,24 +209,14 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     return last
 
 
-def close_checkpoints(ckpt) -> None:
-    """Close the checkpointer; a failed last save becomes the one-line save error."""
-    try:
-        ckpt.close()
-    except Exception as e:  # noqa: BLE001
-        raise save_failed(ckpt, None, e) from None
-
-
-def save_failed(ckpt, step, e: BaseException) -> cli.RunStopped:
-    what = f"checkpoint {step}" if step is not None else "the last checkpoint"
-    return cli.RunStopped(f"error: cannot save {what} to {ckpt.directory}: {checkpoint.short_cause(e)}; "
-                          "the run stopped (earlier checkpoints are kept)", 1)
+def save_failed(e: checkpoint.SaveError) -> cli.RunStopped:
+    return cli.RunStopped(f"error: {e}; the run stopped (earlier checkpoints are kept)", 1)
 
 
 def diverged_stop(ckpt, streaks: dict, step: int, limit: int) -> cli.RunStopped:
     name = max(streaks, key=streaks.get)
     kept = ckpt.latest_step()
-    close_checkpoints(ckpt)
+    ckpt.close()
     who = f"policy {name}'s" if len(streaks) > 1 else "the"
     return cli.RunStopped(f"error: diverged at step {step}: {who} last {streaks[name]} updates were skipped "
                           f"(non-finite loss or gradient; train.max_skipped_updates={limit}); "
