@@ -86,7 +86,9 @@ def _check_out(out: str, workdir: str, overwrite: bool) -> None:
         run = os.path.abspath(workdir) if not wd.is_remote(workdir) else None
         if run and (run == path or run.startswith(path + os.sep)):
             raise cli.UsageError(f"--out={out} holds the run's workdir {workdir}: --overwrite would delete it")
-    wd.check_writable(os.path.dirname(path), "--out")  # the export is written beside it, then renamed
+    wd.check_writable(path, "--out")
+    if os.path.isdir(path):
+        wd.check_writable(os.path.dirname(path), "--out")  # the export is written beside it, then renamed
 
 
 def _usual_permissions(top: str) -> None:

@@ -40,6 +40,7 @@ import math
 import os
 import re
 import shutil
+import sys
 from typing import Any, Mapping
 
 import jax
@@ -367,6 +368,27 @@ def step_dirs(directory: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
 
 
+def _quiet_failed_restore_leftovers() -> None:
+    """Once a restore failed, orbax's other reads of it end later in background threads, each printing
+    a traceback (an unretrieved task, a coroutine never awaited, a callback into the closed event loop).
+    The failure was already reported in one line: drop exactly those messages from now on."""
+    if getattr(sys.excepthook, "quiet_restore", False):
+        return
+    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+
+    def quiet_excepthook(kind, value, tb):
+        if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+            excepthook(kind, value, tb)
+
+    def quiet_unraisablehook(u):
+        if not (repr(u.object).startswith("<coroutine") and "orbax" in str(getattr(u.object, "cr_code", ""))):
+            unraisablehook(u)
+
+    quiet_excepthook.quiet_restore = True
+    sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
+    logging.getLogger("asyncio").addFilter(lambda r: "exception was never retrieved" not in r.getMessage())
+
+
 def restore_newest_readable(directory: str, target, say) -> tuple[int | None, Any, dict, list[int]]:
     """(step, state, meta, unreadable steps) of the newest checkpoint in `directory` that restores
     whole and finite, trying older ones in turn; `say(line)` reports each one that does not.
@@ -389,6 +411,7 @@ def restore_newest_readable(directory: str, target, say) -> tuple[int | None, An
                     raise ValueError("it holds a NaN or inf")
                 int(meta["step"])
             except Exception as e:  # noqa: BLE001 - any failure means: not this one
+                _quiet_failed_restore_leftovers()
                 bad.append(step)
                 older = [s for s in step_dirs(directory) if s < step]
                 then = f"trying checkpoint {older[-1]}" if older else "no older checkpoint"
