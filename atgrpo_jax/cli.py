@@ -79,11 +79,29 @@ def pop_overrides(argv: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]
     return overrides, rest
 
 
+def packaged_config(path: str) -> str | None:
+    """The installed copy of `configs/NAME.py` (package atgrpo_jax.configs), for a working directory
+    without a configs/ of its own; None if there is none."""
+    head, name = os.path.split(os.path.normpath(path))
+    if os.path.basename(head) != "configs":
+        return None
+    try:
+        spec = importlib.util.find_spec("atgrpo_jax.configs")
+    except ModuleNotFoundError:
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if os.path.isfile(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    return None
+
+
 def load_config(spec: str) -> ml_collections.ConfigDict:
     """The ConfigDict of `path.py` (its get_config()) or `path.py:ARG` (get_config(ARG))."""
     if not spec:
         raise UsageError("--config=configs/X.py is required")
     path, _, arg = spec.partition(":")
+    if not os.path.isfile(path):
+        path = packaged_config(path) or path
     if not os.path.isfile(path):
         raise UsageError(f"--config: no such file {path!r}")
     module_spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3] or "config", path)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
 from typing import Callable, Sequence
 
 import numpy as np
@@ -26,18 +26,54 @@ from atgrpo_jax.rollout.cohort import Cohort, Request, Stages
 from atgrpo_jax.trace import Tracer
 
 
+class StageTimeout(RuntimeError):
+    """A stage ran longer than its limit (system.stage_timeout_s): a hung device call or sandbox wait."""
+
+
+class _Running:
+    """The stages in flight, {(kind, cohort): (name, start time)}, shared by the worker threads."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._stages: dict[tuple, tuple[str, float]] = {}
+
+    def start(self, key, name: str):
+        with self._lock:
+            self._stages[key] = (name, time.monotonic())
+
+    def end(self, key):
+        with self._lock:
+            self._stages.pop(key, None)
+
+    def oldest(self) -> tuple[str, float] | None:
+        """(name, seconds running) of the stage running longest."""
+        with self._lock:
+            if not self._stages:
+                return None
+            name, t0 = min(self._stages.values(), key=lambda v: v[1])
+        return name, time.monotonic() - t0
+
+
 def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, pool_of_agent: Sequence[int],
-              host_workers: int, tracer: Tracer | None = None, pool_names: Sequence[str] | None = None) -> None:
-    """Run every stage of every cohort (see the module docstring); errors in a worker re-raise here."""
+              host_workers: int, tracer: Tracer | None = None, pool_names: Sequence[str] | None = None,
+              stage_timeout_s: float = 0.0) -> None:
+    """Run every stage of every cohort (see the module docstring). The first error in a worker
+    re-raises here at once; a stage running longer than `stage_timeout_s` (0: no limit) raises
+    StageTimeout naming it. Either way nothing waits for the stages still running: the workers
+    are daemon threads, left to finish (or hang) on their own."""
     tracer = tracer or Tracer(enabled=False)
     pools = sorted(set(int(p) for p in pool_of_agent))
     label = lambda p: f"pool {pool_names[p] if pool_names else p}"  # noqa: E731 (as run_sync's)
     requests = {p: queue.Queue() for p in pools}
+    host_jobs: queue.Queue = queue.Queue()
     events: queue.Queue = queue.Queue()
+    running = _Running()
 
     def pool_worker(p: int):
         while (item := requests[p].get()) is not None:
             ci, req = item
+            name = f"sample agent {req.agent} turn {req.turn} of cohort {ci} ({label(p)})"
+            running.start(("sample", ci), name)
             try:
                 with tracer.span(f"sample agent {req.agent} turn {req.turn}", track=label(p), cohort=ci,
                                  prompts=len(req.rows)):
@@ -45,44 +81,64 @@ def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, po
                 events.put(("sampled", ci, req, out))
             except BaseException as e:  # noqa: BLE001 - re-raised by the scheduler
                 events.put(("error", e))
+            running.end(("sample", ci))
 
-    def host_job(ci: int, req: Request | None, out):
-        try:
-            with tracer.span("step" if req is not None else "start", track="host", cohort=ci):
-                if req is not None:
-                    stages.finish(cohorts[ci], req, out)
-                nxt = stages.next_request(cohorts[ci])
-            events.put(("stepped", ci, nxt))
-        except BaseException as e:  # noqa: BLE001
-            events.put(("error", e))
+    def host_worker():
+        while (job := host_jobs.get()) is not None:
+            ci, req, out = job
+            name = (f"environment step of agent {req.agent} turn {req.turn} of cohort {ci}" if req is not None
+                    else f"start of cohort {ci}")
+            running.start(("host", ci), name)
+            try:
+                with tracer.span("step" if req is not None else "start", track="host", cohort=ci):
+                    if req is not None:
+                        stages.finish(cohorts[ci], req, out)
+                    nxt = stages.next_request(cohorts[ci])
+                events.put(("stepped", ci, nxt))
+            except BaseException as e:  # noqa: BLE001
+                events.put(("error", e))
+            running.end(("host", ci))
 
     threads = [threading.Thread(target=pool_worker, args=(p,), name=f"pool-{p}", daemon=True) for p in pools]
+    threads += [threading.Thread(target=host_worker, name=f"host-{i}", daemon=True)
+                for i in range(max(1, host_workers))]
     for t in threads:
         t.start()
-    host = ThreadPoolExecutor(max_workers=max(1, host_workers), thread_name_prefix="host")
+    poll = min(1.0, stage_timeout_s / 4) if stage_timeout_s > 0 else None
+    finished = False
     try:
         for ci in range(len(cohorts)):
-            host.submit(host_job, ci, None, None)
-        running = len(cohorts)
-        while running:
-            event = events.get()
+            host_jobs.put((ci, None, None))
+        left = len(cohorts)
+        while left:
+            try:
+                event = events.get(timeout=poll)
+            except queue.Empty:
+                name, seconds = running.oldest() or ("", 0.0)
+                if seconds > stage_timeout_s:
+                    raise StageTimeout(f"the stage '{name}' has run {seconds:.0f} s, longer than "
+                                       f"system.stage_timeout_s={stage_timeout_s:g}") from None
+                continue
             if event[0] == "error":
                 raise event[1]
             if event[0] == "sampled":
                 _, ci, req, out = event
-                host.submit(host_job, ci, req, out)
+                host_jobs.put((ci, req, out))
             else:
                 _, ci, nxt = event
                 if nxt is None:
-                    running -= 1
+                    left -= 1
                 else:
                     requests[int(pool_of_agent[nxt.agent])].put((ci, nxt))
+        finished = True
     finally:
         for p in pools:
             requests[p].put(None)
-        host.shutdown(wait=True)
-        for t in threads:
-            t.join()
+        for _ in range(max(1, host_workers)):
+            host_jobs.put(None)
+        if finished:  # all idle: they end at once. After an error, a stuck stage is not waited for
+            for t in threads:
+                t.join()
 
 
 def split_cohorts(n: int, cohorts: int) -> list[np.ndarray]:

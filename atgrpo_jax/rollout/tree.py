@@ -53,6 +53,7 @@ class Schedule:
     pool_of_agent: tuple = ()  # the pool (policy) that samples for each agent
     pool_names: tuple = ()
     tracer: Tracer | None = None
+    stage_timeout_s: float = 0.0  # asynchronous: a stage running longer raises StageTimeout (0: no limit)
 
 
 def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, split: str, k: int, max_turns: int,
@@ -66,7 +67,7 @@ def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, sp
     if schedule.asynchronous:
         pools = schedule.pool_of_agent or (0,) * len(workflow.agents)
         run_async(stages, cohorts, sample_fn, pools, schedule.host_workers, schedule.tracer,
-                  schedule.pool_names or None)
+                  schedule.pool_names or None, schedule.stage_timeout_s)
     else:
         names = schedule.pool_names
         label = (lambda agent: f"pool {names[schedule.pool_of_agent[agent]]}") if names else None  # noqa: E731

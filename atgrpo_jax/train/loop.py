@@ -14,6 +14,7 @@ import time
 import jax
 
 from atgrpo_jax import cli
+from atgrpo_jax.rollout.dispatch import StageTimeout
 from atgrpo_jax.train import checkpoint, guard, setup
 from atgrpo_jax.train import workdir as wd
 from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, from_saved
@@ -201,6 +202,10 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
         ckpt.close()  # the last asynchronous save may fail here
     except checkpoint.SaveError as e:  # disk full, permissions: the run cannot go on safely
         raise save_failed(e) from None
+    except StageTimeout as e:  # a hung device call or sandbox wait: the step cannot finish
+        kept = ckpt.latest_step()
+        raise cli.RunStopped(f"error: at step {step}: {e}; the run stopped "
+                             f"(last checkpoint: {kept if kept is not None else 'none'})", 1) from None
     finally:
         bar.close()
         writer.close()  # an object-store workdir gets its last upload even after an error

@@ -42,7 +42,7 @@ def schedule_for(run: Run, tracer: Tracer | None) -> Schedule:
     s = run.config.system
     return Schedule(cohorts=s.cohorts if s.schedule == "async" else 1, asynchronous=s.schedule == "async",
                     host_workers=s.host_workers, pool_of_agent=tuple(int(p) for p in run.policy_of_agent),
-                    pool_names=tuple(p.name for p in run.policies), tracer=tracer)
+                    pool_names=tuple(p.name for p in run.policies), tracer=tracer, stage_timeout_s=s.stage_timeout_s)
 
 
 def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float, k: int, key, tracer=None):
