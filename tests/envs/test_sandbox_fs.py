@@ -140,3 +140,28 @@ def test_a_private_root_that_fails_half_way_falls_back_to_the_hook(monkeypatch):
         result = run_python(code, "", LIMITS)
     assert result.ok and result.isolation == "audit-hook", result
     assert result.stdout.splitlines() == ["['.stdin', 'main.py', 'out.txt'] kept True", "refused"]
+
+
+MANY_FILES = """
+import os
+written = 0
+try:
+    for i in range(20):  # 20 x 15 MB: each file under max_file_mb, 300 MB together
+        with open(f"f{i}", "wb") as f:
+            for _ in range(15):
+                f.write(b"x" * (1 << 20))
+                written += 1 << 20
+except OSError as e:
+    print("stopped", os.strerror(e.errno))
+print("written", written >> 20)
+"""
+
+
+def test_many_files_together_stay_under_the_disk_quota(tmp_path):
+    limits = Limits(**{**LIMITS.__dict__, "max_disk_mb": 40})
+    result = run_python(MANY_FILES, "", limits)
+    _expect_layer(result, True)
+    assert result.ok, result
+    stopped, written = result.stdout.splitlines()
+    assert stopped == "stopped No space left on device"
+    assert 30 <= int(written.split()[1]) <= 40  # the quota, not a single file's cap (15 MB each is allowed)
