@@ -80,8 +80,8 @@ def pop_overrides(argv: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]
 
 
 def packaged_config(path: str) -> str | None:
-    """The installed copy of `configs/NAME.py` (package atgrpo_jax.configs), for a working directory
-    without a configs/ of its own; None if there is none."""
+    """The installed copy of `configs/NAME.py` (atgrpo_jax.configs: setup.py installs the folder, a
+    namespace package), for a working directory without a configs/ of its own; None if there is none."""
     head, name = os.path.split(os.path.normpath(path))
     if os.path.basename(head) != "configs":
         return None

@@ -84,7 +84,7 @@ def test_configs_are_installed_with_the_package_and_found_without_a_checkout(tmp
     """setup.py installs configs/ as atgrpo_jax.configs; --config=configs/demo.py then works from any
     directory. The install's package mapping is imitated with a finder (this checkout is not installed)."""
     import importlib.abc
-    import importlib.util
+    import importlib.machinery
     import re
 
     setup = open(os.path.join(ROOT, "setup.py")).read()
@@ -93,9 +93,10 @@ def test_configs_are_installed_with_the_package_and_found_without_a_checkout(tmp
 
     class Installed(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if name == "atgrpo_jax.configs":
-                return importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
-                                                              submodule_search_locations=[folder])
+            if name == "atgrpo_jax.configs":  # a folder without __init__.py: a namespace package
+                spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+                spec.submodule_search_locations = [folder]
+                return spec
             return None
 
     monkeypatch.chdir(tmp_path)  # no configs/ here
