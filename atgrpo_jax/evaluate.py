@@ -108,6 +108,7 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
     workdir = ckpt_dir = step = None
     if hf_path:
         config.model.hf_path = hf_path
+        config.model.preset = ""  # the checkpoint's own architecture (config.json), not the config's preset
         if config.tokenizer == "qwen3":
             config.tokenizer = hf_path  # the model's own tokenizer files
     else:
