@@ -18,3 +18,5 @@ def test_a_kill_in_the_first_save_leaves_no_duplicated_rows(tmp_path):
     assert [r["step"] for r in rows] == [0, 1]
     assert rows[0]["eval_success"] != 0.125 and "loss" in rows[1] and rows[1]["loss"] != 0.5  # this run's rows
     assert sorted(os.listdir(work / "checkpoints")) == ["1"]  # the partial save is cleaned up
+    assert "step 0 (before training): held-out success" in proc.stdout
+    assert "step 1: held-out success" in proc.stdout  # every evaluation, not only the first and the last

@@ -55,3 +55,12 @@ def test_check_writable_probes_with_a_real_file(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(NotADirectoryError, match="is a file"):
         wd.check_writable(str(tmp_path / "f" / "x"), "--out")
+
+
+@pytest.mark.parametrize("seeds", [["x"], ["-1"], []])
+def test_ablate_seeds_are_checked_before_any_run(seeds, tmp_path):
+    from atgrpo_jax.ablate import run_table
+
+    with pytest.raises(cli.UsageError, match="--seeds"):
+        run_table(base_config(), ["shared"], seeds, str(tmp_path))
+    assert os.listdir(tmp_path) == []
