@@ -402,7 +402,9 @@ def restore_newest_readable(directory: str, target, say) -> tuple[int | None, An
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax warns that a read-only manager saves nothing
     reader = Checkpointer(directory, keep_last=0, best_metric=None, read_only=True)
     try:
-        for step in reversed(step_dirs(directory)):
+        # local: every step folder, even one whose metadata orbax cannot read; a store: orbax's list
+        steps = reader.all_steps() if wd.is_remote(directory) else step_dirs(directory)
+        for step in reversed(steps):
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -413,7 +415,7 @@ def restore_newest_readable(directory: str, target, say) -> tuple[int | None, An
             except Exception as e:  # noqa: BLE001 - any failure means: not this one
                 _quiet_failed_restore_leftovers()
                 bad.append(step)
-                older = [s for s in step_dirs(directory) if s < step]
+                older = [s for s in steps if s < step]
                 then = f"trying checkpoint {older[-1]}" if older else "no older checkpoint"
                 say(f"checkpoint {step} in {directory} does not restore ({short_cause(e)}); {then}")
                 continue

@@ -58,13 +58,16 @@ def restore_or_start(config, run, workdir: str, fresh_if_unreadable: bool) -> tu
     lead = jax.process_index() == 0
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if lead else (lambda line: None)
     directory = wd.checkpoint_dir(workdir)
-    if wd.is_remote(directory) or not checkpoint.step_dirs(directory):
-        return 0, None
+    if not wd.is_remote(directory) and not checkpoint.step_dirs(directory):
+        return 0, None  # (a store is asked through orbax: a listing there is not free)
     step, states, meta, bad = checkpoint.restore_newest_readable(directory, policy_states(run), say)
     if step is None and not fresh_if_unreadable:
         raise cli.RunStopped(f"error: no checkpoint in {directory} restores (tried {', '.join(map(str, bad))}); "
                              "nothing was changed. Pass --fresh_if_unreadable to start again from step 0 "
                              "(they are then moved to checkpoints.unreadable/)", 1)
+    if bad and wd.is_remote(directory):  # no rename on a store: they would block every later save
+        raise cli.RunStopped(f"error: delete the unreadable checkpoints {', '.join(map(str, bad))} of {directory}, "
+                             "then run the same command again; nothing was changed", 1)
     if lead and bad:
         aside = wd.join(workdir, "checkpoints.unreadable")
         os.makedirs(aside, exist_ok=True)
