@@ -2,7 +2,12 @@
 
 A workdir holds one run. Resuming checks the config against the run's own config.json:
 only the keys of `config.RESUMABLE` (how long, how often, where) may change, unless
-`allow_config_change` (then the old config.json is kept as config.step<N>.json).
+`allow_config_change` (then the old config.json is kept as config.step<N>.json). It restores
+the newest checkpoint that restores (older ones in turn), and writes nothing before that.
+
+A run stops early, with one line and an exit code (cli.RunStopped), on SIGTERM/SIGINT (after
+saving its last completed step: guard.StopSignals), on divergence (guard.skip_streaks), when a
+checkpoint cannot be saved (checkpoint.SaveError) and when an asynchronous stage hangs.
 """
 from __future__ import annotations
 
