@@ -227,13 +227,14 @@ class Checkpointer:
             create=not read_only,
             read_only=read_only,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+        self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                              item_names=("state", "meta", "extra"))
         self._in_flight: int | None = None  # the step of an asynchronous save not known to be done
 
     # -- saving -----------------------------------------------------------------------------
 
     def save(self, step: int, state, *, meta: Mapping[str, Any], metrics: Mapping[str, Any] | None = None,
-             force: bool = False) -> bool:
+             force: bool = False, extra=None) -> bool:
         """Save `state` at `step`; returns whether a save started.
 
         Refused (False, logged) when the state holds a NaN or inf, when `step` is
@@ -261,10 +262,11 @@ class Checkpointer:
         tracked = {self.best_metric: best} if isinstance(best, (int, float)) else None
         self.wait()  # the previous save's error is reported with its own step
         try:
-            check_free_space(self.directory, local_bytes(state))
-            saved = self._manager.save(
-                step, force=force, metrics=tracked,
-                args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(record)))
+            check_free_space(self.directory, local_bytes(state) + local_bytes(extra or {}))
+            items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(record))
+            if extra is not None:  # arrays a resume needs besides the state (system.staleness: the sampler's)
+                items["extra"] = ocp.args.StandardSave(extra)
+            saved = self._manager.save(step, force=force, metrics=tracked, args=ocp.args.Composite(**items))
         except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many kinds
             raise SaveError(step, self.directory, e) from e
         self._in_flight = step if saved else None
@@ -318,6 +320,16 @@ class Checkpointer:
     def metrics(self, step: int) -> dict:
         """The metrics saved with `step`."""
         return self._read_record(step)["metrics"]
+
+    def restore_extra(self, step: int, target):
+        """The `extra` arrays saved with `step` in `target`'s structure, or None if it has none."""
+        self.wait()
+        try:
+            restored = self._manager.restore(
+                step, args=ocp.args.Composite(extra=ocp.args.StandardRestore(_abstract(target))))
+        except Exception:  # noqa: BLE001 - saved without extra (or unreadable): the caller does without
+            return None
+        return restored.extra
 
     def restore(self, step: int | None = None, *, target=None) -> tuple[Any, dict]:
         """(state, meta) of `step` (default: the latest complete one).

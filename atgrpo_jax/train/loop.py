@@ -55,8 +55,8 @@ def pool_busy(tracer: Tracer, run, seconds: float) -> dict:
     return out
 
 
-def restore_or_start(config, run, workdir: str, fresh_if_unreadable: bool) -> tuple[int, dict | None]:
-    """(step to start after, restored policy states or None): the newest checkpoint that restores;
+def restore_or_start(config, run, workdir: str, fresh_if_unreadable: bool) -> tuple[int, dict | None, dict]:
+    """(step to start after, restored policy states or None, its meta): the newest checkpoint that restores;
     unreadable newer ones are reported one line each and moved to checkpoints.unreadable/ once a
     restore succeeded (they would block later saves). None restores: an error, or with
     `fresh_if_unreadable` a fresh start (all of them moved aside)."""
@@ -64,7 +64,7 @@ def restore_or_start(config, run, workdir: str, fresh_if_unreadable: bool) -> tu
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if lead else (lambda line: None)
     directory = wd.checkpoint_dir(workdir)
     if not wd.is_remote(directory) and not checkpoint.step_dirs(directory):
-        return 0, None  # (a store is asked through orbax: a listing there is not free)
+        return 0, None, {}  # (a store is asked through orbax: a listing there is not free)
     step, states, meta, bad = checkpoint.restore_newest_readable(directory, policy_states(run), say)
     if step is None and not fresh_if_unreadable:
         raise cli.RunStopped(f"error: no checkpoint in {directory} restores (tried {', '.join(map(str, bad))}); "
@@ -81,8 +81,8 @@ def restore_or_start(config, run, workdir: str, fresh_if_unreadable: bool) -> tu
         say(f"moved unreadable checkpoint(s) {', '.join(map(str, bad))} to {aside}")
     if step is None:
         say("starting again from step 0: no checkpoint restored")
-        return 0, None
-    return int(meta["step"]), states
+        return 0, None, {}
+    return int(meta["step"]), states, meta
 
 
 def run_training(config, workdir: str, *, allow_config_change: bool = False,
@@ -107,7 +107,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     lead = jax.process_index() == 0
     splits = evaluation_splits(run)
     best = "valid_success" if "valid" in splits else "eval_success"  # choose on validation, report test
-    start, states = restore_or_start(config, run, workdir, fresh_if_unreadable)
+    start, states, meta = restore_or_start(config, run, workdir, fresh_if_unreadable)
     if states is not None:
         set_policy_states(run, states)
     # only now, with a restored state in hand, is anything in the workdir changed
@@ -137,6 +137,9 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
 
     stale = bool(config.system.staleness)
     ahead = {}  # staleness 1: the next step's rollout, made while this step's update ran
+    held = {}  # staleness 1: {policy: (params, optimizer step)} that sampled the rollout in `ahead`
+    if stale and states is not None and start < t.steps:
+        held = rollout_ahead_again(run, ckpt, start, meta, ahead)
 
     def next_rollout(step, tracer):
         def go():  # runs while this step's updates are on the devices, with the weights from before them
@@ -145,7 +148,11 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
 
     def save(step, metrics, force=False):
         writer.sync()  # an object store then holds every row a resume from this checkpoint keeps
-        ckpt.save(step, policy_states(run), meta={"step": step}, metrics=metrics, force=force)
+        extra, behind = None, {}
+        if held and step < t.steps:  # the weights that sample step + 1: a resume redoes that rollout exactly
+            extra = {name: params for name, (params, _) in held.items()}
+            behind = {"behavior_steps": {name: n for name, (_, n) in held.items()}}
+        ckpt.save(step, policy_states(run), meta={"step": step, **behind}, metrics=metrics, force=force, extra=extra)
         if force:
             ckpt.wait()
 
@@ -179,6 +186,8 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
                                      abandon=stop.requested)
             except guard.StepAbandoned:
                 raise stopped(step - 1) from None
+            if stale:
+                held = {p.name: (p.behavior, p.behavior_step) for p in run.policies if p.behavior is not None}
             for p in run.policies:
                 p.behavior = None
             metrics.update(pool_busy(tracer, run, time.perf_counter() - step_began))
@@ -220,6 +229,24 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     if lead:
         print(json.dumps({k: v for k, v in last.items() if k.startswith("eval")} | {"steps": step if t.steps else 0}))
     return last
+
+
+def rollout_ahead_again(run, ckpt, start: int, meta: dict, ahead: dict) -> dict:
+    """system.staleness = 1 on resume: step start+1's rollout ran on the weights from before step
+    start's update; the checkpoint keeps them (its `extra`), so the same rollout is made again and
+    the resumed run equals an uninterrupted one. Returns them as `held`; {} when the checkpoint has
+    none (saved at a run's last step): then step start+1 samples on-policy."""
+    saved = ckpt.restore_extra(start, {p.name: p.state.params for p in run.policies})
+    steps = meta.get("behavior_steps") or {}
+    if saved is None or set(saved) != set(steps):
+        return {}
+    for p in run.policies:
+        p.behavior, p.behavior_step = saved[p.name], int(steps[p.name])
+    ahead["rollout"] = rollout_step(run, start + 1, Tracer(), stale=True)
+    held = {p.name: (p.behavior, p.behavior_step) for p in run.policies}
+    for p in run.policies:
+        p.behavior = None
+    return held
 
 
 def save_failed(e: checkpoint.SaveError) -> cli.RunStopped:

@@ -31,9 +31,13 @@ def start_and_signal(workdir, sig, after_step: int, *extra):
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def test_sigterm_saves_the_last_step_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path):
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_sigterm_saves_the_last_step_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, staleness):
+    """staleness 1: the next step's rollout ran on the weights before this step's update; the
+    checkpoint keeps those weights so that a resume makes the same rollout again."""
     work = tmp_path / "stopped"
-    proc = start_and_signal(work, signal.SIGTERM, 2)
+    mode = f"--config.system.staleness={staleness}"
+    proc = start_and_signal(work, signal.SIGTERM, 2, mode)
     assert proc.returncode == 143, proc.stderr[-3000:]
     assert_no_traceback(proc)
     last = stderr_lines(proc)[-1]
@@ -42,16 +46,16 @@ def test_sigterm_saves_the_last_step_and_the_resumed_run_equals_an_uninterrupted
     n = int(m.group(1))
     assert n >= 2 and os.listdir(work / "checkpoints") == [str(n)]  # only the stop saved (checkpoint_every=100)
     assert [r["step"] for r in metrics_rows(work)][-1] >= n  # a row of an abandoned step is cut on resume
-    resumed = run(train_args(work, steps=n + 1))
+    resumed = run(train_args(work, mode, steps=n + 2))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming at step {n}" in resumed.stdout
-    whole = run(train_args(tmp_path / "whole", steps=n + 1))
+    whole = run(train_args(tmp_path / "whole", mode, steps=n + 2))
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert metrics_rows(work) == metrics_rows(tmp_path / "whole")  # bitwise, step by step
     from atgrpo_jax.train.checkpoint import Checkpointer
 
-    a = Checkpointer(str(work / "checkpoints"), keep_last=0, read_only=True).restore(n + 1)[0]
-    b = Checkpointer(str(tmp_path / "whole" / "checkpoints"), keep_last=0, read_only=True).restore(n + 1)[0]
+    a = Checkpointer(str(work / "checkpoints"), keep_last=0, read_only=True).restore(n + 2)[0]
+    b = Checkpointer(str(tmp_path / "whole" / "checkpoints"), keep_last=0, read_only=True).restore(n + 2)[0]
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
