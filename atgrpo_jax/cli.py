@@ -35,11 +35,14 @@ class UsageError(ValueError):
 
 
 class RunStopped(Exception):
-    """A run that ends early on purpose: `message` is printed as is (one line), the process exits with `code`."""
+    """A run that ends early on purpose: `message` is printed as is (one line), the process exits with `code`.
+    `hard`: exit at once after printing (a thread is stuck in a device or sandbox call, which the
+    interpreter's shutdown would abort on)."""
 
-    def __init__(self, message: str, code: int):
+    def __init__(self, message: str, code: int, hard: bool = False):
         super().__init__(message)
         self.code = code
+        self.hard = hard
 
 
 def finite_json(obj):
@@ -215,6 +218,9 @@ def fail():
         yield
     except RunStopped as e:
         print(str(e), file=sys.stderr, flush=True)
+        if e.hard:
+            sys.stdout.flush()
+            os._exit(e.code)
         raise SystemExit(e.code) from None
     except (UsageError, ConfigError, CheckpointError, UnknownName, FileNotFoundError, NotADirectoryError,
             FileExistsError, ImportError, NotWritable) as e:

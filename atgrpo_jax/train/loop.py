@@ -221,8 +221,9 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
         raise save_failed(e) from None
     except StageTimeout as e:  # a hung device call or sandbox wait: the step cannot finish
         kept = ckpt.latest_step()
+        ckpt.close()
         raise cli.RunStopped(f"error: at step {step}: {e}; the run stopped "
-                             f"(last checkpoint: {kept if kept is not None else 'none'})", 1) from None
+                             f"(last checkpoint: {kept if kept is not None else 'none'})", 1, hard=True) from None
     finally:
         bar.close()
         writer.close()  # an object-store workdir gets its last upload even after an error

@@ -84,3 +84,22 @@ def test_without_faults_the_timeout_changes_nothing():
     a = rollout(Env(), sample_fn(), timeout_s=30.0)
     b = rollout(Env(), sample_fn(), timeout_s=0.0)
     assert np.array_equal(a[0].reward, b[0].reward) and np.array_equal(a[1].success, b[1].success)
+
+
+def test_a_hung_environment_step_stops_the_cli_run_with_one_line(tmp_path):
+    import os
+
+    from faults_util import assert_no_traceback, run, stderr_lines, train_args
+
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.monotonic()
+    proc = run(train_args(tmp_path / "run", "--config.env.workflow=hanging_workflow:make",
+                          "--config.system.schedule=async", "--config.system.stage_timeout_s=20",
+                          "--config.train.checkpoint_every=1"), env=env)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert_no_traceback(proc)
+    line = stderr_lines(proc)[-1]
+    assert line.startswith("error: at step 2: the stage 'environment step of agent 0 turn 0 of cohort ") and \
+        line.endswith("longer than system.stage_timeout_s=20; the run stopped (last checkpoint: 1)"), line
+    assert len(stderr_lines(proc)) == 1, proc.stderr[-3000:]  # no abort of the stuck thread at exit
+    assert time.monotonic() - t0 < 200  # not the 600 s of the hung step
