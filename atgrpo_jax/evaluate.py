@@ -14,7 +14,6 @@ with metrics, learning_curve.png. Paths may be object-store URLs (gs://; needs g
 """
 from __future__ import annotations
 
-import json
 import sys
 import types
 

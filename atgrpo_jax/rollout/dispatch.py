@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from atgrpo_jax.rollout.cohort import Cohort, Request, Stages
+from atgrpo_jax.rollout.cohort import Cohort, Stages
 from atgrpo_jax.trace import Tracer
 
 

@@ -40,7 +40,6 @@ import math
 import os
 import re
 import shutil
-import sys
 from typing import Any, Mapping
 
 import jax
@@ -370,69 +369,3 @@ def short_cause(e: BaseException) -> str:
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     text = text.split(" See full TensorStore details")[0]  # the rest is a repr of the whole spec
     return text if len(text) <= 200 else text[:200] + "..."
-
-
-def step_dirs(directory: str) -> list[int]:
-    """The step numbers of `directory`'s finished step folders (orbax's temporary ones left out),
-    whether or not their contents are readable."""
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
-
-
-def _quiet_failed_restore_leftovers() -> None:
-    """Once a restore failed, orbax's other reads of it end later in background threads, each printing
-    a traceback (an unretrieved task, a coroutine never awaited, a callback into the closed event loop).
-    The failure was already reported in one line: drop exactly those messages from now on."""
-    if getattr(sys.excepthook, "quiet_restore", False):
-        return
-    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
-
-    def quiet_excepthook(kind, value, tb):
-        if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
-            excepthook(kind, value, tb)
-
-    def quiet_unraisablehook(u):
-        if not (repr(u.object).startswith("<coroutine") and "orbax" in str(getattr(u.object, "cr_code", ""))):
-            unraisablehook(u)
-
-    quiet_excepthook.quiet_restore = True
-    sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
-    logging.getLogger("asyncio").addFilter(lambda r: "exception was never retrieved" not in r.getMessage())
-
-
-def restore_newest_readable(directory: str, target, say) -> tuple[int | None, Any, dict, list[int]]:
-    """(step, state, meta, unreadable steps) of the newest checkpoint in `directory` that restores
-    whole and finite, trying older ones in turn; `say(line)` reports each one that does not.
-    Opens the directory read-only: nothing on disk changes. step is None if none restores."""
-    import warnings
-
-    from absl import logging as absl_logging
-
-    bad = []
-    verbosity = absl_logging.get_verbosity()
-    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax warns that a read-only manager saves nothing
-    reader = Checkpointer(directory, keep_last=0, best_metric=None, read_only=True)
-    try:
-        # local: every step folder, even one whose metadata orbax cannot read; a store: orbax's list
-        steps = reader.all_steps() if wd.is_remote(directory) else step_dirs(directory)
-        for step in reversed(steps):
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    state, meta = reader.restore(step, target=target)
-                if not is_finite_state(state):
-                    raise ValueError("it holds a NaN or inf")
-                int(meta["step"])
-            except Exception as e:  # noqa: BLE001 - any failure means: not this one
-                _quiet_failed_restore_leftovers()
-                bad.append(step)
-                older = [s for s in steps if s < step]
-                then = f"trying checkpoint {older[-1]}" if older else "no older checkpoint"
-                say(f"checkpoint {step} in {directory} does not restore ({short_cause(e)}); {then}")
-                continue
-            return step, state, meta, bad
-        return None, None, {}, bad
-    finally:
-        reader.close()
-        absl_logging.set_verbosity(verbosity)

@@ -12,8 +12,6 @@ checkpoint cannot be saved (checkpoint.SaveError) and when an asynchronous stage
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 
 import jax
@@ -21,6 +19,7 @@ import jax
 from atgrpo_jax import cli
 from atgrpo_jax.rollout.dispatch import StageTimeout
 from atgrpo_jax.train import checkpoint, guard, setup
+from atgrpo_jax.train.resume import restore_or_start, rollout_ahead_again
 from atgrpo_jax.train import workdir as wd
 from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, from_saved
 from atgrpo_jax.train.validate import resolve
@@ -53,36 +52,6 @@ def pool_busy(tracer: Tracer, run, seconds: float) -> dict:
     out = {f"pool_busy/{p.name}": tracer.busy_seconds(f"pool {p.name}") / max(seconds, 1e-9) for p in run.policies}
     out["host_busy"] = tracer.busy_seconds("host") / max(seconds, 1e-9)
     return out
-
-
-def restore_or_start(config, run, workdir: str, fresh_if_unreadable: bool) -> tuple[int, dict | None, dict]:
-    """(step to start after, restored policy states or None, its meta): the newest checkpoint that restores;
-    unreadable newer ones are reported one line each and moved to checkpoints.unreadable/ once a
-    restore succeeded (they would block later saves). None restores: an error, or with
-    `fresh_if_unreadable` a fresh start (all of them moved aside)."""
-    lead = jax.process_index() == 0
-    say = (lambda line: print(line, file=sys.stderr, flush=True)) if lead else (lambda line: None)
-    directory = wd.checkpoint_dir(workdir)
-    if not wd.is_remote(directory) and not checkpoint.step_dirs(directory):
-        return 0, None, {}  # (a store is asked through orbax: a listing there is not free)
-    step, states, meta, bad = checkpoint.restore_newest_readable(directory, policy_states(run), say)
-    if step is None and not fresh_if_unreadable:
-        raise cli.RunStopped(f"error: no checkpoint in {directory} restores (tried {', '.join(map(str, bad))}); "
-                             "nothing was changed. Pass --fresh_if_unreadable to start again from step 0 "
-                             "(they are then moved to checkpoints.unreadable/)", 1)
-    if bad and wd.is_remote(directory):  # no rename on a store: they would block every later save
-        raise cli.RunStopped(f"error: delete the unreadable checkpoints {', '.join(map(str, bad))} of {directory}, "
-                             "then run the same command again; nothing was changed", 1)
-    if lead and bad:
-        aside = wd.join(workdir, "checkpoints.unreadable")
-        os.makedirs(aside, exist_ok=True)
-        for s in bad:
-            os.replace(os.path.join(directory, str(s)), os.path.join(aside, f"{s}-{int(time.time())}"))
-        say(f"moved unreadable checkpoint(s) {', '.join(map(str, bad))} to {aside}")
-    if step is None:
-        say("starting again from step 0: no checkpoint restored")
-        return 0, None, {}
-    return int(meta["step"]), states, meta
 
 
 def run_training(config, workdir: str, *, allow_config_change: bool = False,
@@ -230,24 +199,6 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     if lead:
         print(json.dumps({k: v for k, v in last.items() if k.startswith("eval")} | {"steps": step if t.steps else 0}))
     return last
-
-
-def rollout_ahead_again(run, ckpt, start: int, meta: dict, ahead: dict) -> dict:
-    """system.staleness = 1 on resume: step start+1's rollout ran on the weights from before step
-    start's update; the checkpoint keeps them (its `extra`), so the same rollout is made again and
-    the resumed run equals an uninterrupted one. Returns them as `held`; {} when the checkpoint has
-    none (saved at a run's last step): then step start+1 samples on-policy."""
-    saved = ckpt.restore_extra(start, {p.name: p.state.params for p in run.policies})
-    steps = meta.get("behavior_steps") or {}
-    if saved is None or set(saved) != set(steps):
-        return {}
-    for p in run.policies:
-        p.behavior, p.behavior_step = saved[p.name], int(steps[p.name])
-    ahead["rollout"] = rollout_step(run, start + 1, Tracer(), stale=True)
-    held = {p.name: (p.behavior, p.behavior_step) for p in run.policies}
-    for p in run.policies:
-        p.behavior = None
-    return held
 
 
 def save_failed(e: checkpoint.SaveError) -> cli.RunStopped:

@@ -267,7 +267,7 @@ def test_training_run_on_the_store_uploads_each_checkpointed_step_before_saving(
         def restore(self, step, *, target):
             return target, {"step": step}
 
-        def save(self, step, state, *, meta, metrics, force=False):
+        def save(self, step, state, *, meta, metrics, force=False, extra=None):
             saves.append((step, [(r["step"], r["loss"]) for r in read_metrics("gs://bucket/run")]))
 
         def wait(self):
