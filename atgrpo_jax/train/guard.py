@@ -39,10 +39,16 @@ class StopSignals:
         self.signum = signum
 
     def __enter__(self):
+        self.install()
+        return self
+
+    def install(self):
+        """Take SIGTERM and SIGINT (again: jax.distributed.initialize installs a SIGTERM handler of
+        its own for its preemption notice, so call this once the run is set up)."""
         if threading.current_thread() is threading.main_thread():
             for s in EXIT_CODES:
-                self._previous[s] = signal.signal(s, self._handle)
-        return self
+                previous = signal.signal(s, self._handle)
+                self._previous.setdefault(s, previous)  # the first one is what __exit__ puts back
 
     def __exit__(self, *exc):
         for s, handler in self._previous.items():

@@ -73,6 +73,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     resumed = bool(wd.exists(wd.checkpoint_dir(workdir)))
     changed = check_resume(config, workdir, allow_config_change) if resumed else {}
     run = setup.build_run(config)
+    stop.install()  # after jax.distributed.initialize, which takes SIGTERM for itself
     lead = jax.process_index() == 0
     splits = evaluation_splits(run)
     best = "valid_success" if "valid" in splits else "eval_success"  # choose on validation, report test

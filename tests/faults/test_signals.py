@@ -88,3 +88,48 @@ def test_a_second_signal_exits_at_once(sig, code):
     assert proc.returncode == code and time.time() - t0 < 25, proc.stderr
     assert proc.stdout == "asked to stop\n"
     assert stderr_lines(proc) == [f"second {sig}: exiting now without saving"]
+
+
+def _pid_of_process(workdir, process_id: int) -> int | None:
+    """The trainer process of a launched run with ATGRPO_PROCESS_ID=process_id."""
+    from atgrpo_jax.distributed import ENV_PROCESS_ID
+
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"atgrpo_jax.train" in cmd and str(workdir).encode() in cmd and \
+                f"{ENV_PROCESS_ID}={process_id}".encode() in env:
+            return int(pid)
+    return None
+
+
+def test_sigterm_to_one_host_stops_every_host_at_the_same_step(tmp_path):
+    """2 processes x 4 devices: only process 1 is signalled (its VM was preempted); both stop at
+    the same step, save it together and exit 143."""
+    work = tmp_path / "run"
+    flags = ["--config.mesh.data=2", "--config.mesh.fsdp=4", "--config.rollout.num_tasks=2"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the launcher sets the devices
+    proc = subprocess.Popen([sys.executable, "-m", "atgrpo_jax.launch", "--processes=2", "--devices=4", "--",
+                             *train_args(work, "--config.train.checkpoint_every=100", *flags, steps=60)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 400
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail("the run ended before the signal: " + proc.stdout.read()[-3000:])
+        if os.path.exists(work / "metrics.jsonl") and any(r["step"] >= 2 for r in metrics_rows(work)):
+            break
+        time.sleep(0.1)
+    os.kill(_pid_of_process(work, 1), signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    stops = [re.search(r"^\[p(\d)\] stopped by SIGTERM at step (\d+); checkpoint \2 saved", line)
+             for line in out.splitlines()]
+    stops = sorted((int(m.group(1)), int(m.group(2))) for m in stops if m)
+    assert [p for p, _ in stops] == [0, 1] and stops[0][1] == stops[1][1], out[-3000:]  # one step for both
+    assert os.listdir(work / "checkpoints") == [str(stops[0][1])]
