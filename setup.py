@@ -1,7 +1,8 @@
 """atgrpo-jax: AT-GRPO (agent- and turn-wise grouped GRPO) in JAX/Flax.
 
-`envs/` lives at the top level of the repository but installs as
-`atgrpo_jax.envs`, so no generic `envs` module lands in site-packages.
+`envs/` and `configs/` live at the top level of the repository but install as
+`atgrpo_jax.envs` and `atgrpo_jax.configs`, so no generic `envs` module lands in
+site-packages and `--config=configs/demo.py` works without a checkout.
 """
 from setuptools import setup
 
@@ -14,6 +15,7 @@ PACKAGES = [
     "atgrpo_jax.train",
     "atgrpo_jax.bench",
     "atgrpo_jax.envs",
+    "atgrpo_jax.configs",
 ]
 
 INSTALL_REQUIRES = [
@@ -55,7 +57,7 @@ setup(
     description="AT-GRPO: on-policy RL for multi-agent LLM systems, in JAX/Flax",
     python_requires=">=3.11",
     packages=PACKAGES,
-    package_dir={"atgrpo_jax.envs": "envs"},
+    package_dir={"atgrpo_jax.envs": "envs", "atgrpo_jax.configs": "configs"},
     package_data={"atgrpo_jax.envs": ["data/*.txt", "data/*.md", "data/*/*.jsonl", "data/*/*.md",
                                       "data/*/*.txt"]},
     install_requires=INSTALL_REQUIRES,

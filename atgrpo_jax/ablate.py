@@ -11,7 +11,6 @@ and OUT/curves.png (mean curve per regime with a band of one standard deviation)
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import types
@@ -20,6 +19,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from atgrpo_jax import cli
+from atgrpo_jax.train import workdir as wd
 
 
 
@@ -30,6 +30,9 @@ def run_table(config, regimes, seeds, out: str) -> dict:
     from atgrpo_jax.train.validate import resolve
     from atgrpo_jax.train.metrics import read_metrics
 
+    bad = [s for s in seeds if not str(s).isdigit()]
+    if bad or not seeds:
+        raise cli.UsageError(f"--seeds: {bad or 'none given'}: give whole numbers >= 0 (--seeds=0,1,2)")
     unknown = [r for r in regimes if r not in REGIMES]
     if unknown:
         raise cli.UsageError(f"--regimes: {unknown} are not regimes ({', '.join(REGIMES)})")
@@ -83,7 +86,7 @@ def write_outputs(table: dict, runs: dict, out: str):
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(markdown(table, steps))
     with open(os.path.join(out, "table.json"), "w") as f:
-        json.dump(table, f, indent=2)
+        f.write(cli.dumps(table, indent=2))  # a seed without an evaluation: null, not NaN
     fig = Figure(figsize=(6.4, 4.0), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -110,6 +113,7 @@ def main(argv, f, overrides=()):
         if not f.out.value:
             raise cli.UsageError("--out is required")
         config = cli.apply_overrides(cli.load_config(f.config.value), overrides)
+        wd.check_writable(f.out.value, "--out")  # before hours of training, not after
         os.makedirs(f.out.value, exist_ok=True)
         run_table(config, f.regimes.value, f.seeds.value, f.out.value)
         print(open(os.path.join(f.out.value, "table.md")).read())

@@ -8,13 +8,16 @@ is read as the type of the key's default (bool: true/false/1/0/yes/no; tuples an
 Python literals); keys under `env.kwargs` may be new (a Python literal, else a string), and
 `--config.env.kwargs={}` replaces the whole section.
 `fail` turns the errors a user can fix (a bad config, file or checkpoint) into one line on
-stderr and exit status 2, before anything is written or compiled.
+stderr and exit status 2, before anything is written or compiled; a run that stops on
+purpose (a signal, divergence, a failed save: `RunStopped`) prints its line and exits with its code.
 """
 from __future__ import annotations
 
 import ast
 import contextlib
 import importlib.util
+import json
+import math
 import os
 import sys
 from typing import Iterator, Sequence
@@ -29,6 +32,35 @@ OPEN_SECTIONS = ("env.kwargs", "rollout.agents")  # sections whose keys the user
 
 class UsageError(ValueError):
     """A command line, file or checkpoint a user can fix; the message says what and where."""
+
+
+class RunStopped(Exception):
+    """A run that ends early on purpose: `message` is printed as is (one line), the process exits with `code`.
+    `hard`: exit at once after printing (a thread is stuck in a device or sandbox call, which the
+    interpreter's shutdown would abort on)."""
+
+    def __init__(self, message: str, code: int, hard: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.hard = hard
+
+
+def finite_json(obj):
+    """A copy of `obj` with every NaN or inf float (numpy ones too) replaced by None: JSON has no NaN."""
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    if hasattr(obj, "item") and getattr(obj, "ndim", None) == 0:  # numpy / jax scalars
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def dumps(obj, **kwargs) -> str:
+    """json.dumps that never writes NaN (non-finite numbers become null)."""
+    return json.dumps(finite_json(obj), allow_nan=False, **kwargs)
 
 
 def pop_overrides(argv: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
@@ -50,11 +82,29 @@ def pop_overrides(argv: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]
     return overrides, rest
 
 
+def packaged_config(path: str) -> str | None:
+    """The installed copy of `configs/NAME.py` (atgrpo_jax.configs: setup.py installs the folder, a
+    namespace package), for a working directory without a configs/ of its own; None if there is none."""
+    head, name = os.path.split(os.path.normpath(path))
+    if os.path.basename(head) != "configs":
+        return None
+    try:
+        spec = importlib.util.find_spec("atgrpo_jax.configs")
+    except ModuleNotFoundError:
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if os.path.isfile(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    return None
+
+
 def load_config(spec: str) -> ml_collections.ConfigDict:
     """The ConfigDict of `path.py` (its get_config()) or `path.py:ARG` (get_config(ARG))."""
     if not spec:
         raise UsageError("--config=configs/X.py is required")
     path, _, arg = spec.partition(":")
+    if not os.path.isfile(path):
+        path = packaged_config(path) or path
     if not os.path.isfile(path):
         raise UsageError(f"--config: no such file {path!r}")
     module_spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3] or "config", path)
@@ -162,10 +212,17 @@ def fail():
     """Errors a user can fix -> one line on stderr and exit status 2 (no traceback)."""
     from atgrpo_jax.models.hf_io import CheckpointError
     from atgrpo_jax.train.config import ConfigError
+    from atgrpo_jax.train.workdir import NotWritable
 
     try:
         yield
+    except RunStopped as e:
+        print(str(e), file=sys.stderr, flush=True)
+        if e.hard:
+            sys.stdout.flush()
+            os._exit(e.code)
+        raise SystemExit(e.code) from None
     except (UsageError, ConfigError, CheckpointError, UnknownName, FileNotFoundError, NotADirectoryError,
-            FileExistsError, ImportError) as e:
+            FileExistsError, ImportError, NotWritable) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None

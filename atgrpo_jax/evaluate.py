@@ -14,7 +14,6 @@ with metrics, learning_curve.png. Paths may be object-store URLs (gs://; needs g
 """
 from __future__ import annotations
 
-import json
 import sys
 import types
 
@@ -35,7 +34,7 @@ def write_eval_outputs(result: dict, workdir: str | None, out: str, *, label: st
 
     wd.makedirs(out)
     written = [wd.join(out, EVAL_FILE)]
-    wd.write_text(written[0], json.dumps(result, indent=2))
+    wd.write_text(written[0], cli.dumps(result, indent=2))
     if workdir and wd.exists(wd.join(workdir, METRICS_FILE)):
         written.append(plot_learning_curves({label: workdir}, wd.join(out, "learning_curve.png"),
                                             metric="eval_success", title=title))
@@ -77,8 +76,24 @@ def load_policies_from(run, sources: dict) -> None:
         mine.state = states[name]
 
 
-def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = None, splits=(), tasks: int = 0,
-                   k: int = 0, temperature: float | None = None, out: str = "", policies_from=None) -> dict:
+def check_flags(config, tasks: int | None, k: int | None, temperature: float | None) -> None:
+    """One-line errors for evaluation settings that cannot work or would mislead (before any work)."""
+    if k is not None and k < 1:
+        raise cli.UsageError(f"--k={k}: must be >= 1 (episodes per task)")
+    if tasks is not None and tasks < 1:
+        raise cli.UsageError(f"--tasks={tasks}: must be >= 1 (tasks of a split of generated tasks)")
+    if temperature is not None and temperature < 0:
+        raise cli.UsageError(f"--temperature={temperature}: must be >= 0 (0 = greedy)")
+    k = config.train.eval_k if k is None else k
+    t = config.rollout.eval_temperature if temperature is None else temperature
+    if k > 1 and t == 0:
+        raise cli.UsageError(f"--k={k} at temperature 0: greedy decoding plays the same episode {k} times, so "
+                             f"avg@{k} = pass@{k} = avg@1; give --temperature > 0 (e.g. 0.6) or --k=1")
+
+
+def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = None, splits=(),
+                   tasks: int | None = None, k: int | None = None, temperature: float | None = None, out: str = "",
+                   policies_from=None) -> dict:
     """Evaluate a checkpoint of a run (config: the run's) or the model at `hf_path`; returns eval.json's dict.
     policies_from: `parse_policies`' mapping (some agents' policies from other runs)."""
     from atgrpo_jax.train.checkpoint import Checkpointer
@@ -92,6 +107,7 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
     workdir = ckpt_dir = step = None
     if hf_path:
         config.model.hf_path = hf_path
+        config.model.preset = ""  # the checkpoint's own architecture (config.json), not the config's preset
         if config.tokenizer == "qwen3":
             config.tokenizer = hf_path  # the model's own tokenizer files
     else:
@@ -101,6 +117,8 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
     if not out:
         raise cli.UsageError("--out is required with --hf_path")
     wd.require_support(out)
+    check_flags(config, tasks, k, temperature)
+    wd.check_writable(out, "--out")  # before hours of evaluation, not after
     resolve(config)
     run = build_run(config)
     splits = list(splits) or list(run.workflow.test_splits)
@@ -116,7 +134,8 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
         set_policy_states(run, states)
     if policies_from:
         load_policies_from(run, policies_from)
-    tasks, k = tasks or config.train.eval_tasks, k or config.train.eval_k
+    tasks = config.train.eval_tasks if tasks is None else tasks
+    k = config.train.eval_k if k is None else k
     metrics, episodes = evaluation(run, splits, tasks, k, temperature)
     result = {"model": hf_path or checkpoint, "step": step, "workflow": config.env.workflow,
               "sharing": config.policy.sharing, "k": k, "splits": splits,
@@ -124,12 +143,12 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
     write_eval_outputs(result, workdir, out, label=config.policy.sharing,
                        title=f"{config.env.workflow}: held-out success")
     names = [a.name for a in run.workflow.agents]
-    lines = [json.dumps(record, default=float)
+    lines = [cli.dumps(record, default=float)
              for split in splits
              for record in evaluation_records(split, episodes[split], names, run.tokenizer,
                                               len(episodes[split].success))]
     wd.write_text(wd.join(out, EVAL_EPISODES_FILE), "\n".join(lines) + "\n")
-    print(json.dumps(result))
+    print(cli.dumps(result))
     return result
 
 
@@ -151,11 +170,10 @@ def main(argv, f, overrides=()):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    temperature = None if f.temperature.value < 0 else f.temperature.value
     with cli.fail():
         config = config_for(f.checkpoint.value, f.config.value, overrides)
         run_evaluation(config, f.checkpoint.value, f.hf_path.value, f.splits.value, f.tasks.value, f.k.value,
-                       temperature, f.out.value, parse_policies(f.policies.value))
+                       f.temperature.value, f.out.value, parse_policies(f.policies.value))
 
 
 def _flags() -> types.SimpleNamespace:
@@ -165,9 +183,9 @@ def _flags() -> types.SimpleNamespace:
         checkpoint=flags.DEFINE_string("checkpoint", None, "a run's workdir, or WORKDIR/checkpoints/STEP"),
         hf_path=flags.DEFINE_string("hf_path", None, "a Hugging Face Qwen3 model directory to evaluate instead"),
         splits=flags.DEFINE_list("splits", [], "splits to evaluate (default: the workflow's test splits)"),
-        tasks=flags.DEFINE_integer("tasks", 0, "tasks of a split of generated tasks (default: train.eval_tasks)"),
-        k=flags.DEFINE_integer("k", 0, "episodes per task (default: config.train.eval_k)"),
-        temperature=flags.DEFINE_float("temperature", -1.0, "sampling temperature (default: rollout.eval_temperature)"),
+        tasks=flags.DEFINE_integer("tasks", None, "tasks of a split of generated tasks (default: train.eval_tasks)"),
+        k=flags.DEFINE_integer("k", None, "episodes per task (default: config.train.eval_k)"),
+        temperature=flags.DEFINE_float("temperature", None, "sampling temperature (default: rollout.eval_temperature)"),
         out=flags.DEFINE_string("out", "", "directory for the outputs (default: the run's workdir)"),
         policies=flags.DEFINE_list("policies", [], "AGENT=WORKDIR[:POLICY][@STEP],...: the policy acting for AGENT "
                                    "comes from another run's checkpoint (its policy POLICY, default AGENT's own): "

@@ -88,10 +88,27 @@ def _check_out(out: str, workdir: str, overwrite: bool) -> None:
         run = os.path.abspath(workdir) if not wd.is_remote(workdir) else None
         if run and (run == path or run.startswith(path + os.sep)):
             raise cli.UsageError(f"--out={out} holds the run's workdir {workdir}: --overwrite would delete it")
+    wd.check_writable(path, "--out")
+    if os.path.isdir(path):
+        wd.check_writable(os.path.dirname(path), "--out")  # the export is written beside it, then renamed
+
+
+def _usual_permissions(top: str) -> None:
+    """The modes a plain mkdir/open would give (mkdtemp and some writers make 0700/0600): the export
+    is meant to be read by a server running as another user."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(top, 0o777 & ~mask)
+    for root, dirs, files in os.walk(top):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o777 & ~mask)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o666 & ~mask)
 
 
 def _publish(tmp: str, out: str) -> None:
     """Move the finished directory `tmp` to `out`, replacing what is there."""
+    _usual_permissions(tmp)
     old = None
     if os.path.isdir(out):
         old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))

@@ -25,6 +25,9 @@ from atgrpo_jax.distributed import CPU_COLLECTIVES_FLAG, ENV_COORDINATOR, ENV_NU
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
+STOPPED_BY_SIGNAL = (143, 130)  # a trainer stopped by SIGTERM / SIGINT after its collective save
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
@@ -76,6 +79,8 @@ def launch(command: list[str], processes: int, devices: int, port: int | None = 
             pending.discard(i)
             if rc and not code:
                 code = rc
+                if rc in STOPPED_BY_SIGNAL:  # the others agreed to stop at the same step: let them save
+                    continue
                 for j in pending:  # the others would wait forever for the lost peer
                     procs[j].kill()
     for t in pumps:

@@ -9,7 +9,7 @@ Prints the per-device bytes of parameters, optimizer state, gradients,
 update activations (with and without remat) and the sampler's KV cache,
 compares the peak with the device's memory, and when it does not fit, the
 changes that would help, each re-planned. The numbers come from
-`atgrpo_jax.plan_memory`.
+`atgrpo_jax.plan_memory`. Exits 0 when the run fits, 1 when it does not, 2 on a bad flag.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from atgrpo_jax.train.config import ConfigError
 from atgrpo_jax.train.validate import resolve, validate
 
 EXIT_USAGE = 2
+EXIT_DOES_NOT_FIT = 1  # a script (or launch.sh) can stop before it starts a run that cannot fit
 
 
 def with_overrides(config, overrides: dict):
@@ -243,7 +244,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     print(p.to_json() if fv.json else report(p))
-    return 0
+    return 0 if p.fits else EXIT_DOES_NOT_FIT
 
 
 if __name__ == "__main__":

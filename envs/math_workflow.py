@@ -93,7 +93,7 @@ class MathWorkflow:
     train_set: str = "gsm8k_train"
     test_sets: tuple[str, ...] = ("aime24", "aime25", "olympiadbench")
     train_path: str = ""  # a JSONL training pool of your own (instead of train_set)
-    test_path: str = ""  # a JSONL test set of your own (added to test_sets)
+    test_path: str = ""  # a JSONL test set of your own: the one evaluated by default (test_sets stay splits)
     valid_every: int = 20  # every n-th training problem is the validation split
     max_turns: int = 4
     single_agent: bool = False
@@ -124,6 +124,8 @@ class MathWorkflow:
 
     @property
     def test_splits(self) -> tuple[str, ...]:
+        if self.test_path:  # the user's own test set replaces the built-in ones by default
+            return (split_name(self.test_path),)
         return tuple(self._tests)
 
     def _pool(self, split: str) -> tuple[dict, ...]:

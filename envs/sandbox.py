@@ -71,6 +71,9 @@ class Limits:
     # trainer's too), so it is a coarse backstop; fork/exec are refused by the audit hook anyway.
     max_processes: int = 512
     max_file_mb: int = 16  # RLIMIT_FSIZE, largest file the program may write
+    # all files of the working directory together (a tmpfs of this size in the private root; the
+    # audit-hook fallback has only max_file_mb per file); 0 = no total limit
+    max_disk_mb: int = 64
     stderr_tail_bytes: int = 4096  # how much of the end of stderr is kept
     namespaces: bool = True  # try user/PID/network namespaces (falls back silently)
     # a private root (mount namespace) holding only Python and the working directory; when off or

@@ -274,7 +274,7 @@ def _isolate_filesystem(cfg, namespaces):
     if not namespaces & CLONE_NEWNS:
         return "audit-hook", ("no mount namespace" if cfg["filesystem_isolation"] else "not asked for")
     try:
-        enter_private_root(cfg["filesystem"], cfg["workdir"])  # noqa: F821 - from sandbox_fs.py
+        enter_private_root(cfg["filesystem"], cfg["workdir"], cfg["max_disk_mb"])  # noqa: F821 - sandbox_fs.py
     except Exception as exc:  # noqa: BLE001 - any refusal of the kernel: the hook alone guards reads
         return "audit-hook", repr(exc)
     return "mount-namespace", ""

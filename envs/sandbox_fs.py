@@ -14,7 +14,8 @@ Child-side code (standard library only, no project imports): the trainer runs it
 - `enter_private_root(plan, workdir)` runs in every sandboxed run, in the program's process,
   inside new user, PID and mount namespaces: mounts propagate nowhere (private), a tmpfs gets
   read-only bind mounts of the plan, the three devices, a fresh /proc (of the PID namespace)
-  and the working directory (writable, no device files), then `pivot_root` makes it the root,
+  and the working directory (writable, no device files; with a disk quota a size-limited tmpfs
+  holding copies of its files, so the program's files together stay under it), then `pivot_root` makes it the root,
   the old root is detached and the new one made read-only. Everything else of the machine
   (/etc, /root, /home, credentials, the repository) does not exist for the program.
 """
@@ -114,9 +115,21 @@ def filesystem_plan(skip=(), modules=("numpy", "sympy")):
             "devices": [d for d in DEVICES if os.path.exists(d)]}
 
 
-def enter_private_root(plan, workdir):
+def _copy_files(src, dst):
+    """The regular files directly in `src` (the program and its stdin), copied to `dst`."""
+    import os
+    import shutil
+
+    for name in os.listdir(src):
+        if os.path.isfile(os.path.join(src, name)) and not os.path.islink(os.path.join(src, name)):
+            shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+
+
+def enter_private_root(plan, workdir, disk_mb=0):
     """Make a root holding only `plan` and `workdir` (see the module docstring); cwd = workdir.
 
+    disk_mb > 0: the working directory is a tmpfs of that size holding copies of its files, so
+    all the files a program writes together (not only each one: RLIMIT_FSIZE) stay under it.
     Call inside new mount and PID namespaces. Raises OSError when the kernel refuses a step.
     """
     import ctypes
@@ -163,7 +176,13 @@ def enter_private_root(plan, workdir):
             bind(path, root + path, read_only=True)
         for path in plan["devices"]:
             mount(path, root + path, None, MS_BIND)
-        bind(f"/proc/self/fd/{work}", root + workdir, read_only=False)
+        if disk_mb > 0:
+            mount("tmpfs", root + workdir, "tmpfs", MS_NOSUID | MS_NODEV,
+                  f"size={int(disk_mb)}m,nr_inodes={64 * int(disk_mb) + 64},mode=0700,"
+                  f"uid={os.getuid()},gid={os.getgid()}")
+            _copy_files(f"/proc/self/fd/{work}", root + workdir)
+        else:
+            bind(f"/proc/self/fd/{work}", root + workdir, read_only=False)
         mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         number = PIVOT_ROOT_SYSCALL.get(os.uname().machine)
         if number is None:

@@ -78,3 +78,32 @@ def test_saved_configs_of_earlier_versions_load():
                          ("lora", ("lora", True, False))]:
         c = resolve(from_saved(dict(saved, regime=regime, algo=dict(saved["algo"], use_std=False))))
         assert (c.policy.sharing, c.rollout.tree, c.env.single_agent) == want and c.algo.advantage == "drgrpo"
+
+
+def test_configs_are_installed_with_the_package_and_found_without_a_checkout(tmp_path, monkeypatch):
+    """setup.py installs configs/ as atgrpo_jax.configs; --config=configs/demo.py then works from any
+    directory. The install's package mapping is imitated with a finder (this checkout is not installed)."""
+    import importlib.abc
+    import importlib.machinery
+    import re
+
+    setup = open(os.path.join(ROOT, "setup.py")).read()
+    assert '"atgrpo_jax.configs": "configs"' in setup and re.search(r'PACKAGES = \[[^]]*"atgrpo_jax.configs"', setup)
+    folder = os.path.abspath(os.path.join(ROOT, "configs"))
+
+    class Installed(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "atgrpo_jax.configs":  # a folder without __init__.py: a namespace package
+                spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+                spec.submodule_search_locations = [folder]
+                return spec
+            return None
+
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    with pytest.raises(cli.UsageError, match="no such file"):
+        cli.load_config("configs/demo.py")
+    monkeypatch.setattr(sys, "meta_path", [Installed(), *sys.meta_path])
+    assert cli.packaged_config("configs/demo.py") == os.path.join(folder, "demo.py")
+    assert cli.load_config("configs/demo.py").model.preset == cli.load_config(DEMO).model.preset
+    with pytest.raises(cli.UsageError, match="no such file"):
+        cli.load_config("configs/nope.py")

@@ -94,6 +94,10 @@ def test_a_shared_policy_loads_in_transformers_with_the_trained_weights(runs, tm
     gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
     assert set(gen["eos_token_id"]) == {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
     assert not any(name.startswith(".") for name in os.listdir(tmp_path))  # no partial directory left
+    mask = os.umask(0)
+    os.umask(mask)
+    assert os.stat(out).st_mode & 0o777 == 0o777 & ~mask  # readable by a server running as another user
+    assert all(os.stat(os.path.join(out, f)).st_mode & 0o777 == 0o666 & ~mask for f in os.listdir(out))
 
 
 def policy_tokenizer(workdir):

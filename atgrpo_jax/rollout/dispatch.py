@@ -8,8 +8,9 @@
 
 Each policy (device pool) has one worker that takes sampling requests from its queue in
 order (the requests of one agent already waiting go into one sampling call: one decode for
-several cohorts, as a serving engine batches what is queued); each finished sample goes to the host pool; each finished step routes the cohort's
-next request to the pool of the agent that acts next. So while one cohort's agent-0 request
+several cohorts, as a serving engine batches what is queued); each finished sample goes to
+the host pool; each finished step routes the cohort's next request to the pool of the agent
+that acts next. So while one cohort's agent-0 request
 decodes on pool A, another's agent-1 request decodes on pool B and a third cohort's programs
 run in the sandbox. A task's stages keep their order and their keys, so the samples are
 those of the synchronous schedule (cohort.combine puts them back in stage order).
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
 from typing import Callable, Sequence
 
 import jax.numpy as jnp
@@ -29,13 +30,43 @@ from atgrpo_jax.rollout.samples import SampleOut
 from atgrpo_jax.trace import Tracer
 
 
+class StageTimeout(RuntimeError):
+    """A stage ran longer than its limit (system.stage_timeout_s): a hung device call or sandbox wait."""
+
+
+class _Running:
+    """The stages in flight, {(kind, cohort): (name, start time)}, shared by the worker threads."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._stages: dict[tuple, tuple[str, float]] = {}
+
+    def start(self, key, name: str):
+        with self._lock:
+            self._stages[key] = (name, time.monotonic())
+
+    def end(self, key):
+        with self._lock:
+            self._stages.pop(key, None)
+
+    def oldest(self) -> tuple[str, float] | None:
+        """(name, seconds running) of the stage running longest."""
+        with self._lock:
+            if not self._stages:
+                return None
+            name, t0 = min(self._stages.values(), key=lambda v: v[1])
+        return name, time.monotonic() - t0
+
+
 def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, pool_of_agent: Sequence[int],
               host_workers: int, tracer: Tracer | None = None, pool_names: Sequence[str] | None = None,
-              on_pool_done: Callable[[int], None] | None = None) -> None:
-    """Run every stage of every cohort (see the module docstring); errors in a worker re-raise here.
-    on_pool_done(pool), if given, is called (here, once per pool) as soon as every stage of the
-    pool's agents has been stepped in every cohort: its groups are complete while other pools may
-    still sample."""
+              stage_timeout_s: float = 0.0, on_pool_done: Callable[[int], None] | None = None) -> None:
+    """Run every stage of every cohort (see the module docstring). The first error in a worker
+    re-raises here at once; a stage running longer than `stage_timeout_s` (0: no limit) raises
+    StageTimeout naming it. Either way nothing waits for the stages still running: the workers
+    are daemon threads, left to finish (or hang) on their own. on_pool_done(pool), if given, is
+    called (here, once per pool) as soon as every stage of the pool's agents has been stepped in
+    every cohort: its groups are complete while other pools may still sample."""
     tracer = tracer or Tracer(enabled=False)
     pools = sorted(set(int(p) for p in pool_of_agent))
     agents_of = {p: [a for a, q in enumerate(pool_of_agent) if int(q) == p] for p in pools}
@@ -53,7 +84,9 @@ def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, po
                 on_pool_done(p)
     label = lambda p: f"pool {pool_names[p] if pool_names else p}"  # noqa: E731 (as run_sync's)
     requests = {p: queue.Queue() for p in pools}
+    host_jobs: queue.Queue = queue.Queue()
     events: queue.Queue = queue.Queue()
+    running = _Running()
 
     def pool_worker(p: int):
         held: list = []  # requests taken from the queue but left for the next call (another agent's)
@@ -71,58 +104,82 @@ def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, po
                     stop = True
                     break
                 (batch if nxt[1].agent == item[1].agent else held).append(nxt)
+            cis = [ci for ci, _ in batch]
+            req0 = batch[0][1]
+            for ci in cis:
+                running.start(("sample", ci), f"sample agent {req0.agent} turn {req0.turn} of cohort {ci} ({label(p)})")
             try:
-                req0 = batch[0][1]
                 with tracer.span(f"sample agent {req0.agent} turn {req0.turn}", track=label(p),
-                                 cohort=batch[0][0] if len(batch) == 1 else [ci for ci, _ in batch],
+                                 cohort=cis[0] if len(cis) == 1 else cis,
                                  prompts=sum(len(r.rows) for _, r in batch)):
                     outs = sample_merged(sample_fn, [r for _, r in batch], stages.k)
                 for (ci, req), out in zip(batch, outs):
                     events.put(("sampled", ci, req, out))
             except BaseException as e:  # noqa: BLE001 - re-raised by the scheduler
                 events.put(("error", e))
+            for ci in cis:
+                running.end(("sample", ci))
             if stop:
                 held.append(None)
 
-    def host_job(ci: int, req: Request | None, out):
-        try:
-            with tracer.span("step" if req is not None else "start", track="host", cohort=ci):
-                if req is not None:
-                    stages.finish(cohorts[ci], req, out)
-                nxt = stages.next_request(cohorts[ci])
-            events.put(("stepped", ci, nxt))
-        except BaseException as e:  # noqa: BLE001
-            events.put(("error", e))
+    def host_worker():
+        while (job := host_jobs.get()) is not None:
+            ci, req, out = job
+            name = (f"environment step of agent {req.agent} turn {req.turn} of cohort {ci}" if req is not None
+                    else f"start of cohort {ci}")
+            running.start(("host", ci), name)
+            try:
+                with tracer.span("step" if req is not None else "start", track="host", cohort=ci):
+                    if req is not None:
+                        stages.finish(cohorts[ci], req, out)
+                    nxt = stages.next_request(cohorts[ci])
+                events.put(("stepped", ci, nxt))
+            except BaseException as e:  # noqa: BLE001
+                events.put(("error", e))
+            running.end(("host", ci))
 
     threads = [threading.Thread(target=pool_worker, args=(p,), name=f"pool-{p}", daemon=True) for p in pools]
+    threads += [threading.Thread(target=host_worker, name=f"host-{i}", daemon=True)
+                for i in range(max(1, host_workers))]
     for t in threads:
         t.start()
-    host = ThreadPoolExecutor(max_workers=max(1, host_workers), thread_name_prefix="host")
+    poll = min(1.0, stage_timeout_s / 4) if stage_timeout_s > 0 else None
+    finished = False
     try:
         for ci in range(len(cohorts)):
-            host.submit(host_job, ci, None, None)
-        running = len(cohorts)
-        while running:
-            event = events.get()
+            host_jobs.put((ci, None, None))
+        left = len(cohorts)
+        while left:
+            try:
+                event = events.get(timeout=poll)
+            except queue.Empty:
+                name, seconds = running.oldest() or ("", 0.0)
+                if seconds > stage_timeout_s:
+                    raise StageTimeout(f"the stage '{name}' has run {seconds:.0f} s, longer than "
+                                       f"system.stage_timeout_s={stage_timeout_s:g}") from None
+                continue
             if event[0] == "error":
                 raise event[1]
             if event[0] == "sampled":
                 _, ci, req, out = event
-                host.submit(host_job, ci, req, out)
+                host_jobs.put((ci, req, out))
             else:
                 _, ci, nxt = event
                 position[ci] = None if nxt is None else (nxt.turn, nxt.agent)
                 if nxt is None:
-                    running -= 1
+                    left -= 1
                 else:
                     requests[int(pool_of_agent[nxt.agent])].put((ci, nxt))
                 report_finished_pools()
+        finished = True
     finally:
         for p in pools:
             requests[p].put(None)
-        host.shutdown(wait=True)
-        for t in threads:
-            t.join()
+        for _ in range(max(1, host_workers)):
+            host_jobs.put(None)
+        if finished:  # all idle: they end at once. After an error, a stuck stage is not waited for
+            for t in threads:
+                t.join()
 
 
 def sample_merged(sample_fn: Callable, reqs: Sequence[Request], k: int) -> list[SampleOut]:

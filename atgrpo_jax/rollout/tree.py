@@ -53,6 +53,7 @@ class Schedule:
     pool_of_agent: tuple = ()  # the pool (policy) that samples for each agent
     pool_names: tuple = ()
     tracer: Tracer | None = None
+    stage_timeout_s: float = 0.0  # asynchronous: a stage running longer raises StageTimeout (0: no limit)
     # asynchronous tree rollouts: on_pool_done(pool, samples) as soon as a pool's agents have acted in
     # every stage, with their groups (Samples in the order the whole rollout gives them), while other
     # pools may still sample: that pool's update can start then
@@ -78,7 +79,7 @@ def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, sp
             on_pool_done(p, combine(mine, len(task_ids), k))
 
         run_async(stages, cohorts, sample_fn, pools, schedule.host_workers, schedule.tracer,
-                  schedule.pool_names or None, pool_done if on_pool_done else None)
+                  schedule.pool_names or None, schedule.stage_timeout_s, pool_done if on_pool_done else None)
     else:
         names = schedule.pool_names
         label = (lambda agent: f"pool {names[schedule.pool_of_agent[agent]]}") if names else None  # noqa: E731

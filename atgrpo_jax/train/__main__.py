@@ -16,6 +16,8 @@ _CONFIG = flags.DEFINE_string("config", None, "config file configs/X.py[:ARG]; s
 _WORKDIR = flags.DEFINE_string("workdir", None, "directory or gs:// URL for checkpoints, metrics and TensorBoard")
 _ALLOW = flags.DEFINE_bool("allow_config_change", False, "resume a run with a config that differs from its own "
                            "(its config.json is kept as config.step<N>.json)")
+_FRESH = flags.DEFINE_bool("fresh_if_unreadable", False, "when no checkpoint of the workdir restores, start again "
+                           "from step 0 (they are moved to checkpoints.unreadable/) instead of stopping")
 
 
 def main(argv, overrides=()):
@@ -28,7 +30,8 @@ def main(argv, overrides=()):
         if not _WORKDIR.value:
             raise cli.UsageError("--workdir is required")
         config = cli.config_from_args(_CONFIG.value, overrides)
-        run_training(config, _WORKDIR.value, allow_config_change=_ALLOW.value)
+        run_training(config, _WORKDIR.value, allow_config_change=_ALLOW.value,
+                     fresh_if_unreadable=_FRESH.value)
 
 
 if __name__ == "__main__":

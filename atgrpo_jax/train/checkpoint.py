@@ -33,9 +33,13 @@ installed (checked here, with an error that names them).
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
+import os
+import re
+import shutil
 from typing import Any, Mapping
 
 import jax
@@ -119,6 +123,28 @@ def _check_no_typed_keys(tree):
                             "save jax.random.key_data(key) and rebuild it with jax.random.wrap_key_data")
 
 
+def local_bytes(tree) -> int:
+    """Bytes this process writes for `tree`: one copy of each of its array shards."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        if isinstance(x, jax.Array):
+            total += sum(s.data.nbytes for s in x.addressable_shards if s.replica_id == 0)
+        else:
+            total += np.asarray(x).nbytes
+    return total
+
+
+def check_free_space(directory: str, needed: int, margin: int = 1 << 20) -> None:
+    """OSError(ENOSPC) when a local `directory` lacks room for `needed` bytes: found before orbax
+    starts writing, since a save that runs out of space midway fails noisily in many threads."""
+    if wd.is_remote(directory):
+        return
+    free = shutil.disk_usage(wd.nearest_existing(directory)).free
+    if needed + margin > free:
+        raise OSError(errno.ENOSPC, f"No space left on device (the checkpoint needs {needed / 2**20:.1f} MiB, "
+                                    f"{free / 2**20:.1f} MiB free)")
+
+
 def _abstract(target):
     """ShapeDtypeStructs (with shardings) for the jax.Array leaves of `target`; other leaves as given."""
     def leaf(x):
@@ -126,6 +152,38 @@ def _abstract(target):
             return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
         return x
     return jax.tree.map(leaf, target)
+
+
+class _QuietOrbax(logging.Filter):
+    """Drops orbax's log records that repeat an error this module raises as one line (a failed
+    background save logs its traceback from every thread it passes through) and its warning
+    that a save has no tracked metric (most steps are not evaluated)."""
+
+    def filter(self, record):
+        if "orbax" not in record.pathname:
+            return True
+        if record.levelno >= logging.ERROR and (record.exc_info or "raised an exception" in record.getMessage()
+                                                 or "failed" in record.getMessage().lower()):
+            return False
+        return "did not provide metrics" not in record.getMessage()
+
+
+_QUIET = _QuietOrbax()
+
+
+def _quiet_orbax():
+    for name in ("absl", "orbax"):
+        if _QUIET not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_QUIET)
+
+
+class SaveError(Exception):
+    """A checkpoint that could not be written (disk full, permissions); names the step and the cause."""
+
+    def __init__(self, step: int | None, directory: str, cause: BaseException):
+        what = f"checkpoint {step}" if step is not None else "a checkpoint"
+        super().__init__(f"cannot save {what} to {directory}: {short_cause(cause)}")
+        self.step = step
 
 
 class Checkpointer:
@@ -146,6 +204,7 @@ class Checkpointer:
         if save_every < 1:
             raise ValueError(f"save_every must be >= 1, got {save_every}")
         wd.require_support(directory, checkpoints=True)
+        _quiet_orbax()
         self.directory = wd.absolute(directory)
         self.best_metric = best_metric
         self.best_mode = best_mode
@@ -167,12 +226,14 @@ class Checkpointer:
             create=not read_only,
             read_only=read_only,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+        self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                              item_names=("state", "meta", "extra"))
+        self._in_flight: int | None = None  # the step of an asynchronous save not known to be done
 
     # -- saving -----------------------------------------------------------------------------
 
     def save(self, step: int, state, *, meta: Mapping[str, Any], metrics: Mapping[str, Any] | None = None,
-             force: bool = False) -> bool:
+             force: bool = False, extra=None) -> bool:
         """Save `state` at `step`; returns whether a save started.
 
         Refused (False, logged) when the state holds a NaN or inf, when `step` is
@@ -198,19 +259,33 @@ class Checkpointer:
             return False
         best = record["metrics"].get(self.best_metric) if self.best_metric else None
         tracked = {self.best_metric: best} if isinstance(best, (int, float)) else None
-        saved = self._manager.save(
-            step, force=force, metrics=tracked,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(record)))
+        self.wait()  # the previous save's error is reported with its own step
+        try:
+            check_free_space(self.directory, local_bytes(state) + local_bytes(extra or {}))
+            items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(record))
+            if extra is not None:  # arrays a resume needs besides the state (system.staleness: the sampler's)
+                items["extra"] = ocp.args.StandardSave(extra)
+            saved = self._manager.save(step, force=force, metrics=tracked, args=ocp.args.Composite(**items))
+        except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many kinds
+            raise SaveError(step, self.directory, e) from e
+        self._in_flight = step if saved else None
         return bool(saved)
 
     def wait(self):
-        """Block until an in-flight asynchronous save is complete (re-raises its error)."""
-        self._manager.wait_until_finished()
+        """Block until an in-flight asynchronous save is complete; SaveError if it failed."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001
+            step, self._in_flight = self._in_flight, None
+            raise SaveError(step, self.directory, e) from e
+        self._in_flight = None
 
     def close(self):
-        """Wait for in-flight saves, then release orbax's resources."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Wait for in-flight saves (SaveError if one failed), then release orbax's resources."""
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
 
     def __enter__(self):
         return self
@@ -245,6 +320,16 @@ class Checkpointer:
         """The metrics saved with `step`."""
         return self._read_record(step)["metrics"]
 
+    def restore_extra(self, step: int, target):
+        """The `extra` arrays saved with `step` in `target`'s structure, or None if it has none."""
+        self.wait()
+        try:
+            restored = self._manager.restore(
+                step, args=ocp.args.Composite(extra=ocp.args.StandardRestore(_abstract(target))))
+        except Exception:  # noqa: BLE001 - saved without extra (or unreadable): the caller does without
+            return None
+        return restored.extra
+
     def restore(self, step: int | None = None, *, target=None) -> tuple[Any, dict]:
         """(state, meta) of `step` (default: the latest complete one).
 
@@ -267,3 +352,20 @@ class Checkpointer:
         restored = self._manager.restore(
             step, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore()))
         return restored.state, restored.meta["meta"]
+
+
+def short_cause(e: BaseException) -> str:
+    """One line for an error: the deepest OSError's message if there is one (disk full, permissions),
+    else the error's first line."""
+    seen, x = [], e
+    while x is not None and x not in seen:
+        seen.append(x)
+        if isinstance(x, OSError) and x.strerror:
+            return f"{x.strerror}" + (f": {x.filename}" if x.filename else "")
+        code = re.search(r"os_error_code='(\d+)'", str(x))  # tensorstore's way of saying ENOSPC, EACCES...
+        if code:
+            return os.strerror(int(code.group(1)))
+        x = x.__cause__ or x.__context__
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    text = text.split(" See full TensorStore details")[0]  # the rest is a repr of the whole spec
+    return text if len(text) <= 200 else text[:200] + "..."

@@ -118,6 +118,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.system.staleness = 0  # 1: step n+1's rollout runs on the weights from before step n's update while it runs
     # (the importance ratio is then taken against the sampler's log-probs); 0: exactly on-policy
     c.system.trace_every = 0  # write trace/step_N.json (Chrome/Perfetto timeline) every this many steps
+    c.system.stage_timeout_s = 1800.0  # async: stop the run when one stage (a sampling call, an environment step)
+    # runs longer than this many seconds, naming it (a hung device call or sandbox wait; 0 = no limit)
     c.lora = ml_collections.ConfigDict()  # adapters (policy.sharing = "lora")
     c.lora.rank = 16  # adapter rank r
     c.lora.alpha = 32.0  # adapter scale alpha (the update is alpha / r * A @ B)
@@ -134,6 +136,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 10  # save a checkpoint every this many steps (and at the end)
     c.train.keep_last = 2  # checkpoints kept besides the best one (0 = all)
     c.train.time_budget_s = 0.0  # stop (evaluate, checkpoint) after this many seconds (0 = no limit)
+    c.train.max_skipped_updates = 4  # stop the run when a policy's updates are skipped (non-finite loss or
+    # gradient) this many times in a row: it diverged (0 = never stop)
     c.distributed = ml_collections.ConfigDict()  # several processes (hosts); see atgrpo_jax/distributed.py
     c.distributed.coordinator_address = ""  # host:port of process 0 (or ATGRPO_COORDINATOR)
     c.distributed.num_processes = 0  # processes in the run (0: from ATGRPO_NUM_PROCESSES, else 1)
@@ -274,9 +278,9 @@ def flat(c) -> dict:
 # Keys a resumed run may change: how long and how often, and where it runs.
 # rollout.decode_slots changes how many rows decode at once, never what they sample.
 RESUMABLE = ("train.steps", "train.time_budget_s", "train.eval_every", "train.eval_tasks", "train.eval_k",
-             "train.log_every", "train.log_episodes", "train.checkpoint_every", "train.keep_last", "mesh.",
-             "distributed.", "rollout.decode_slots", "system.schedule", "system.cohorts", "system.host_workers",
-             "system.trace_every")
+             "train.log_every", "train.log_episodes", "train.checkpoint_every", "train.keep_last",
+             "train.max_skipped_updates", "mesh.", "distributed.", "rollout.decode_slots", "system.schedule", "system.cohorts", "system.host_workers",
+             "system.trace_every", "system.stage_timeout_s")
 
 
 def changed_keys(saved: ml_collections.ConfigDict, now: ml_collections.ConfigDict) -> dict[str, tuple]:

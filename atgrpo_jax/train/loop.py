@@ -2,7 +2,12 @@
 
 A workdir holds one run. Resuming checks the config against the run's own config.json:
 only the keys of `config.RESUMABLE` (how long, how often, where) may change, unless
-`allow_config_change` (then the old config.json is kept as config.step<N>.json).
+`allow_config_change` (then the old config.json is kept as config.step<N>.json). It restores
+the newest checkpoint that restores (older ones in turn), and writes nothing before that.
+
+A run stops early, with one line and an exit code (cli.RunStopped), on SIGTERM/SIGINT (after
+saving its last completed step: guard.StopSignals), on divergence (guard.skip_streaks), when a
+checkpoint cannot be saved (checkpoint.SaveError) and when an asynchronous stage hangs.
 """
 from __future__ import annotations
 
@@ -11,7 +16,10 @@ import time
 
 import jax
 
-from atgrpo_jax.train import checkpoint, setup
+from atgrpo_jax import cli
+from atgrpo_jax.rollout.dispatch import StageTimeout
+from atgrpo_jax.train import checkpoint, guard, setup
+from atgrpo_jax.train.resume import restore_or_start, rollout_ahead_again
 from atgrpo_jax.train import workdir as wd
 from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, from_saved
 from atgrpo_jax.train.validate import resolve
@@ -46,36 +54,48 @@ def pool_busy(tracer: Tracer, run, seconds: float) -> dict:
     return out
 
 
-def run_training(config, workdir: str, *, allow_config_change: bool = False) -> dict:
-    """Train (resuming from workdir's last complete checkpoint); returns the last metrics."""
+def run_training(config, workdir: str, *, allow_config_change: bool = False,
+                 fresh_if_unreadable: bool = False) -> dict:
+    """Train (resuming from workdir's newest checkpoint that restores); returns the last metrics.
+
+    Stops early with cli.RunStopped (one line, an exit code) on SIGTERM/SIGINT (after saving the
+    last completed step), on divergence, and when a checkpoint cannot be saved."""
+    with guard.StopSignals() as stop:
+        return _train(config, workdir, allow_config_change, fresh_if_unreadable, stop)
+
+
+def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> dict:
     t = config.train
     resolve(config)  # every config error before anything is written or compiled
     wd.require_support(workdir, checkpoints=True)  # a gs:// workdir without its packages fails here
     wd.check_workdir(workdir)
+    wd.check_writable(workdir, "--workdir")
     resumed = bool(wd.exists(wd.checkpoint_dir(workdir)))
     changed = check_resume(config, workdir, allow_config_change) if resumed else {}
     run = setup.build_run(config)
+    stop.install()  # after jax.distributed.initialize, which takes SIGTERM for itself
     lead = jax.process_index() == 0
     splits = evaluation_splits(run)
     best = "valid_success" if "valid" in splits else "eval_success"  # choose on validation, report test
-    ckpt = checkpoint.Checkpointer(wd.checkpoint_dir(workdir), keep_last=t.keep_last, best_metric=best)
-    latest = ckpt.latest_step()
-    if lead:
-        wd.write_config(config, workdir, keep_as=f"config.step{latest}.json" if changed and latest else "")
-    start = 0
-    if latest is not None:
-        states, meta = ckpt.restore(latest, target=policy_states(run))
+    start, states, meta = restore_or_start(config, run, workdir, fresh_if_unreadable)
+    if states is not None:
         set_policy_states(run, states)
-        start = int(meta["step"])
-        if lead and changed:
-            print(f"resuming at step {start} with changed settings: "
-                  + ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changed.items()), flush=True)
-    writer = MetricsWriter(workdir, enabled=lead, resume_step=start)
-    bar = ProgressBar(t.steps, enabled=lead, start_step=start)
+    # only now, with a restored state in hand, is anything in the workdir changed
+    ckpt = checkpoint.Checkpointer(wd.checkpoint_dir(workdir), keep_last=t.keep_last, best_metric=best)
+    if lead:
+        wd.write_config(config, workdir, keep_as=f"config.step{start}.json" if changed and start else "")
+        if start:
+            changes = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changed.items())
+            print(f"resuming at step {start}" + (f" with changed settings: {changes}" if changes else ""), flush=True)
+    writer = MetricsWriter(workdir, enabled=lead, resume_step=start if states is not None else -1)
+    bar = ProgressBar(t.steps, enabled=lead, start_step=start,
+                      keys=("success", "reward", "loss", "grad_norm", "skipped"))
     names = [a.name for a in run.workflow.agents]
+    policy_names = [p.name for p in run.policies]
     began = time.time()
     last: dict = {}
     step = start
+    streaks: dict[str, int] = {}  # consecutive skipped updates per policy
 
     def log_episodes(step):
         def write(samples, episodes, adv):
@@ -87,47 +107,111 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False) -> 
 
     stale = bool(config.system.staleness)
     ahead = {}  # staleness 1: the next step's rollout, made while this step's update ran
+    held = {}  # staleness 1: {policy: (params, optimizer step)} that sampled the rollout in `ahead`
+    if stale and states is not None and start < t.steps:
+        held = rollout_ahead_again(run, ckpt, start, meta, ahead)
 
     def next_rollout(step, tracer):
         def go():  # runs while this step's updates are on the devices, with the weights from before them
             ahead["rollout"] = rollout_step(run, step + 1, tracer, stale=True)
         return go if stale and step < t.steps else None
 
+    def save(step, metrics, force=False):
+        writer.sync()  # an object store then holds every row a resume from this checkpoint keeps
+        extra, behind = None, {}
+        if held and step < t.steps:  # the weights that sample step + 1: a resume redoes that rollout exactly
+            extra = {name: params for name, (params, _) in held.items()}
+            behind = {"behavior_steps": {name: n for name, (_, n) in held.items()}}
+        ckpt.save(step, policy_states(run), meta={"step": step, **behind}, metrics=metrics, force=force, extra=extra)
+        if force:
+            ckpt.wait()
+
+    def stopped(done: int):
+        """Save the last completed step (if not saved yet) and stop with one line."""
+        if done > start and all(v == 0 for v in streaks.values()) and ckpt.latest_step() != done:
+            save(done, last, force=True)
+        kept = ckpt.latest_step()
+        ckpt.close()
+        what = f"checkpoint {kept} saved" if kept == done and done else \
+            (f"last checkpoint {kept}" if kept else "no checkpoint yet")
+        return cli.RunStopped(f"stopped by {stop.name} at step {done}; {what}; run the same command to resume",
+                              stop.exit_code)
+
     try:
+        if stop.requested():
+            raise stopped(start)
         if start == 0 and t.eval_every:
             last, _ = evaluation(run, splits, t.eval_tasks, t.eval_k)
             writer.write(0, dict(last, time_s=0.0))
             if lead:
                 print(f"step 0 (before training): held-out success {last['eval_success']:.1%}", flush=True)
         for step in range(start + 1, t.steps + 1):
+            if stop.requested():
+                raise stopped(step - 1)
             tracer = Tracer()
             step_began = time.perf_counter()
-            metrics = train_step(run, step, on_rollout=log_episodes(step), tracer=tracer, ro=ahead.pop("rollout", None),
-                                 then=next_rollout(step, tracer))
+            try:
+                metrics = train_step(run, step, on_rollout=log_episodes(step), tracer=tracer,
+                                     ro=ahead.pop("rollout", None), then=next_rollout(step, tracer),
+                                     abandon=stop.requested)
+            except guard.StepAbandoned:
+                raise stopped(step - 1) from None
+            if stale:
+                held = {p.name: (p.behavior, p.behavior_step) for p in run.policies if p.behavior is not None}
             for p in run.policies:
                 p.behavior = None
             metrics.update(pool_busy(tracer, run, time.perf_counter() - step_began))
+            streaks = guard.skip_streaks(streaks, metrics, policy_names)
             if lead and config.system.trace_every and step % config.system.trace_every == 0:
                 tracer.write(wd.join(workdir, "trace", f"step_{step}.json"))
             out_of_time = bool(t.time_budget_s) and time.time() - began > t.time_budget_s
-            evaluating = t.eval_every and (step % t.eval_every == 0 or step == t.steps or out_of_time)
+            diverged = bool(t.max_skipped_updates) and max(streaks.values(), default=0) >= t.max_skipped_updates
+            evaluating = t.eval_every and not diverged and (step % t.eval_every == 0 or step == t.steps
+                                                             or out_of_time)
             if evaluating:
                 metrics.update(evaluation(run, splits, t.eval_tasks, t.eval_k)[0])
+                if lead:
+                    bar.note(f"step {step}: held-out success {metrics['eval_success']:.1%}")
             metrics["time_s"] = time.time() - began
-            if evaluating or step % t.log_every == 0 or step == t.steps or out_of_time:
+            if evaluating or diverged or step % t.log_every == 0 or step == t.steps or out_of_time:
                 writer.write(step, metrics)
             bar.update(step, metrics)
-            if t.checkpoint_every and (step % t.checkpoint_every == 0 or step == t.steps or out_of_time):
-                writer.sync()  # an object store then holds every row a resume from this checkpoint keeps
-                ckpt.save(step, policy_states(run), meta={"step": step}, metrics=metrics)
+            if diverged:
+                raise diverged_stop(ckpt, streaks, step, t.max_skipped_updates)
+            healthy = all(v == 0 for v in streaks.values())  # no checkpoint of weights whose updates are skipped
+            if healthy and t.checkpoint_every and (step % t.checkpoint_every == 0 or step == t.steps or out_of_time):
+                save(step, metrics)
             last = metrics
             if out_of_time:
                 if lead:
                     print(f"time budget of {t.time_budget_s:.0f}s reached after step {step}", flush=True)
                 break
+        ckpt.close()  # the last asynchronous save may fail here
+    except checkpoint.SaveError as e:  # disk full, permissions: the run cannot go on safely
+        raise save_failed(e) from None
+    except StageTimeout as e:  # a hung device call or sandbox wait: the step cannot finish
+        kept = ckpt.latest_step()
         ckpt.close()
+        raise cli.RunStopped(f"error: at step {step}: {e}; the run stopped "
+                             f"(last checkpoint: {kept if kept is not None else 'none'})", 1, hard=True) from None
     finally:
+        bar.close()
         writer.close()  # an object-store workdir gets its last upload even after an error
     if lead:
         print(json.dumps({k: v for k, v in last.items() if k.startswith("eval")} | {"steps": step if t.steps else 0}))
     return last
+
+
+def save_failed(e: checkpoint.SaveError) -> cli.RunStopped:
+    return cli.RunStopped(f"error: {e}; the run stopped (earlier checkpoints are kept)", 1)
+
+
+def diverged_stop(ckpt, streaks: dict, step: int, limit: int) -> cli.RunStopped:
+    name = max(streaks, key=streaks.get)
+    kept = ckpt.latest_step()
+    ckpt.close()
+    who = f"policy {name}'s" if len(streaks) > 1 else "the"
+    return cli.RunStopped(f"error: diverged at step {step}: {who} last {streaks[name]} updates were skipped "
+                          f"(non-finite loss or gradient; train.max_skipped_updates={limit}); "
+                          f"last good checkpoint: {kept if kept is not None else 'none'}. "
+                          "Lower optim.lr, or resume from it with other settings", 1)

@@ -346,6 +346,8 @@ def read_tb_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     out: dict[str, list[tuple[int, float]]] = {}
     tags = acc.Tags()
     for tag in tags.get(ea.TENSORS, []):
+        if acc.SummaryMetadata(tag).plugin_data.plugin_name != "scalars":  # text (the episodes), ...
+            continue
         out[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
     for tag in tags.get(ea.SCALARS, []):  # legacy simple_value summaries
         out.setdefault(tag, []).extend((e.step, float(e.value)) for e in acc.Scalars(tag))

@@ -25,8 +25,8 @@ class ProgressBar:
 
     On a terminal the line is redrawn in place (`\\r`); otherwise (a log file,
     a pipe) a plain line is printed every `print_every` steps and at the last
-    step. `start_step` is where this process started (after a resume), so the
-    ETA uses only the steps timed here. `keys` are the metric names shown when
+    step. `start_step` is where this process started (after a resume); the ETA
+    uses only the steps timed here after the first one (which compiled). `keys` are the metric names shown when
     present; a name is displayed by its last `/` component.
     """
 
@@ -44,12 +44,16 @@ class ProgressBar:
         self.clock = clock
         self.t0 = clock()
         self._width = 0
+        self._first: tuple[int, float] | None = None  # (step, time) of the first step shown
 
     def line(self, step: int, metrics: Mapping[str, Any] | None = None) -> str:
         metrics = metrics or {}
-        elapsed = self.clock() - self.t0
-        done = step - self.start_step
-        eta = _hms((self.total - step) * elapsed / done) if done > 0 else "?"
+        now = self.clock()
+        elapsed = now - self.t0
+        if self._first is None:  # the first step timed here also compiled: the rate starts after it
+            self._first = (step, now)
+        done = step - self._first[0]
+        eta = _hms((self.total - step) * (now - self._first[1]) / done) if done > 0 else "?"
         pct = 100.0 * step / self.total if self.total else 100.0
         parts = [f"step {step}/{self.total} [{pct:3.0f}%]"]
         parts += [f"{k.rsplit('/', 1)[-1]} {_short(metrics[k])}" for k in self.keys if k in metrics]
@@ -64,6 +68,16 @@ class ProgressBar:
             self._width = max(self._width, len(text))
         elif step % self.print_every == 0 or step >= self.total or step == self.start_step + 1:
             self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def note(self, text: str):
+        """A line of its own (an evaluation's result), kept above an in-place progress line."""
+        if not self.enabled:
+            return
+        if self.inplace and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self._width = 0
+        self.stream.write(text + "\n")
         self.stream.flush()
 
     def close(self):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Any
 
 import jax
@@ -38,11 +39,34 @@ class Run:
     sampling: list[AgentSampling]  # per agent, in training
     eval_sampling: list[AgentSampling]  # per agent, in evaluation (rollout.eval_*)
     ref_params: dict = dataclasses.field(default_factory=dict)  # policy name -> frozen params (KL)
+    warned: set = dataclasses.field(default_factory=set)  # prompt warnings already printed
 
     def encode(self, messages, agent: int = 0) -> list[int]:
         """Agent `agent`'s chat prompt ids (its thinking mode), cut from the left to rollout.max_prompt_len."""
         ids = encode_chat(self.tokenizer, messages, enable_thinking=self.sampling[agent].thinking)
-        return ids[-self.config.rollout.max_prompt_len:]
+        limit = self.config.rollout.max_prompt_len
+        for kind, text in prompt_warnings(self.tokenizer, messages, len(ids), limit, f"agent {agent}"):
+            if kind not in self.warned and jax.process_index() == 0:  # once per run and kind: not per prompt
+                self.warned.add(kind)
+                print(f"warning: {text}", file=sys.stderr, flush=True)
+        return ids[-limit:]
+
+
+def prompt_warnings(tokenizer, messages, length: int, limit: int, who: str) -> list[tuple[str, str]]:
+    """(kind, message) for what would silently change a prompt: characters a vocabulary has no id for
+    (they become <unk>) and a prompt longer than rollout.max_prompt_len (its start is cut)."""
+    out = []
+    unk = tokenizer.unk_token_id
+    if unk is not None:
+        text = "".join(str(m.get("content", "")) for m in messages)
+        missing = sorted({ch for ch in set(text) if tokenizer.convert_tokens_to_ids(ch) == unk})
+        if missing:
+            out.append(("unk", f"{who}'s prompt has characters the tokenizer has no id for: {''.join(missing)!r}; "
+                               "they become <unk> (add them to char_alphabet)"))
+    if length > limit:
+        out.append(("cut", f"{who}'s prompt has {length} tokens, cut from the left to rollout.max_prompt_len="
+                           f"{limit} (raise it to keep the whole prompt)"))
+    return out
 
 
 def make_tokenizer(name: str, hf_path: str = "", alphabet: str = ""):

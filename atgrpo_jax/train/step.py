@@ -21,6 +21,7 @@ from atgrpo_jax.rollout.tree import Schedule, merge_rollouts, plain_rollout, tre
 from atgrpo_jax.sharding import batch_shards
 from atgrpo_jax.train.batch import length_bucket, pack_minibatch, policy_batches
 from atgrpo_jax.train.config import max_new_tokens
+from atgrpo_jax.train.guard import StepAbandoned
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train.update import Packed, TrainState, with_lr
@@ -43,7 +44,8 @@ def schedule_for(run: Run, tracer: Tracer | None, on_pool_done=None) -> Schedule
     s = run.config.system
     return Schedule(cohorts=s.cohorts if s.schedule == "async" else 1, asynchronous=s.schedule == "async",
                     host_workers=s.host_workers, pool_of_agent=tuple(int(p) for p in run.policy_of_agent),
-                    pool_names=tuple(p.name for p in run.policies), tracer=tracer, on_pool_done=on_pool_done)
+                    pool_names=tuple(p.name for p in run.policies), tracer=tracer, stage_timeout_s=s.stage_timeout_s,
+                    on_pool_done=on_pool_done)
 
 
 def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float | None, k: int, key, tracer=None,
@@ -121,7 +123,11 @@ def finish_update(p: PendingUpdate) -> dict:
     gap between the recomputed old log-probs and the sampler's (0 when the two are one distribution)."""
     logs = jax.device_get(p.metrics)
     out = {k: float(np.mean([log[k] for log in logs])) for k in logs[0]}
-    out["skipped"] = float(np.sum([log["skipped"] for log in logs]))
+    skipped = [bool(log["skipped"]) for log in logs]
+    out["skipped"] = float(sum(skipped))
+    out["updates"] = float(len(skipped))
+    last_applied = max((i + 1 for i, s in enumerate(skipped) if not s), default=0)
+    out["skipped_tail"] = float(len(skipped) - last_applied)  # skipped after the last applied update
     if p.old is not None:
         scored = np.concatenate([mb["scored"].ravel() for mb in p.packed])
         old = np.concatenate([to_host(x).ravel() for x in p.old])
@@ -211,13 +217,17 @@ def policy_batch(run: Run, step: int, samples, groups: Groups, policy: int) -> d
                           np.array([s.top_p for s in run.sampling], np.float32), penalties(run), only=policy)[policy]
 
 
-def early_updates(run: Run, step: int, tracer: Tracer, worker: ThreadPoolExecutor, started: dict):
+NOT_STARTED = object()  # an early update that a stop request held back
+
+
+def early_updates(run: Run, step: int, tracer: Tracer, worker: ThreadPoolExecutor, started: dict, abandon=None):
     """on_pool_done for an asynchronous step with several policies: a policy's update starts (on
     `worker`, so the rollout's scheduler goes on) as soon as its agents' stages are done in every
     cohort (its groups are complete), while the other policies still sample; `started` collects
     {policy: future of its PendingUpdate or None}. None (no early start) where that could change the
     result: several processes (the others' samples arrive at the end), plain GRPO's groups, and a
-    low-mean filter ranking the whole batch."""
+    low-mean filter ranking the whole batch. Once abandon() says a stop was asked for, no more
+    update starts early (so the step can still be dropped)."""
     c = run.config
     if (c.system.schedule != "async" or len(run.policies) < 2 or not c.rollout.tree
             or c.algo.filter_scope == "batch" or jax.process_count() > 1):
@@ -225,6 +235,8 @@ def early_updates(run: Run, step: int, tracer: Tracer, worker: ThreadPoolExecuto
 
     def start(policy: int, samples):
         p = run.policies[policy]
+        if abandon is not None and abandon():
+            return NOT_STARTED
         with tracer.span("start update", track=f"pool {p.name}"):
             batch = policy_batch(run, step, samples, score_groups(run, samples), policy)
             if batch is None:
@@ -236,18 +248,23 @@ def early_updates(run: Run, step: int, tracer: Tracer, worker: ThreadPoolExecuto
 
 
 def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = None, ro: Rollout | None = None,
-               then=None) -> dict:
+               then=None, abandon=None) -> dict:
     """One AT-GRPO step on every policy; returns scalar metrics. on_rollout(samples, episodes, adv),
     if given, sees the step's rollout (episode logs). ro: the step's rollout if it was made already
     (system.staleness = 1); then(), if given, runs while the updates are on the devices (the next
-    step's rollout, made with the weights from before this update)."""
+    step's rollout, made with the weights from before this update). abandon(), if given, is asked
+    once the rollout is done: True raises StepAbandoned and leaves every policy as it was (unless a
+    policy's update began during the rollout: then the step is finished, the next safe point)."""
     tracer = tracer or Tracer()
     started: dict = {}  # policies whose update began during the rollout (early_updates)
     if ro is None:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="early-update") as worker:
-            early = early_updates(run, step, tracer, worker, started) if then is None else None
+            early = early_updates(run, step, tracer, worker, started, abandon) if then is None else None
             ro = rollout_step(run, step, tracer, on_pool_done=early)  # (staleness: behavior weights first)
         started = {policy: future.result() for policy, future in started.items()}
+        started = {policy: u for policy, u in started.items() if u is not NOT_STARTED}
+    if abandon is not None and not any(started.values()) and abandon():  # a stop was asked for: drop the
+        raise StepAbandoned(step)  # step before its update starts
     samples, episodes = ro.samples, ro.episodes
     t1 = time.perf_counter()
     groups = score_groups(run, samples)

@@ -146,9 +146,11 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     _require(y.cohorts >= 1 and y.host_workers >= 1, "system.cohorts", "cohorts and host_workers must be >= 1")
     _require(y.staleness in (0, 1), "system.staleness", f"must be 0 or 1, got {y.staleness!r}")
     _require(y.trace_every >= 0, "system.trace_every", "must be >= 0")
+    _require(y.stage_timeout_s >= 0, "system.stage_timeout_s", "must be >= 0 (0 = no limit)")
     t = c.train
     _require(t.steps > 0, "train.steps", "must be > 0")
-    for key in ("eval_every", "checkpoint_every", "keep_last", "log_episodes_every", "log_episodes_tasks"):
+    for key in ("eval_every", "checkpoint_every", "keep_last", "log_episodes_every", "log_episodes_tasks",
+                "max_skipped_updates"):
         _require(t[key] >= 0, f"train.{key}", "must be >= 0")
     _require(t.log_every >= 1, "train.log_every", "must be >= 1")
     return c

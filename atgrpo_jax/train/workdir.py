@@ -136,6 +136,35 @@ def check_workdir(workdir: str):
         raise NotADirectoryError(f"--workdir {workdir} is a file, not a directory: give a new or a run's directory")
 
 
+class NotWritable(ValueError):
+    """An output path this process cannot write (found before any work is done)."""
+
+
+def nearest_existing(path: str) -> str:
+    """`path` itself if it exists, else its closest existing ancestor."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def check_writable(path: str, what: str) -> None:
+    """Raise NotWritable (or NotADirectoryError) unless files can be created in `path` or where it
+    would be created. Probes with a real file (permission bits say nothing for root or a read-only
+    mount) and removes it. Object-store URLs are not probed (a write there costs a request)."""
+    if is_remote(path):
+        return
+    where = nearest_existing(path)
+    if not os.path.isdir(where):
+        raise NotADirectoryError(f"{what} {path}: {where} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".atgrpo-write-probe-", dir=where)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise NotWritable(f"{what} {path}: cannot write in {where} ({e.strerror or e})") from None
+
+
 def saved_config(workdir: str) -> dict | None:
     """The config.json a run wrote in `workdir` (None if there is none)."""
     path = join(workdir, CONFIG_FILE)

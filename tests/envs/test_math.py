@@ -175,6 +175,8 @@ def test_datasets_by_name_and_split(tmp_path):
     own.write_text('{"id": "a", "problem": "1+1?", "answer": "2"}\n{"id": "b", "problem": "2+2?", "answer": "4"}\n')
     mine = MathWorkflow(test_sets=(), test_path=str(own), train_path=str(own))
     assert mine.test_splits == ("my_test",) and mine.reset([1], "my_test")["reference"][0] == "4"
+    with_builtins = MathWorkflow(test_path=str(own))  # evaluated by default: only the user's own test set
+    assert with_builtins.test_splits == ("my_test",) and "aime24" in with_builtins.splits  # (--splits=aime24 works)
     (tmp_path / "bad.jsonl").write_text('{"id": "a", "question": "?"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:1: a record needs \['problem', 'answer'\]"):
         MathWorkflow(test_path=str(tmp_path / "bad.jsonl"))

@@ -5,6 +5,7 @@ the audit hook alone (`Limits.filesystem_isolation=False`), so both layers are e
 """
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,8 +98,10 @@ def test_private_root_holds_only_python_and_the_working_directory(tmp_path):
     """os.stat raises no audit event: what it finds is what the kernel shows the program."""
     secret = tmp_path / "credentials.json"
     secret.write_text(SECRET)
-    gone = [p for p in ["/etc/passwd", "/etc/shadow", "/etc/hosts", "/home", "/work", os.path.expanduser("~/.config"), str(secret),
-                        str(REPO / "README.md"), "/usr/bin", "/var", "/sys"] if os.path.exists(p)]
+    venv = sys.prefix + "/"  # a venv inside the checkout (.venv) is bound, and with it the folders above it
+    gone = [p for p in ["/etc/passwd", "/etc/shadow", "/etc/hosts", "/home", "/work", os.path.expanduser("~/.config"),
+                        str(secret), str(REPO / "README.md"), "/usr/bin", "/var", "/sys"]
+            if os.path.exists(p) and not venv.startswith(p.rstrip("/") + "/")]
     kept = [os.path.dirname(os.__file__), os.path.dirname(__import__("numpy").__file__), "/dev/null",
             "/dev/urandom", "/proc/self/status"]
     code = ("import json, os, sys\npaths = json.loads(sys.stdin.read())\n"
@@ -122,7 +125,8 @@ def test_filesystem_plan_lists_python_not_the_machine():
     assert plan["devices"] == ["/dev/null", "/dev/zero", "/dev/urandom"]
     listed = plan["dirs"] + plan["files"] + [link for link, _ in plan["links"]]
     assert all(p == os.path.realpath(p) for p in plan["dirs"] + plan["files"])
-    assert not [p for p in listed if p.startswith(str(REPO) + "/") or str(REPO).startswith(p + "/")]
+    in_repo = [p for p in listed if p.startswith(str(REPO) + "/") or str(REPO).startswith(p + "/")]
+    assert not [p for p in in_repo if not p.startswith(sys.prefix + "/")]  # only a venv inside the checkout
     assert [p for p in listed if p.startswith("/etc/")] == ["/etc/ld.so.cache"]
     assert not [p for p in listed if p.startswith(("/home/", os.path.expanduser("~/.config")))]
 
@@ -140,3 +144,28 @@ def test_a_private_root_that_fails_half_way_falls_back_to_the_hook(monkeypatch):
         result = run_python(code, "", LIMITS)
     assert result.ok and result.isolation == "audit-hook", result
     assert result.stdout.splitlines() == ["['.stdin', 'main.py', 'out.txt'] kept True", "refused"]
+
+
+MANY_FILES = """
+import os
+written = 0
+try:
+    for i in range(20):  # 20 x 15 MB: each file under max_file_mb, 300 MB together
+        with open(f"f{i}", "wb") as f:
+            for _ in range(15):
+                f.write(b"x" * (1 << 20))
+                written += 1 << 20
+except OSError as e:
+    print("stopped", os.strerror(e.errno))
+print("written", written >> 20)
+"""
+
+
+def test_many_files_together_stay_under_the_disk_quota(tmp_path):
+    limits = Limits(**{**LIMITS.__dict__, "max_disk_mb": 40})
+    result = run_python(MANY_FILES, "", limits)
+    _expect_layer(result, True)
+    assert result.ok, result
+    stopped, written = result.stdout.splitlines()
+    assert stopped == "stopped No space left on device"
+    assert 30 <= int(written.split()[1]) <= 40  # the quota, not a single file's cap (15 MB each is allowed)

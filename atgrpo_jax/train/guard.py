@@ -1,0 +1,100 @@
+"""What stops a run early and cleanly: SIGTERM/SIGINT (preemption, Ctrl-C) and divergence.
+
+`StopSignals` turns the first SIGTERM or SIGINT into a request that the training loop reads
+at its safe points (between steps, and inside a step before its update starts), so the
+loop can save the last completed step and exit 143 / 130 with one line. A second signal
+exits at once (no save). On several hosts every process takes part in `requested()` and
+all agree: one preempted host stops them all at the same step.
+
+`skip_streaks` counts consecutive skipped (non-finite) updates per policy across steps;
+the loop stops the run when one reaches `train.max_skipped_updates`.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+import numpy as np
+
+EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}  # 128 + signal number, as a shell reports it
+
+
+class StopSignals:
+    """A context manager: while inside it, SIGTERM and SIGINT ask the run to stop.
+
+    Outside the main thread (signals cannot be caught there) it installs nothing and
+    `requested()` is always False.
+    """
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:  # the second signal: the user (or the scheduler) will not wait
+            print(f"second {signal.Signals(signum).name}: exiting now without saving", file=sys.stderr, flush=True)
+            os._exit(EXIT_CODES[signum])
+        self.signum = signum
+
+    def __enter__(self):
+        self.install()
+        return self
+
+    def install(self):
+        """Take SIGTERM and SIGINT (again: jax.distributed.initialize installs a SIGTERM handler of
+        its own for its preemption notice, so call this once the run is set up)."""
+        if threading.current_thread() is threading.main_thread():
+            for s in EXIT_CODES:
+                previous = signal.signal(s, self._handle)
+                self._previous.setdefault(s, previous)  # the first one is what __exit__ puts back
+
+    def __exit__(self, *exc):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+    def requested(self) -> bool:
+        """Whether any process got a stop signal (a collective on several hosts: all call it together)."""
+        import jax
+
+        local = self.signum is not None
+        if jax.process_count() == 1:
+            return local
+        from jax.experimental import multihost_utils
+
+        flags = np.asarray(multihost_utils.process_allgather(np.int32(self.signum or 0)))
+        if not local and flags.any():  # another host was signalled: stop with its signal
+            self.signum = int(flags[flags > 0][0])
+        return bool(flags.any())
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.signum]
+
+
+class StepAbandoned(Exception):
+    """Raised inside a step (before its update) when a stop was requested: the step is not kept."""
+
+
+def skip_streaks(streaks: dict[str, int], metrics: dict, names: list[str]) -> dict[str, int]:
+    """Each policy's count of consecutive skipped updates after this step's metrics.
+
+    A step whose updates were all skipped extends the streak; one with any applied update
+    restarts it at the updates skipped after the last applied one. A policy with no
+    update this step (every group filtered out) keeps its streak.
+    """
+    out = dict(streaks)
+    for name in names:
+        prefix = f"{name}/" if len(names) > 1 else ""
+        skipped, updates = metrics.get(prefix + "skipped"), metrics.get(prefix + "updates")
+        if skipped is None or not updates:
+            continue
+        tail = int(metrics.get(prefix + "skipped_tail", 0))
+        out[name] = out.get(name, 0) + int(skipped) if skipped == updates else tail
+    return out

@@ -1,0 +1,136 @@
+"""Resuming a run: the newest checkpoint that restores, found without changing anything on disk,
+and (system.staleness = 1) the run-ahead rollout made again from the weights a checkpoint keeps.
+
+A failed restore is one line (`checkpoint N in DIR does not restore (why); trying checkpoint M`);
+orbax's other reads of that checkpoint end later in background threads, and the tracebacks they
+would print are dropped (`_quiet_failed_restore_leftovers`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+
+from atgrpo_jax import cli
+from atgrpo_jax.trace import Tracer
+from atgrpo_jax.train import checkpoint
+from atgrpo_jax.train import workdir as wd
+from atgrpo_jax.train.step import policy_states, rollout_step
+
+
+def step_dirs(directory: str) -> list[int]:
+    """The step numbers of `directory`'s finished step folders (orbax's temporary ones left out),
+    whether or not their contents are readable."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+
+
+def _quiet_failed_restore_leftovers() -> None:
+    """Once a restore failed, orbax's other reads of it end later in background threads, each printing
+    a traceback (an unretrieved task, a coroutine never awaited, a callback into the closed event loop).
+    The failure was already reported in one line: drop exactly those messages from now on."""
+    if getattr(sys.excepthook, "quiet_restore", False):
+        return
+    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+
+    def quiet_excepthook(kind, value, tb):
+        if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+            excepthook(kind, value, tb)
+
+    def quiet_unraisablehook(u):
+        if not (repr(u.object).startswith("<coroutine") and "orbax" in str(getattr(u.object, "cr_code", ""))):
+            unraisablehook(u)
+
+    quiet_excepthook.quiet_restore = True
+    sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
+    logging.getLogger("asyncio").addFilter(lambda r: "exception was never retrieved" not in r.getMessage())
+
+
+def restore_newest_readable(directory: str, target, say) -> tuple[int | None, Any, dict, list[int]]:
+    """(step, state, meta, unreadable steps) of the newest checkpoint in `directory` that restores
+    whole and finite, trying older ones in turn; `say(line)` reports each one that does not.
+    Opens the directory read-only: nothing on disk changes. step is None if none restores."""
+    import warnings
+
+    from absl import logging as absl_logging
+
+    bad = []
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax warns that a read-only manager saves nothing
+    reader = checkpoint.Checkpointer(directory, keep_last=0, best_metric=None, read_only=True)
+    try:
+        # local: every step folder, even one whose metadata orbax cannot read; a store: orbax's list
+        steps = reader.all_steps() if wd.is_remote(directory) else step_dirs(directory)
+        for step in reversed(steps):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    state, meta = reader.restore(step, target=target)
+                if not checkpoint.is_finite_state(state):
+                    raise ValueError("it holds a NaN or inf")
+                int(meta["step"])
+            except Exception as e:  # noqa: BLE001 - any failure means: not this one
+                _quiet_failed_restore_leftovers()
+                bad.append(step)
+                older = [s for s in steps if s < step]
+                then = f"trying checkpoint {older[-1]}" if older else "no older checkpoint"
+                say(f"checkpoint {step} in {directory} does not restore ({checkpoint.short_cause(e)}); {then}")
+                continue
+            return step, state, meta, bad
+        return None, None, {}, bad
+    finally:
+        reader.close()
+        absl_logging.set_verbosity(verbosity)
+
+
+def restore_or_start(config, run, workdir: str, fresh_if_unreadable: bool) -> tuple[int, dict | None, dict]:
+    """(step to start after, restored policy states or None, its meta): the newest checkpoint that restores;
+    unreadable newer ones are reported one line each and moved to checkpoints.unreadable/ once a
+    restore succeeded (they would block later saves). None restores: an error, or with
+    `fresh_if_unreadable` a fresh start (all of them moved aside)."""
+    lead = jax.process_index() == 0
+    say = (lambda line: print(line, file=sys.stderr, flush=True)) if lead else (lambda line: None)
+    directory = wd.checkpoint_dir(workdir)
+    if not wd.is_remote(directory) and not step_dirs(directory):
+        return 0, None, {}  # (a store is asked through orbax: a listing there is not free)
+    step, states, meta, bad = restore_newest_readable(directory, policy_states(run), say)
+    if step is None and not fresh_if_unreadable:
+        raise cli.RunStopped(f"error: no checkpoint in {directory} restores (tried {', '.join(map(str, bad))}); "
+                             "nothing was changed. Pass --fresh_if_unreadable to start again from step 0 "
+                             "(they are then moved to checkpoints.unreadable/)", 1)
+    if bad and wd.is_remote(directory):  # no rename on a store: they would block every later save
+        raise cli.RunStopped(f"error: delete the unreadable checkpoints {', '.join(map(str, bad))} of {directory}, "
+                             "then run the same command again; nothing was changed", 1)
+    if lead and bad:
+        aside = wd.join(workdir, "checkpoints.unreadable")
+        os.makedirs(aside, exist_ok=True)
+        for s in bad:
+            os.replace(os.path.join(directory, str(s)), os.path.join(aside, f"{s}-{int(time.time())}"))
+        say(f"moved unreadable checkpoint(s) {', '.join(map(str, bad))} to {aside}")
+    if step is None:
+        say("starting again from step 0: no checkpoint restored")
+        return 0, None, {}
+    return int(meta["step"]), states, meta
+
+
+def rollout_ahead_again(run, ckpt, start: int, meta: dict, ahead: dict) -> dict:
+    """system.staleness = 1 on resume: step start+1's rollout ran on the weights from before step
+    start's update; the checkpoint keeps them (its `extra`), so the same rollout is made again and
+    the resumed run equals an uninterrupted one. Returns them as `held`; {} when the checkpoint has
+    none (saved at a run's last step): then step start+1 samples on-policy."""
+    saved = ckpt.restore_extra(start, {p.name: p.state.params for p in run.policies})
+    steps = meta.get("behavior_steps") or {}
+    if saved is None or set(saved) != set(steps):
+        return {}
+    for p in run.policies:
+        p.behavior, p.behavior_step = saved[p.name], int(steps[p.name])
+    ahead["rollout"] = rollout_step(run, start + 1, Tracer(), stale=True)
+    held = {p.name: (p.behavior, p.behavior_step) for p in run.policies}
+    for p in run.policies:
+        p.behavior = None
+    return held

@@ -1,0 +1,20 @@
+"""The fault tests' fixtures: one small finished run (4 steps, a checkpoint after each) that tests
+copy and then damage."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # faults_util, by plain name under importlib mode
+from faults_util import run, train_args  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """A 4-step run with checkpoints 1..4 and its metrics (the uninterrupted reference)."""
+    workdir = tmp_path_factory.mktemp("finished") / "run"
+    proc = run(train_args(workdir, "--config.train.checkpoint_every=1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["1", "2", "3", "4"]
+    return workdir
+

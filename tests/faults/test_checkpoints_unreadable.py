@@ -1,0 +1,52 @@
+"""Resuming from damaged checkpoints: the newest one that restores is used, each one that does not
+is named in one line, and nothing in the workdir changes until a restore succeeded."""
+import os
+import re
+import shutil
+
+from faults_util import (assert_no_traceback, copy_run, metrics_rows, run, snapshot, stderr_lines,
+                         train_args)
+
+
+def truncate_largest_data_file(step_dir):
+    files = [os.path.join(root, f) for root, _, names in os.walk(step_dir / "state") for f in names]
+    biggest = max(files, key=os.path.getsize)
+    with open(biggest, "r+b") as f:
+        f.truncate(os.path.getsize(biggest) // 2)
+
+
+def test_damaged_newest_checkpoints_fall_back_and_resume_exactly(finished_run, tmp_path):
+    work = copy_run(finished_run, tmp_path / "run")
+    ckpts = work / "checkpoints"
+    truncate_largest_data_file(ckpts / "4")  # a data file cut short (disk full, a killed copy)
+    (ckpts / "3" / "state" / "_METADATA").write_text("garbage")
+    shutil.rmtree(ckpts / "2" / "state")  # the arrays are gone
+    proc = run(train_args(work))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_no_traceback(proc)
+    lines = stderr_lines(proc)
+    for step, then in ((4, "trying checkpoint 3"), (3, "trying checkpoint 2"), (2, "trying checkpoint 1")):
+        assert any(re.match(rf"checkpoint {step} in .* does not restore \(.+\); {then}$", x) for x in lines), lines
+    assert "resuming at step 1" in proc.stdout
+    assert sorted(os.listdir(ckpts)) == ["1", "2", "3", "4"]  # 2..4 written again
+    assert len(os.listdir(work / "checkpoints.unreadable")) == 3  # the damaged ones, kept for a post-mortem
+    assert metrics_rows(work) == metrics_rows(finished_run)  # steps 2..4 again, bitwise as the first time
+
+
+def test_no_readable_checkpoint_changes_nothing_unless_asked(finished_run, tmp_path):
+    work = copy_run(finished_run, tmp_path / "run")
+    for step in "1234":
+        (work / "checkpoints" / step / "state" / "_METADATA").write_text("{")
+    before = snapshot(work)
+    proc = run(train_args(work, "--config.train.steps=6"))  # a changed config: config.json must stay as it was
+    assert proc.returncode == 1
+    assert_no_traceback(proc)
+    assert re.match(r"error: no checkpoint in .* restores \(tried 4, 3, 2, 1\); nothing was changed\. "
+                    r"Pass --fresh_if_unreadable", stderr_lines(proc)[-1])
+    assert snapshot(work) == before
+    proc = run(train_args(work, "--fresh_if_unreadable", steps=1))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "starting again from step 0" in proc.stderr
+    assert sorted(os.listdir(work / "checkpoints")) == ["1"]
+    assert [r["step"] for r in metrics_rows(work)] == [1]  # the old run's rows are gone with its checkpoints
+    assert metrics_rows(work) == metrics_rows(finished_run)[:1]

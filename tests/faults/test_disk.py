@@ -1,0 +1,53 @@
+"""A full disk and places that cannot be written: one line naming the path and the cause, before any
+work where it can be known before (a read-only workdir or --out), and earlier checkpoints kept."""
+import os
+import re
+import shlex
+import sys
+
+from faults_util import ROOT, assert_no_traceback, in_tmpfs, run, stderr_lines, train_args
+
+
+def test_a_full_disk_stops_the_run_at_the_save_that_does_not_fit(tmp_path):
+    disk = tmp_path / "disk"
+    train = " ".join(map(shlex.quote, train_args(disk / "run", steps=5)))
+    # 10 MiB: config, metrics and two 4.4 MiB checkpoints fit, the third does not
+    proc = in_tmpfs(f"cd {ROOT} && {train}; echo rc=$?; ls {disk}/run/checkpoints", str(disk), "10m")
+    assert "rc=1" in proc.stdout, proc.stderr[-3000:]
+    assert_no_traceback(proc)
+    assert len(stderr_lines(proc)) == 1, proc.stderr[-3000:]
+    assert re.fullmatch(rf"error: cannot save checkpoint 3 to {disk}/run/checkpoints: No space left on device "
+                        r"\(the checkpoint needs [\d.]+ MiB, [\d.]+ MiB free\); the run stopped "
+                        r"\(earlier checkpoints are kept\)", stderr_lines(proc)[0])
+    assert proc.stdout.split("rc=1\n")[1].split() == ["1", "2"]
+
+
+def read_only(tmp_path, command: str):
+    """Run `command` with tmp_path/ro a read-only filesystem holding an empty folder `run`."""
+    ro = tmp_path / "ro"
+    return in_tmpfs(f"mkdir {ro}/run && mount -o remount,ro {ro} && cd {ROOT} && {command}", str(ro), "1m")
+
+
+def test_a_read_only_workdir_fails_before_anything_runs(tmp_path):
+    proc = read_only(tmp_path, " ".join(map(shlex.quote, train_args(tmp_path / "ro" / "run"))))
+    assert proc.returncode == 2
+    assert stderr_lines(proc) == [f"error: --workdir {tmp_path}/ro/run: cannot write in {tmp_path}/ro/run "
+                                  "(Read-only file system)"]
+
+
+def test_evaluate_and_export_check_out_before_the_work(finished_run, tmp_path):
+    ro = tmp_path / "ro"
+    evaluate = f"{sys.executable} -m atgrpo_jax.evaluate --checkpoint={finished_run} --out={ro}/run/eval"
+    export = f"{sys.executable} -m atgrpo_jax.export --checkpoint={finished_run} --out={ro}/run/hf"
+    proc = read_only(tmp_path, f"{evaluate}; echo rc=$?; {export}; echo rc=$?")
+    assert proc.stdout.split() == ["rc=2", "rc=2"], proc.stderr[-3000:]
+    assert stderr_lines(proc) == [f"error: --out {ro}/run/eval: cannot write in {ro}/run (Read-only file system)",
+                                  f"error: --out {ro}/run/hf: cannot write in {ro}/run (Read-only file system)"]
+    assert not os.path.exists(finished_run / "eval.json")
+
+
+def test_a_workdir_under_a_file_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    proc = run(train_args(tmp_path / "file" / "run"))
+    assert proc.returncode == 2
+    assert stderr_lines(proc) == [f"error: --workdir {tmp_path}/file/run: {tmp_path}/file is a file, not a directory"]

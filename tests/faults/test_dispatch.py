@@ -1,0 +1,105 @@
+"""The asynchronous dispatcher cannot hang silently: a stage past system.stage_timeout_s is named
+in the error, and the first error ends the rollout at once, not when a stuck stage returns."""
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from atgrpo_jax.rollout.dispatch import StageTimeout
+from atgrpo_jax.rollout.samples import SampleOut
+from atgrpo_jax.rollout.tree import Schedule, tree_rollout
+
+release = threading.Event()  # lets the hung stages of a test end once it is over
+
+
+@pytest.fixture(autouse=True)
+def _release_hung_stages():
+    release.clear()
+    yield
+    release.set()
+
+
+def sample_fn(hang_agent=None, hang_cohort_rows=None):
+    """K answers per prompt at once, except that agent `hang_agent` hangs (a stuck device call)."""
+    def sample(agent, prompts, k, keys):
+        if agent == hang_agent and (hang_cohort_rows is None or len(prompts) == hang_cohort_rows):
+            release.wait(120)
+        n = len(prompts) * k
+        return SampleOut.from_rows(np.full((n, 2), 7), np.full(n, 2), np.zeros((n, 2)), ["RD"] * n, 4)
+    return sample
+
+
+class Env:
+    """The demo workflow; the step of cohort `fail_task`'s first task raises (a worker that fails)."""
+
+    def __init__(self, fail_task=None):
+        from atgrpo_jax.envs.registry import make_workflow
+
+        self.wf = make_workflow("plan_path_demo", view="local", lenient=True, plan_len=2, exec_len=2)
+        self.agents, self.max_turns, self.name, self.splits = (self.wf.agents, self.wf.max_turns, self.wf.name,
+                                                               self.wf.splits)
+        self.fail_task = fail_task
+
+    def __getattr__(self, name):
+        return getattr(self.wf, name)
+
+    def reset(self, task_ids, split):
+        self.first = int(np.asarray(task_ids)[0])
+        return self.wf.reset(task_ids, split)
+
+    def step(self, state, *args):
+        if self.fail_task is not None and self.first == self.fail_task:
+            raise RuntimeError("the environment broke")
+        return self.wf.step(state, *args)
+
+
+def rollout(env, fn, timeout_s, cohorts=2):
+    schedule = Schedule(cohorts=cohorts, asynchronous=True, host_workers=2, pool_of_agent=(0, 1),
+                        pool_names=("A", "B"), stage_timeout_s=timeout_s)
+    return tree_rollout(env, fn, lambda m, a: [1, 2, 3], np.arange(4), "train", k=2, max_turns=2, alpha=1.0,
+                        key=jax.random.key(0), schedule=schedule)
+
+
+def test_a_hung_stage_is_named_after_the_timeout():
+    rollout(Env(), sample_fn(), timeout_s=0.0)  # compiles the environment's functions: no stage is slow later
+    t0 = time.monotonic()
+    with pytest.raises(StageTimeout, match=r"the stage 'sample agent 1 turn 0 of cohort \d \(pool B\)' has run "
+                                           r"\d+ s, longer than system.stage_timeout_s=3"):
+        rollout(Env(), sample_fn(hang_agent=1), timeout_s=3.0)
+    assert time.monotonic() - t0 < 30
+
+
+def test_the_first_error_is_raised_at_once_while_another_stage_hangs():
+    # cohort 0 (tasks 0, 1) hangs in agent 1's sampling; cohort 1 (tasks 2, 3) fails in its first step
+    env = Env(fail_task=2)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="the environment broke"):
+        rollout(env, sample_fn(hang_agent=1), timeout_s=0.0)  # no timeout: only the error ends it
+    assert time.monotonic() - t0 < 20  # not the 120 s of the hung stage
+
+
+def test_without_faults_the_timeout_changes_nothing():
+    a = rollout(Env(), sample_fn(), timeout_s=30.0)
+    b = rollout(Env(), sample_fn(), timeout_s=0.0)
+    assert np.array_equal(a[0].reward, b[0].reward) and np.array_equal(a[1].success, b[1].success)
+
+
+def test_a_hung_environment_step_stops_the_cli_run_with_one_line(tmp_path):
+    import os
+
+    from faults_util import assert_no_traceback, run, stderr_lines, train_args
+
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.monotonic()
+    proc = run(train_args(tmp_path / "run", "--config.env.workflow=hanging_workflow:make",
+                          "--config.system.schedule=async", "--config.system.stage_timeout_s=20",
+                          "--config.train.checkpoint_every=1"), env=env)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert_no_traceback(proc)
+    line = stderr_lines(proc)[-1]
+    assert line.startswith("error: at step 2: the stage 'environment step of agent 0 turn 0 of cohort ") and \
+        line.endswith("longer than system.stage_timeout_s=20; the run stopped (last checkpoint: 1)"), line
+    assert len(stderr_lines(proc)) == 1, proc.stderr[-3000:]  # no abort of the stuck thread at exit
+    assert time.monotonic() - t0 < 200  # not the 600 s of the hung step
