@@ -111,8 +111,14 @@ def test_pools_and_host_workers_overlap_on_the_timeline():
     tree_rollout(wf, slow_sample_fn(0.1), lambda m, a: [1, 2, 3], np.arange(8), "train", k=3, max_turns=2,
                  alpha=1.0, key=jax.random.key(0), schedule=schedule)
     a, b, host = tracer.spans("pool A"), tracer.spans("pool B"), tracer.spans("host")
-    assert len(a) == len(b) == 4 * 2  # every cohort's two turns, each agent on its own pool
-    assert overlap_seconds(a, b) > 0.1  # the two pools sampled at the same time
+    events = tracer.to_json()["traceEvents"]
+    track = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    served = {name: 0 for name in ("pool A", "pool B")}
+    for e in events:  # a call may serve several cohorts' stages (their requests waited together)
+        if e["ph"] == "X" and track[e["tid"]] in served:
+            served[track[e["tid"]]] += len(e["args"]["cohort"]) if isinstance(e["args"]["cohort"], list) else 1
+    assert served == {"pool A": 4 * 2, "pool B": 4 * 2}  # every cohort's two turns, each agent on its own pool
+    assert overlap_seconds(a, b) > 0.05  # the two pools sampled at the same time (half a call at least)
     assert overlap_seconds([s for s in host if s[1] - s[0] > 0.09], a + b) > 0.2  # steps ran while pools decoded
     out = tracer.to_json()["traceEvents"]
     assert {e["args"]["name"] for e in out if e["ph"] == "M"} == {"pool A", "pool B", "host"}
