@@ -178,7 +178,10 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
             bar.update(step, metrics)
             if diverged:
                 raise diverged_stop(ckpt, streaks, step, t.max_skipped_updates)
-            healthy = all(v == 0 for v in streaks.values())  # no checkpoint of weights whose updates are skipped
+            # no checkpoint of weights whose updates are skipped: a step with any skipped update (one
+            # applied after a skip may act on weights that already diverged) or a streak still running
+            healthy = all(v == 0 for v in streaks.values()) and not any(
+                metrics.get(f"{name}/skipped" if len(policy_names) > 1 else "skipped") for name in policy_names)
             if healthy and t.checkpoint_every and (step % t.checkpoint_every == 0 or step == t.steps or out_of_time):
                 save(step, metrics)
             last = metrics
