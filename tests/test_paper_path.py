@@ -71,6 +71,7 @@ def check_run(workdir, task):
 
     rows = read_metrics(workdir)
     assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["reward_mean"]) for r in rows)
+    assert all(v == 0 for r in rows for k, v in r.items() if k.endswith("skipped")), rows  # every update applied
     with open(os.path.join(workdir, "episodes.jsonl")) as f:
         records = [json.loads(line) for line in f]
     assert [r["step"] for r in records] == [1, 2]  # log_episodes_every=1, one task each

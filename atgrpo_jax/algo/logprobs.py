@@ -103,7 +103,9 @@ def _chunk_stats(h, w, targets, how: SampledFrom = SampledFrom(), inv_temp=None,
     lse = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
     probs = jnp.exp(logits - lse[:, None])
-    plogp = probs * logits if keep is None else jnp.where(keep, probs * logits, 0.0)
+    # (masked logits are -inf: inside the where too, or 0 x inf makes the gradient NaN even where
+    # the where drops it)
+    plogp = probs * logits if keep is None else jnp.where(keep, probs * jnp.where(keep, logits, 0.0), 0.0)
     entropy = lse - plogp.sum(-1)
     return target_logit - lse, entropy
 
