@@ -2,8 +2,8 @@
 Qwen3 tokenizer (tiny and random here: weights cannot be downloaded), train 2 steps, read what the
 agents said, evaluate on a test split, export a policy and load it in transformers.
 
-Plan-Path (through the command line), math and code run in the default suite, one policy layout
-each (shared, per_role, lora); ATGRPO_FULL_SUITE=1 adds Sokoban and Sudoku (tiers.py).
+Plan-Path (through the command line) and code run in the default suite (shared, lora);
+ATGRPO_FULL_SUITE=1 adds math (per_role), Sokoban and Sudoku (tiers.py).
 ATGRPO_PAPER_MATRIX=1 runs every workflow with every layout instead (15 cases, ~25 minutes on two
 cores: too long for the suite's budget, run before a release)."""
 import json
@@ -20,9 +20,9 @@ from tiers import FULL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QWEN3_VOCAB = 151_669
-CASES = [("plan_path", "shared"), ("math", "per_role"), ("code", "lora")]  # each layout once, text and code tasks
-if FULL:  # the other two games
-    CASES += [("sokoban", "lora"), ("sudoku", "per_role")]
+CASES = [("plan_path", "shared"), ("code", "lora")]  # the suite's budget: per_role runs in test_async/test_rollout
+if FULL:  # math (per_role) and the other two games
+    CASES += [("math", "per_role"), ("sokoban", "lora"), ("sudoku", "per_role")]
 if os.environ.get("ATGRPO_PAPER_MATRIX") == "1":
     CASES += [(t, s) for t in ("plan_path", "sokoban", "sudoku", "math", "code")
               for s in ("shared", "per_role", "lora") if (t, s) not in CASES]
