@@ -31,6 +31,11 @@ def parse_hub_id(spec: str) -> tuple[str, str | None] | None:
     return repo, revision or None
 
 
+def is_repo_id(name: str) -> bool:
+    """`org/name` (no revision): where a model may be pushed."""
+    return bool(_HUB_ID.match(str(name))) and "@" not in str(name)
+
+
 def offline() -> bool:
     from huggingface_hub import constants
     return bool(constants.HF_HUB_OFFLINE)
