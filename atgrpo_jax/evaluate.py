@@ -106,6 +106,8 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
         raise cli.UsageError("give exactly one of --checkpoint and --hf_path")
     workdir = ckpt_dir = step = None
     if hf_path:
+        from atgrpo_jax.models.hub import local_model_dir
+        local_model_dir(hf_path, "--hf_path")  # a hub id: downloaded (or found in the cache) now, or one line
         config.model.hf_path = hf_path
         config.model.preset = ""  # the checkpoint's own architecture (config.json), not the config's preset
         if config.tokenizer == "qwen3":

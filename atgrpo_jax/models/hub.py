@@ -64,12 +64,12 @@ def _download(repo: str, revision: str | None, cache_dir: str, is_offline: bool,
     except (RepositoryNotFoundError, RevisionNotFoundError) as e:
         raise CheckpointError(f"{what}={spec!r}: {type(e).__name__} on the Hugging Face Hub (a private or gated "
                               "repository needs `huggingface-cli login`)") from None
-    except (LocalEntryNotFoundError, FileNotFoundError) as e:
+    except (LocalEntryNotFoundError, FileNotFoundError):
         why = "HF_HUB_OFFLINE=1 and it is not in the cache" if is_offline else "the Hub cannot be reached and it " \
               "is not in the cache"
-        raise CheckpointError(f"{what}={spec!r}: {why} ({cache_dir}); download it first on a machine with "
-                              f"internet: `{command}` (same HF_HUB_CACHE), or give a local directory "
-                              f"[{type(e).__name__}]") from None
+        raise CheckpointError(f"{what}={spec!r}: no such directory, and as a hub id: {why} ({cache_dir}); "
+                              f"download it first on a machine with internet: `{command}` (same HF_HUB_CACHE), "
+                              "or give an existing directory") from None
     except HfHubHTTPError as e:
         raise CheckpointError(f"{what}={spec!r}: the Hugging Face Hub refused: {str(e).splitlines()[0]}") from None
     if not os.path.isfile(os.path.join(path, "config.json")):

@@ -1,7 +1,5 @@
 """Hub ids (`org/name[@revision]`) offline, against a cache laid out as huggingface_hub lays it out."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -76,11 +74,17 @@ def test_the_trainer_builds_the_model_from_a_hub_id(offline_cache):
     assert np.allclose(np.asarray(model.embed.value), want)
 
 
-def test_evaluate_hf_path_offline_fails_in_one_line(hub_cache, tmp_path):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub_cache[0]), JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.evaluate", "--config=configs/demo.py",
-                           "--hf_path=tiny-org/not-downloaded", f"--out={tmp_path}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "huggingface-cli download tiny-org/not-downloaded" in lines[0], proc.stderr
+def test_evaluate_hf_path_offline_fails_in_one_line(offline_cache, tmp_path, capsys):
+    import types
+
+    from atgrpo_jax import evaluate
+
+    values = dict(config=os.path.join(ROOT, "configs", "demo.py"), checkpoint=None, hf_path="tiny-org/not-downloaded",
+                  splits=[], tasks=None, k=None, temperature=None, out=str(tmp_path), policies=[])
+    flags = types.SimpleNamespace(**{k: types.SimpleNamespace(value=v) for k, v in values.items()})
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["evaluate"], flags)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith(
+        "error: --hf_path='tiny-org/not-downloaded': no such directory, and as a hub id: HF_HUB_OFFLINE=1")
+    assert "huggingface-cli download tiny-org/not-downloaded" in lines[0]
