@@ -88,3 +88,10 @@ def test_evaluate_hf_path_offline_fails_in_one_line(offline_cache, tmp_path, cap
     assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith(
         "error: --hf_path='tiny-org/not-downloaded': no such directory, and as a hub id: HF_HUB_OFFLINE=1")
     assert "huggingface-cli download tiny-org/not-downloaded" in lines[0]
+
+
+def test_load_pretrained_takes_a_hub_id(offline_cache):
+    from atgrpo_jax.models.hf_io import load_pretrained
+
+    model = load_pretrained("tiny-org/tiny-qwen3")
+    assert np.allclose(np.asarray(model.embed.value), offline_cache[2].model.embed_tokens.weight.detach().numpy())

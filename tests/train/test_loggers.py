@@ -89,7 +89,7 @@ def test_sum_digits_runs_two_steps_into_wandb_only(tmp_path, fake_wandb, capsys)
     from atgrpo_jax.train.loop import run_training
 
     c = cli.config_from_args(os.path.join(ROOT, "configs", "sum_digits.py"), [
-        ("train.steps", "2"), ("train.eval_every", "2"), ("train.log_episodes_every", "1"),
+        ("train.steps", "2"), ("train.eval_every", "2"), ("train.log_episodes_every", "1"), ("rollout.num_tasks", "8"),
         ("train.loggers", "('jsonl', 'wandb')")])
     run_training(c, str(tmp_path))
     assert "step 1/2" not in capsys.readouterr().out and not (tmp_path / "tb").exists()  # no console, no tb
