@@ -1,8 +1,9 @@
 """A reward function is enough: the tiny demo model learns to add two digits with `prompt_reward`.
 
-The task is a dataset (envs/data/sum_digits: "3+5=" prompts, 80 pairs to train on and 20 other
-pairs held out) and the function `reward` below; no workflow code. Plain GRPO: one agent, one
-turn, K answers per prompt, scored by `reward`; success = an exact sum (score 1).
+The task is a dataset (envs/data/sum_digits: "3+5=" prompts over the digits 0-6; 12 ordered pairs
+of different digits are held out, "a+b=" while "b+a=" is trained on, and the other 37 pairs are the
+training set) and the function `reward` below; no workflow code. Plain GRPO: one agent, one turn,
+K answers per prompt, scored by `reward`; success = an exact sum (score 1).
 
     python -m atgrpo_jax.train --config=configs/sum_digits.py --workdir=runs/sum_digits
 """
@@ -42,5 +43,5 @@ def get_config():
                      max_new_tokens=2, eval_temperature=0.0)
     c.algo.update(alpha=0.0, drop_low_mean_frac=0.0)
     c.optim.update(lr=3e-4, schedule="constant", warmup_steps=2, mini_batch_size=128, weight_decay=0.01)
-    c.train.update(steps=300, eval_every=10, eval_tasks=20, checkpoint_every=50, keep_last=1)
+    c.train.update(steps=200, eval_every=10, eval_tasks=12, checkpoint_every=50, keep_last=1)
     return c
