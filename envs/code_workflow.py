@@ -14,10 +14,10 @@ Rewards (docs/paper.md), with the rollout's r = local + alpha * team:
 - team reward = the current program's pass rate on the ground-truth tests;
 - coder local = the same pass rate (2 x pass rate in all with alpha = 1); no python block
   = no program = pass rate 0 (`coder_unparsable`, default 0);
-- test writer local = the fraction of its tests that are valid: passed by the problem's
-  reference solution, or, for a problem without one, equal to one of its ground-truth tests
-  (so a test with a nonsense expected output never earns anything). No parsable test:
-  `tester_unparsable` (-1).
+- test writer local = the fraction of its tests that are real (envs/code_mutants.py): not
+  degenerate, passed by a correct program (the problem's reference solution; without one, the
+  program under test if it passes every ground-truth test, else none: no test earns) and
+  failed by at least one mutant of it. No parsable test: `tester_unparsable` (-1).
 
 Data: `train_sets` (default MBPP's training range and APPS's training problems) form the
 training pool, every `valid_every`-th problem of it the "valid" split; `test_sets` (APPS's
@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from atgrpo_jax.envs.code_grading import TestVerdict, pass_rate
+from atgrpo_jax.envs.code_grading import MATCH_RULES, TestVerdict, pass_rate
 from atgrpo_jax.envs.code_problems import CodeProblem, extract_tests, load_problems, run_tests, valid_tests
 from atgrpo_jax.envs.parsers import extract_code_block
 from atgrpo_jax.envs.sandbox import Limits
@@ -90,6 +90,7 @@ class CodeWorkflow:
     max_gt_tests: int | None = 20  # ground-truth tests run per program (the first ones)
     max_generated_tests: int = 8
     limits: Limits = Limits(wall_s=5.0, cpu_s=5.0, memory_mb=1024)
+    output_match: str = "apps"  # stdout comparison: "apps" or "whitespace" (the reference's; code_grading)
     max_workers: int | None = None
     rewards: CodeRewards = CodeRewards()
     max_shown_chars: int = 6000
@@ -98,6 +99,8 @@ class CodeWorkflow:
         for name in ("train_sets", "test_sets"):
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, (getattr(self, name),))
+        if self.output_match not in MATCH_RULES:
+            raise ValueError(f"output_match must be one of {MATCH_RULES}, got {self.output_match!r}")
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
         self.splits  # every data set loads: a bad name fails here
@@ -214,8 +217,10 @@ class CodeWorkflow:
                 parsed_as[b, j] = f"code of {lines} lines" if has_code else "unparsed: no ```python block"
         else:
             written = [(b, j) for b, j in active if out["gen_tests"][b, j]]
-            valid = valid_tests([(out["problem"][b, j], out["gen_tests"][b, j]) for b, j in written], self.limits,
-                                self.max_workers)
+            known = [out["code"][b, j] if out["code"][b, j] and out["gt_pass_rate"][b, j] >= 1.0 else None
+                     for b, j in written]  # a correct program, for a problem without a reference solution
+            valid = valid_tests([(out["problem"][b, j], out["gen_tests"][b, j], ok) for (b, j), ok in zip(written, known)],
+                                self.limits, self.max_workers, self.output_match)
             for (b, j), ok in zip(written, valid):
                 local[b, j] = info["valid_tests"][b, j] = float(np.mean(ok))
                 parsed_as[b, j] = f"{len(ok)} tests, {sum(ok)} valid"
@@ -231,7 +236,7 @@ class CodeWorkflow:
         jobs = [(out["problem"][b, j], out["code"][b, j], out["gen_tests"][b, j]) for b, j in with_code]
         if run_ground_truth:
             jobs += [(out["problem"][b, j], out["code"][b, j], out["gt_tests"][b, j]) for b, j in with_code]
-        verdicts = run_tests(jobs, self.limits, self.max_workers) if jobs else []
+        verdicts = run_tests(jobs, self.limits, self.max_workers, self.output_match) if jobs else []
         for n, (b, j) in enumerate(with_code):
             kind = out["problem"][b, j].kind
             out["report"][b, j] = mismatch_report(out["gen_tests"][b, j], verdicts[n], kind=kind)
