@@ -88,7 +88,8 @@ class CodeWorkflow:
     max_turns: int = 4
     single_agent: bool = False
     max_gt_tests: int | None = 20  # ground-truth tests run per program (the first ones)
-    max_generated_tests: int = 8
+    max_train_gt_tests: int | None = None  # the same for training problems (None: max_gt_tests); reference 4
+    max_generated_tests: int = 8  # tests kept per tester answer; 1 also asks for one test (the reference)
     limits: Limits = Limits(wall_s=5.0, cpu_s=5.0, memory_mb=1024)
     output_match: str = "apps"  # stdout comparison: "apps" or "whitespace" (the reference's; code_grading)
     max_workers: int | None = None
@@ -141,9 +142,10 @@ class CodeWorkflow:
             raise ValueError(f"split {split!r} has {len(pool)} problems; task ids must be below that")
         rows = [pool[int(i) % len(pool)] for i in task_ids]
         n = len(rows)
+        cap = self.max_train_gt_tests if split == "train" and self.max_train_gt_tests is not None else self.max_gt_tests
         return {
             "problem": obj_array(rows),
-            "gt_tests": obj_array([p.tests[:self.max_gt_tests] for p in rows]),
+            "gt_tests": obj_array([p.tests[:cap] for p in rows]),
             "code": obj_array([""] * n),
             "gen_tests": obj_array([()] * n),
             "report": obj_array([""] * n),
@@ -182,7 +184,12 @@ class CodeWorkflow:
             parts.append(f"The code under test:\n{program}\n\nIts results on your tests:\n{s['report']}\n\n"
                          "Check every failing test by hand: correct the tests that are wrong, keep the ones that "
                          "expose a real bug, and add tests for cases not covered yet. Give the full list of tests.")
-        return [{"role": "system", "content": SYSTEM[(role, problem.kind)]},
+        system = SYSTEM[(role, problem.kind)]
+        if role == "tester" and self.max_generated_tests == 1:
+            system = system.replace("Give a few small tests whose", "Give one small test whose").replace(
+                "Give a few assert statements that call", "Give one assert statement that calls").replace(
+                "each as **Test Input:**", "as **Test Input:**").replace(", one per line,", "")
+        return [{"role": "system", "content": system},
                 {"role": "user", "content": "\n\n".join(parts)}]
 
     # ------------------------------------------------------------ step
