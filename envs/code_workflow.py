@@ -259,8 +259,9 @@ class CodeWorkflow:
 
 def make_code_workflow(single_agent: bool = False, **kwargs) -> CodeWorkflow:
     """Factory for configs (envs.registry); `limits` may be a dict of sandbox.Limits fields."""
-    if isinstance(kwargs.get("limits"), dict):
-        kwargs["limits"] = Limits(**kwargs["limits"])
-    if isinstance(kwargs.get("rewards"), dict):
-        kwargs["rewards"] = CodeRewards(**kwargs["rewards"])
+    for key, cls in (("limits", Limits), ("rewards", CodeRewards)):
+        value = kwargs.get(key)
+        value = value.to_dict() if hasattr(value, "to_dict") else value  # a ConfigDict from env.kwargs
+        if isinstance(value, dict):
+            kwargs[key] = cls(**value)
     return CodeWorkflow(single_agent=single_agent, **kwargs)
