@@ -3,7 +3,9 @@
 Turn order per turn: coder, then test writer. At turn 0 both work from the problem alone; later
 the coder sees its program with the generated tests it fails, and the test writer sees the
 program and the same mismatches (so it can correct wrong tests or keep ones that expose a bug).
-The episode ends when a program passes all (at least one) generated tests; success = it
+With `simultaneous=True` (the reference's parallel turns) the test writer is shown the
+program and report as the turn began, not the program the coder wrote beside it in the same
+turn. The episode ends when a program passes all (at least one) generated tests; success = it
 passes all ground-truth tests.
 
 Problems come in two kinds (envs/code_problems.py): "io" (APPS: stdin/stdout programs, tests
@@ -92,6 +94,7 @@ class CodeWorkflow:
     max_generated_tests: int = 8  # tests kept per tester answer; 1 also asks for one test (the reference)
     limits: Limits = Limits(wall_s=5.0, cpu_s=5.0, memory_mb=1024)
     output_match: str = "apps"  # stdout comparison: "apps" or "whitespace" (the reference's; code_grading)
+    simultaneous: bool = False  # the test writer sees the turn's starting program (the reference's)
     max_workers: int | None = None
     rewards: CodeRewards = CodeRewards()
     max_shown_chars: int = 6000
@@ -152,6 +155,7 @@ class CodeWorkflow:
             "gt_pass_rate": np.zeros(n, np.float32),
             "passes_generated": np.zeros(n, bool),
             "done": np.zeros(n, bool),
+            "turn_start": obj_array([{}] * n),  # code and report before the coder's step of this turn
         }
 
     def done(self, state) -> np.ndarray:
@@ -163,7 +167,10 @@ class CodeWorkflow:
     # ------------------------------------------------------------ prompts
     def prompts(self, state, agent: int, turn: int) -> list[Messages]:
         role = self.agents[agent].name
-        return [self._prompt(role, turn, {k: v[b] for k, v in state.items()}) for b in range(len(state["done"]))]
+        rows = [{k: v[b] for k, v in state.items()} for b in range(len(state["done"]))]
+        if self.simultaneous and agent > 0:  # as if generated beside the coder, from the turn's start
+            rows = [{**row, **row["turn_start"]} for row in rows]
+        return [self._prompt(role, turn, row) for row in rows]
 
     def _prompt(self, role: str, turn: int, s: dict[str, Any]) -> Messages:
         problem: CodeProblem = s["problem"]
@@ -204,6 +211,8 @@ class CodeWorkflow:
         active = [(b, j) for b in range(shape[0]) if not state["done"][b] for j in range(k)]
         is_coder = self.agents[agent].name == "coder"
         for b, j in active:
+            if is_coder:
+                out["turn_start"][b, j] = {"code": state["code"][b], "report": state["report"][b]}
             kind = out["problem"][b, j].kind
             if is_coder:
                 out["code"][b, j] = extract_code_block(grid[b][j]) or ""

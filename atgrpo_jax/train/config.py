@@ -328,7 +328,7 @@ def config_docs_markdown() -> str:
 # the reference runs them), filters, training and evaluation temperatures (games: 1.5 and greedy), and the
 # workflow's own settings where the reference's differ from the workflow's defaults.
 PAPER_CODE_ENV = dict(limits=dict(wall_s=30.0, cpu_s=30.0), output_match="whitespace", max_generated_tests=1,
-                      max_train_gt_tests=4, max_gt_tests=None)
+                      max_train_gt_tests=4, max_gt_tests=None, simultaneous=True)
 TASKS = {
     "plan_path": dict(workflow="plan_path_tool_plan", max_turns=5, temperature=1.5, eval_temperature=0.0,
                       drop_low_mean_frac=0.5, drop_zero_variance=False),
@@ -337,7 +337,7 @@ TASKS = {
     "sudoku": dict(workflow="sudoku_tool_plan", max_turns=5, temperature=1.5, eval_temperature=0.0,
                    drop_low_mean_frac=0.5, drop_zero_variance=False, env=dict(params=dict(rewards="reference"))),
     "math": dict(workflow="math", max_turns=4, temperature=1.0, eval_temperature=0.6,
-                 drop_low_mean_frac=0.0, drop_zero_variance=False),
+                 drop_low_mean_frac=0.0, drop_zero_variance=False, env=dict(tool_first=True, simultaneous=True)),
     "code": dict(workflow="code", max_turns=5, temperature=1.0, eval_temperature=0.6,
                  drop_low_mean_frac=0.0, drop_zero_variance=True, env=PAPER_CODE_ENV),
 }

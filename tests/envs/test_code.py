@@ -214,3 +214,15 @@ def test_single_agent_variant_and_factory():
     assert "no ```python block" in wf.prompts(state, 0, 1)[0][1]["content"]
     with pytest.raises(ValueError, match="unknown code data set"):
         CodeWorkflow(test_sets=("mbpp",))
+
+
+def test_simultaneous_turns_show_the_tester_the_turns_starting_program():
+    wf = _workflow(simultaneous=True)
+    state = wf.reset([_add_problem_index()], "apps_test")
+    state = take_branch(wf.step(state, 0, 0, [[_block(SUB)]]).state, np.array([0]))
+    assert "a - b" not in wf.prompts(state, 1, 0)[0][1]["content"]  # turn 0: the problem alone
+    state = take_branch(wf.step(state, 1, 0, [[_tests_text([("1\n1 2", "3")])]]).state, np.array([0]))
+    state = take_branch(wf.step(state, 0, 1, [[_block(ADD)]]).state, np.array([0]))
+    text = wf.prompts(state, 1, 1)[0][1]["content"]
+    assert "a - b" in text and "a + b" not in text and "0 of 1 generated tests pass." in text
+    assert "a + b" in _workflow().prompts(state, 1, 1)[0][1]["content"]
