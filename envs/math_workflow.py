@@ -1,8 +1,11 @@
 """Math workflow: a reasoner (answer in \\boxed{}) and a tool agent (Python that prints the answer).
 
-Turn order per turn: reasoner, then tool agent. At turn 0 both solve the
-problem independently; at later turns each sees both agents' latest solutions
-and answers and is asked to select or refine. The episode ends as soon as both
+Turn order per turn: reasoner, then tool agent (`tool_first=True`: the
+reference's order, tool agent first). At turn 0 both solve the problem
+independently; at later turns each sees both agents' latest solutions and
+answers and is asked to select or refine. With `simultaneous=True` (the
+reference's parallel turns) the second agent of a turn is shown the state as
+the turn began, not its partner's answer of the same turn. The episode ends as soon as both
 agents have an answer and the two agree (compared with the grader); success =
 the reasoner's answer is correct.
 
@@ -101,6 +104,8 @@ class MathWorkflow:
     max_workers: int | None = None
     rewards: MathRewards = MathRewards()
     max_shown_chars: int = 4000  # of an earlier response shown in a prompt
+    tool_first: bool = False  # turn order tool agent, reasoner (the reference's)
+    simultaneous: bool = False  # the second agent of a turn sees the turn's starting state (the reference's)
 
     def __post_init__(self):
         if isinstance(self.test_sets, str):
@@ -140,8 +145,10 @@ class MathWorkflow:
 
     @property
     def agents(self) -> tuple[Agent, ...]:
-        reasoner = Agent("reasoner", extract_boxed)
-        return (reasoner,) if self.single_agent else (reasoner, Agent("tool", extract_code_block))
+        reasoner, tool = Agent("reasoner", extract_boxed), Agent("tool", extract_code_block)
+        if self.single_agent:
+            return (reasoner,)
+        return (tool, reasoner) if self.tool_first else (reasoner, tool)
 
     # ------------------------------------------------------------ state
     def reset(self, task_ids: Sequence[int], split: str) -> dict[str, np.ndarray]:
@@ -157,6 +164,7 @@ class MathWorkflow:
         state["reference"] = obj_array([r["answer"] for r in rows])
         state["reasoner_correct"] = np.zeros(n, bool)
         state["done"] = np.zeros(n, bool)
+        state["turn_start"] = obj_array([{}] * n)  # the text fields before the turn's first agent acted
         return state
 
     def done(self, state) -> np.ndarray:
@@ -168,7 +176,10 @@ class MathWorkflow:
     # ------------------------------------------------------------ prompts
     def prompts(self, state, agent: int, turn: int) -> list[Messages]:
         role = self.agents[agent].name
-        return [self._prompt(role, turn, {k: v[b] for k, v in state.items()}) for b in range(len(state["done"]))]
+        rows = [{k: v[b] for k, v in state.items()} for b in range(len(state["done"]))]
+        if self.simultaneous and agent > 0:  # as if generated beside the first agent, from the turn's start
+            rows = [{**row, **row["turn_start"]} for row in rows]
+        return [self._prompt(role, turn, row) for row in rows]
 
     def _prompt(self, role: str, turn: int, s: dict[str, Any]) -> Messages:
         parts = [f"Problem:\n{s['problem']}"]
@@ -210,6 +221,9 @@ class MathWorkflow:
         info = {"parsed": np.zeros(shape, bool), "correct": np.zeros(shape, bool), "agree": np.zeros(shape, bool),
                 "parsed_as": obj_array([""] * (shape[0] * k)).reshape(shape)}
         active = [(b, j) for b in range(shape[0]) if not state["done"][b] for j in range(k)]
+        if agent == 0:
+            for b, j in active:
+                out["turn_start"][b, j] = {f: state[f][b] for f in TEXT_FIELDS}
         if self.agents[agent].name == "reasoner":
             self._step_reasoner(out, grid, active, turn, local, info)
         else:
