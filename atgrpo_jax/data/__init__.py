@@ -1,0 +1,43 @@
+"""Data sources for the text workflows, and the paper's data sets.
+
+- `load_records(source, required, fields)`: the records of a JSONL/JSON file, a parquet file, a
+  Hugging Face `save_to_disk` directory or `hf:org/name[@revision][:config][:split]`, with each
+  required field under its own name (`fields` maps a field to the source's column).
+- `python -m atgrpo_jax.data prepare NAME --out=DIR`: download one of the paper's data sets from the
+  hub and convert it to the project's records (paper_sets.py); `list` names them.
+- Prepared sets live in a data directory: `env.kwargs.data_dir`, else `$ATGRPO_DATA`, else `data/`.
+"""
+from __future__ import annotations
+
+import os
+
+from atgrpo_jax.data.readers import DataError, is_source, load_records, read_rows, source_name  # noqa: F401
+
+DEFAULT_DATA_DIR = "data"
+
+
+def data_dir(given: str = "") -> str:
+    """Where prepared data sets are: the config's choice, else $ATGRPO_DATA, else ./data."""
+    return given or os.environ.get("ATGRPO_DATA") or DEFAULT_DATA_DIR
+
+
+def prepare_command(name: str, directory: str) -> str:
+    return f"python -m atgrpo_jax.data prepare {name} --out={directory}"
+
+
+def prepared_path(name: str, given_dir: str = "") -> str:
+    """The file of a prepared data set; a missing one is one error naming the command that makes it."""
+    from atgrpo_jax.data.paper_sets import PAPER_SETS
+
+    directory = data_dir(given_dir)
+    path = os.path.join(directory, f"{name}.jsonl")
+    if not os.path.isfile(path):
+        hint = f"run `{prepare_command(name, directory)}`" if name in PAPER_SETS else \
+            f"prepared sets are {', '.join(sorted(PAPER_SETS))}"
+        raise DataError(f"data set {name!r} is missing: no {path} ({hint})")
+    return path
+
+
+def is_prepared_name(name: str) -> bool:
+    from atgrpo_jax.data.paper_sets import PAPER_SETS
+    return name in PAPER_SETS
