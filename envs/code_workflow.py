@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from atgrpo_jax.envs.code_grading import TestVerdict, pass_rate
-from atgrpo_jax.data import source_name
+from atgrpo_jax.data import require_prepared, source_name
 from atgrpo_jax.envs.code_problems import CodeProblem, extract_tests, load_problems, run_tests, valid_tests
 from atgrpo_jax.envs.parsers import extract_code_block
 from atgrpo_jax.envs.sandbox import Limits
@@ -108,6 +108,7 @@ class CodeWorkflow:
             object.__setattr__(self, "fields", {str(k): str(v) for k, v in dict(self.fields).items()})
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
+        require_prepared([*self.train_sets, *self.test_sets], self.data_dir)  # all missing ones in one line
         self.splits  # every data set loads: a bad name fails here
 
     def _load(self, name: str) -> tuple[CodeProblem, ...]:

@@ -38,7 +38,7 @@ import numpy as np
 from atgrpo_jax.envs.math_grading import grade
 from atgrpo_jax.envs.parsers import extract_boxed, extract_code_block
 from atgrpo_jax.envs.sandbox import Limits, run_many
-from atgrpo_jax.data import is_prepared_name, is_source, load_records, prepared_path, source_name
+from atgrpo_jax.data import is_prepared_name, is_source, load_records, prepared_path, require_prepared, source_name
 from atgrpo_jax.envs.text_state import clip_head, clip_tail, load_jsonl, obj_array, response_grid
 from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, branch
 
@@ -117,6 +117,8 @@ class MathWorkflow:
             object.__setattr__(self, "fields", {str(k): str(v) for k, v in dict(self.fields).items()})
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
+        names = [self.train_path or self.train_set, *self.test_sets]
+        require_prepared([n for n in names if n not in MATH_DATASETS], self.data_dir)  # all missing in one line
         self.splits  # every data set loads: a bad name or file fails here
 
     @property
