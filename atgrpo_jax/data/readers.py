@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 TABLE_EXTENSIONS = (".jsonl", ".json", ".parquet", ".arrow")
@@ -108,7 +109,8 @@ def read_file(path: str) -> list[dict]:
     if os.path.isdir(path):
         return read_saved_dataset(path)
     if not os.path.isfile(path):
-        raise DataError(f"data file {path!r} does not exist")
+        hub = " (a hub data set is written hf:org/name)" if re.fullmatch(r"[\w.-]+/[\w.-]+", path) else ""
+        raise DataError(f"data file {path!r} does not exist{hub}")
     ext = os.path.splitext(path)[1].lower()
     if ext == ".jsonl":
         return list(iter_jsonl(path))
