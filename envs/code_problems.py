@@ -69,7 +69,7 @@ def load_problems(name: str, fields: tuple = (), data_dir: str = "") -> tuple[Co
     if name in DATA_SETS:
         return DATA_SETS[name]()
     from atgrpo_jax.envs.code_sources import load_source_problems
-    return load_source_problems(name, dict(fields), data_dir)
+    return tuple(CodeProblem(**p) for p in load_source_problems(name, dict(fields), data_dir, tuple(sorted(DATA_SETS))))
 
 
 # ---------------------------------------------------------------- tests written by a model

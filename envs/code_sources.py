@@ -13,7 +13,6 @@ import json
 from typing import Any
 
 from atgrpo_jax.data import is_prepared_name, is_source, load_records, prepared_path
-from atgrpo_jax.envs.code_problems import DATA_SETS, CodeProblem
 
 
 def _text(value: Any) -> str:
@@ -38,7 +37,8 @@ def io_pairs(tests: Any, where: str) -> tuple[tuple[str, str], ...]:
     raise ValueError(f"{where}: tests must be [{{'input', 'output'}}, ...] or {{'input': [...], 'output': [...]}}")
 
 
-def to_problem(record: dict, where: str) -> CodeProblem:
+def problem_fields(record: dict, where: str) -> dict:
+    """The fields of a code_problems.CodeProblem for one record."""
     kind = record.get("kind") or "io"
     if kind not in ("io", "function"):
         raise ValueError(f"{where}: kind must be 'io' or 'function', got {kind!r}")
@@ -55,19 +55,21 @@ def to_problem(record: dict, where: str) -> CodeProblem:
     solutions = record.get("solutions") or ()
     if isinstance(solutions, str):  # APPS stores them as a JSON string
         solutions = json.loads(solutions)
-    return CodeProblem(str(record.get("id", where)), kind, statement, tests, setup=record.get("setup") or "",
-                       solutions=tuple(solutions))
+    return dict(id=str(record.get("id", where)), kind=kind, statement=statement, tests=tests,
+                setup=record.get("setup") or "", solutions=tuple(solutions))
 
 
-def load_source_problems(name: str, fields: dict | None = None, data_dir: str = "") -> tuple[CodeProblem, ...]:
-    """A prepared set by name (from data_dir) or a source of your own (a file, directory or hf: name)."""
+def load_source_problems(name: str, fields: dict | None = None, data_dir: str = "",
+                         shipped: tuple[str, ...] = ()) -> list[dict]:
+    """A prepared set by name (from data_dir) or a source of your own (a file, directory or hf: name),
+    as CodeProblem fields; `shipped` names the shipped sets for the error on an unknown name."""
     if is_prepared_name(name):
         source, fields = prepared_path(name, data_dir), None
     elif is_source(name):
         source = name
     else:
-        raise ValueError(f"unknown code data set {name!r}; choose one of {sorted(DATA_SETS)}, a prepared set "
+        raise ValueError(f"unknown code data set {name!r}; choose one of {list(shipped)}, a prepared set "
                          "(codecontests_train, codecontests_test, livecodebench, apps_test500), a .jsonl/.parquet "
                          "file, a save_to_disk directory or hf:org/name")
     records = load_records(source, ("question", "tests"), fields)
-    return tuple(to_problem(r, f"{source}: record {n}") for n, r in enumerate(records, 1))
+    return [problem_fields(r, f"{source}: record {n}") for n, r in enumerate(records, 1)]

@@ -254,8 +254,8 @@ def test_missing_sets_refuse_in_one_line_naming_the_command(tmp_path, paper_hub)
 def test_the_stand_ins_for_prepared_sets_are_sound():
     """tests/fixtures/data (what $ATGRPO_DATA points at in the tests): each solution passes all its tests and
     each incorrect solution fails one, so runs on the paper configs grade real programs."""
-    from atgrpo_jax.envs.code_problems import load_problems, run_tests
-    from atgrpo_jax.envs.code_sources import to_problem
+    from atgrpo_jax.envs.code_problems import CodeProblem, load_problems, run_tests
+    from atgrpo_jax.envs.code_sources import problem_fields
 
     directory = os.environ["ATGRPO_DATA"]
     assert directory == os.path.join(ROOT, "tests", "fixtures", "data")
@@ -263,7 +263,7 @@ def test_the_stand_ins_for_prepared_sets_are_sound():
     for name in ("codecontests_train", "codecontests_test", "livecodebench", "apps_test500"):
         records = [json.loads(line) for line in open(os.path.join(directory, f"{name}.jsonl"))]
         for record, problem in zip(records, load_problems(name)):
-            assert problem == to_problem(record, name)
+            assert problem == CodeProblem(**problem_fields(record, name))
             jobs += [(problem, record["solutions"][0], True), (problem, record["incorrect_solutions"][0], False)]
     verdicts = run_tests([(p, program, p.tests) for p, program, _ in jobs])
     assert [all(v.passed for v in row) for row in verdicts] == [good for _, _, good in jobs]

@@ -9,9 +9,11 @@
 """
 from __future__ import annotations
 
+import functools
 import os
+from typing import Mapping, Sequence
 
-from atgrpo_jax.data.readers import DataError, is_source, load_records, read_rows, source_name  # noqa: F401
+from atgrpo_jax.data.readers import TABLE_EXTENSIONS, DataError, is_source, map_fields, read_file  # noqa: F401
 
 DEFAULT_DATA_DIR = "data"
 
@@ -55,3 +57,34 @@ def require_prepared(names, given_dir: str = "") -> None:
 def is_prepared_name(name: str) -> bool:
     from atgrpo_jax.data.paper_sets import PAPER_SETS
     return name in PAPER_SETS
+
+
+def read_rows(source: str) -> list[dict]:
+    """All rows of a source: a local file or directory (readers.py) or hf:org/name (hub.py)."""
+    if source.startswith("hf:"):
+        from atgrpo_jax.data.hub import read_hf
+        return read_hf(source)
+    return read_file(os.path.expanduser(source))
+
+
+def source_name(source: str) -> str:
+    """The split name a source is evaluated as: a file's stem, a directory's name, an hf name's last parts."""
+    if source.startswith("hf:"):
+        from atgrpo_jax.data.hub import parse_hf
+
+        spec = parse_hf(source)
+        return "_".join(p for p in (spec.name.split("/")[-1], spec.config, spec.split) if p)
+    if not is_source(source):
+        return source
+    stem = os.path.basename(os.path.normpath(source))
+    return os.path.splitext(stem)[0] if os.path.splitext(stem)[1].lower() in TABLE_EXTENSIONS else stem
+
+
+@functools.lru_cache(maxsize=None)
+def _cached(source: str, required: tuple, fields: tuple) -> tuple:
+    return tuple(map_fields(read_rows(source), source, required, dict(fields)))
+
+
+def load_records(source: str, required: Sequence[str], fields: Mapping[str, str] | None = None) -> tuple[dict, ...]:
+    """The records of `source` with `required` fields (mapped by `fields`), cached per process."""
+    return _cached(source, tuple(required), tuple(sorted((fields or {}).items())))

@@ -1,12 +1,11 @@
-"""Rows of a data source: a JSONL/JSON file, a parquet file, a Hugging Face `save_to_disk` directory
-(arrow files), or a hub data set named `hf:org/name[:config][:split]` (hub.py).
+"""Rows of a local data source: a JSONL/JSON file, a parquet file, a Hugging Face `save_to_disk`
+directory (arrow files); hub data sets are hub.py's, and `atgrpo_jax.data` reads either.
 
 Every reader returns a list of plain dicts (column -> Python value). Errors a user can fix are
 `DataError`s with one line that names the source and what is wrong.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -124,30 +123,10 @@ def read_file(path: str) -> list[dict]:
                     "a save_to_disk directory or hf:org/name")
 
 
-def read_rows(source: str) -> list[dict]:
-    """All rows of a source (see the module docstring)."""
-    if source.startswith("hf:"):
-        from atgrpo_jax.data.hub import read_hf
-        return read_hf(source)
-    return read_file(os.path.expanduser(source))
-
-
 def is_source(name: str) -> bool:
     """Whether a data-set name is a source to read (a path or hf: name) rather than a registered name."""
     return (name.startswith("hf:") or os.sep in name or "/" in name
             or os.path.splitext(name)[1].lower() in TABLE_EXTENSIONS)
-
-
-def source_name(source: str) -> str:
-    """The split name a source is evaluated as: a file's stem, a directory's name, an hf name's last parts."""
-    if source.startswith("hf:"):
-        from atgrpo_jax.data.hub import parse_hf
-        spec = parse_hf(source)
-        return "_".join(p for p in (spec.name.split("/")[-1], spec.config, spec.split) if p)
-    if not is_source(source):
-        return source
-    stem = os.path.basename(os.path.normpath(source))
-    return os.path.splitext(stem)[0] if os.path.splitext(stem)[1].lower() in TABLE_EXTENSIONS else stem
 
 
 def map_fields(rows: Iterable[Mapping[str, Any]], source: str, required: Sequence[str],
@@ -170,13 +149,3 @@ def map_fields(rows: Iterable[Mapping[str, Any]], source: str, required: Sequenc
     if not out:
         raise DataError(f"{source}: no records")
     return out
-
-
-@functools.lru_cache(maxsize=None)
-def _cached(source: str, required: tuple, fields: tuple) -> tuple:
-    return tuple(map_fields(read_rows(source), source, required, dict(fields)))
-
-
-def load_records(source: str, required: Sequence[str], fields: Mapping[str, str] | None = None) -> tuple[dict, ...]:
-    """The records of `source` with `required` fields (mapped by `fields`), cached per process."""
-    return _cached(source, tuple(required), tuple(sorted((fields or {}).items())))
