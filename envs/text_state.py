@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from atgrpo_jax.data.readers import iter_jsonl
 
 DATA_DIR = Path(__file__).parent / "data"
 
@@ -42,6 +43,6 @@ def response_grid(responses: Sequence[Sequence[Any]], batch: int) -> list[list[s
 
 @functools.lru_cache(maxsize=None)
 def load_jsonl(relative_path: str) -> tuple[dict, ...]:
-    """Records of a JSONL file under envs/data (cached, read-only tuple)."""
-    with open(DATA_DIR / relative_path, encoding="utf-8") as f:
-        return tuple(json.loads(line) for line in f if line.strip())
+    """Records of a shipped JSONL file under envs/data (cached, read-only tuple); the same reader as
+    every other data source (atgrpo_jax.data)."""
+    return tuple(iter_jsonl(str(DATA_DIR / relative_path)))
