@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from atgrpo_jax.data import DataError, load_records, require_prepared
+from atgrpo_jax.data.paper_sets import lcb_tests
 from atgrpo_jax.data.prepare import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,7 +88,7 @@ def test_local_formats_read_alike_with_a_field_mapping(tmp_path):
         load_records(str(tmp_path / "dd"), ("problem",))
 
 
-def test_hf_names_come_from_the_hub_cache_and_feed_a_workflow(hub):
+def test_hf_names_come_from_the_hub_cache_and_feed_a_workflow(hub, monkeypatch):
     from atgrpo_jax.envs.math_workflow import MathWorkflow
 
     card = ("---\nconfigs:\n- config_name: easy\n  data_files:\n  - split: train\n    path: easy/train-*\n"
@@ -109,6 +110,11 @@ def test_hf_names_come_from_the_hub_cache_and_feed_a_workflow(hub):
     with pytest.raises(DataError, match=r"^org/absent is not in the Hugging Face cache .* HF_HUB_OFFLINE is set: "
                                          r"run `huggingface-cli download --repo-type dataset org/absent`"):
         first("hf:org/absent")
+    hub_repo(hub, "org/scripted", {"scripted.py": b"import datasets\n", "README.md": b"# no configs\n"})
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    with pytest.raises(DataError, match=r'no parquet, JSON lines or arrow files; reading it needs the `datasets` '
+                                         r'library: pip install -e "\.\[data\]"$'):
+        first("hf:org/scripted")
     wf = MathWorkflow(train_path="hf:org/plain", test_sets=(), test_path="hf:org/toy:easy:test", fields=MAPPING)
     assert wf.test_splits == ("toy_easy_test",) and wf.splits == {"valid": 1, "toy_easy_test": 1}
     assert wf.reset([0], "train")["reference"][0] == "5"
@@ -211,6 +217,13 @@ def test_prepare_converts_each_paper_set_from_the_hubs_layout(paper_hub, tmp_pat
     assert [(r["kind"], r["id"]) for r in lcb] == [("io", "abc1_a"), ("function", "3000"), ("io", "1A")]
     assert lcb[1]["tests"] == ["assert Solution().total([1, 2, 3]) == 6"]
     assert lcb[2]["tests"] == [{"input": "5\n", "output": "25\n"}]  # decoded from the compressed private tests
+    class Payload:  # a pickle that would run code when loaded
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+    evil = base64.b64encode(zlib.compress(pickle.dumps(Payload()))).decode()
+    with pytest.raises(DataError, match="livecodebench question 9: test cases are neither JSON nor a pickled JSON "
+                                        "string .*refusing to load (posix|os|nt).system"):
+        lcb_tests(evil, "livecodebench question 9")
     apps = read("apps_test500")
     assert [r["kind"] for r in apps] == ["io", "function"] and apps[0]["tests"][1] == {"input": "41\n", "output": "42\n"}
     source = json.load(open(os.path.join(out, "codecontests_test.source.json")))

@@ -11,12 +11,15 @@ Records written (one JSON object per line):
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import io
 import json
 import pickle
 import zlib
 from typing import Any, Callable, Iterable, Iterator
+
+from atgrpo_jax.data.readers import DataError
 
 MAX_SOLUTIONS = 5  # reference programs kept per problem (CodeContests has hundreds)
 CC_PYTHON3 = 3  # deepmind/code_contests language ids: 0 unknown, 1 Python 2, 2 C++, 3 Python 3, 4 Java
@@ -99,15 +102,19 @@ class _StringsOnly(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a data file")
 
 
-def lcb_tests(raw: str) -> list[dict]:
+def lcb_tests(raw: str, where: str = "livecodebench") -> list[dict]:
     """LiveCodeBench test cases: a JSON list, or that JSON pickled, zlib-compressed and base64-encoded."""
     if not raw:
         return []
     try:
         return json.loads(raw)
     except json.JSONDecodeError:
+        pass
+    try:
         text = _StringsOnly(io.BytesIO(zlib.decompress(base64.b64decode(raw.encode("utf-8"))))).load()
         return json.loads(text)
+    except (pickle.UnpicklingError, zlib.error, binascii.Error, ValueError, TypeError, EOFError) as e:
+        raise DataError(f"{where}: test cases are neither JSON nor a pickled JSON string ({e})") from None
 
 
 def _call_assert(call: str, args: list, expected: Any, loose_list: bool = False) -> str:
@@ -123,7 +130,9 @@ def _livecodebench(rows):
     there are none). LeetCode problems call Solution().<func_name>(args) on JSON arguments."""
     for row in rows:
         question = "\n\n".join(p for p in (row.get("question_title") or "", row.get("question_content") or "") if p)
-        tests = lcb_tests(row.get("public_test_cases") or "") or lcb_tests(row.get("private_test_cases") or "")
+        where = f"livecodebench question {row.get('question_id', '?')}"
+        tests = lcb_tests(row.get("public_test_cases") or "", where) or \
+            lcb_tests(row.get("private_test_cases") or "", where)
         meta = row.get("metadata") or "{}"
         meta = json.loads(meta) if isinstance(meta, str) else meta
         functional = any(t.get("testtype") == "functional" for t in tests)
