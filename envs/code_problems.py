@@ -69,7 +69,8 @@ def load_problems(name: str, fields: tuple = (), data_dir: str = "") -> tuple[Co
     if name in DATA_SETS:
         return DATA_SETS[name]()
     from atgrpo_jax.envs.code_sources import load_source_problems
-    return tuple(CodeProblem(**p) for p in load_source_problems(name, dict(fields), data_dir, tuple(sorted(DATA_SETS))))
+    problems = load_source_problems(name, dict(fields), data_dir, tuple(sorted(DATA_SETS)))
+    return tuple(CodeProblem(**p) for p in problems)
 
 
 # ---------------------------------------------------------------- tests written by a model

@@ -92,7 +92,8 @@ def test_hf_names_come_from_the_hub_cache_and_feed_a_workflow(hub, monkeypatch):
     from atgrpo_jax.envs.math_workflow import MathWorkflow
 
     card = ("---\nconfigs:\n- config_name: easy\n  data_files:\n  - split: train\n    path: easy/train-*\n"
-            "  - split: test\n    path: easy/test.jsonl\n- config_name: hard\n  data_files: hard/*.parquet\n---\n# toy\n")
+            "  - split: test\n    path: easy/test.jsonl\n- config_name: hard\n  data_files: hard/*.parquet\n"
+            "---\n# toy\n")
     hub_repo(hub, "org/toy", {"README.md": card.encode(), "easy/train-00000-of-00001.parquet": parquet_bytes(ROWS),
                               "easy/test.jsonl": jsonl_bytes(ROWS[:1]), "hard/x.parquet": parquet_bytes(ROWS[1:])})
     hub_repo(hub, "org/plain", {"data/train-00000-of-00002.parquet": parquet_bytes(ROWS[:1]),
@@ -225,7 +226,8 @@ def test_prepare_converts_each_paper_set_from_the_hubs_layout(paper_hub, tmp_pat
                                         "string .*refusing to load (posix|os|nt).system"):
         lcb_tests(evil, "livecodebench question 9")
     apps = read("apps_test500")
-    assert [r["kind"] for r in apps] == ["io", "function"] and apps[0]["tests"][1] == {"input": "41\n", "output": "42\n"}
+    assert [r["kind"] for r in apps] == ["io", "function"]
+    assert apps[0]["tests"][1] == {"input": "41\n", "output": "42\n"}
     source = json.load(open(os.path.join(out, "codecontests_test.source.json")))
     assert source["repo"] == "deepmind/code_contests" and source["revision"] == "3f5a" * 10 and source["records"] == 2
 
@@ -252,11 +254,12 @@ def test_missing_sets_refuse_in_one_line_naming_the_command(tmp_path, paper_hub)
         CodeWorkflow(train_sets=("codecontests_train",), test_sets=("livecodebench", "humaneval"), data_dir=out)
     require_prepared(["humaneval", "my.jsonl"], out)  # shipped sets and own files are not prepared ones
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    run = lambda *args: subprocess.run([sys.executable, "-m", "atgrpo_jax.data", *args], env=env, cwd=ROOT,  # noqa: E731
-                                       capture_output=True, text=True, timeout=120)
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "atgrpo_jax.data", *args], env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
     ok = run("prepare", "polaris", "codecontests_test", f"--out={out}")
-    assert ok.returncode == 0 and ok.stdout.splitlines() == [f"polaris: 2 records -> {out}/polaris.jsonl",
-                                                             f"codecontests_test: 2 records -> {out}/codecontests_test.jsonl"]
+    assert ok.returncode == 0 and ok.stdout.splitlines() == [
+        f"polaris: 2 records -> {out}/polaris.jsonl", f"codecontests_test: 2 records -> {out}/codecontests_test.jsonl"]
     env["HF_HUB_CACHE"] = str(tmp_path / "empty")
     failed = run("prepare", "livecodebench", f"--out={out}")
     assert failed.returncode == 2 and len(failed.stderr.strip().splitlines()) == 1, failed.stderr

@@ -19,9 +19,6 @@ import re
 
 from atgrpo_jax.data.readers import TABLE_EXTENSIONS, DataError, read_file
 
-DATA_PATTERNS = [f"*{ext}" for ext in TABLE_EXTENSIONS]
-
-
 @dataclasses.dataclass(frozen=True)
 class HfSpec:
     name: str  # org/name
@@ -165,9 +162,18 @@ def hf_files(source: str) -> list[str]:
     spec = parse_hf(source)
     root = snapshot(spec.name, ["README.md"], spec.revision)
     picked = _card_patterns(_card_configs(root), spec, source)
-    patterns = picked[0] if picked else ([f"{spec.config}/*"] if spec.config else DATA_PATTERNS)
-    root = snapshot(spec.name, patterns, spec.revision)
-    files = [f for f in local_files(root, patterns) if os.path.splitext(f)[1].lower() in TABLE_EXTENSIONS]
+    if picked:
+        tries = [picked[0]]
+    else:  # by name: the split's files first (a big repository's other splits stay on the hub), then all
+        base = f"{spec.config}/" if spec.config else ""
+        split = spec.split or "train"
+        tries = [[f"{base}*{split}*{ext}" for ext in TABLE_EXTENSIONS] + [f"{base}*{split}/*"],
+                 [f"{base}*{ext}" for ext in TABLE_EXTENSIONS]]
+    for patterns in tries:
+        root = snapshot(spec.name, patterns, spec.revision)
+        files = [f for f in local_files(root, patterns) if os.path.splitext(f)[1].lower() in TABLE_EXTENSIONS]
+        if files:
+            break
     if not picked:
         files = _conventional_split(files, spec, source)
     return [os.path.join(root, f) for f in files]

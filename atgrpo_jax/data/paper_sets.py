@@ -90,9 +90,9 @@ def _codecontests(tests_field: str):
             pairs = [{"input": i, "output": o} for i, o in zip(tests.get("input") or [], tests.get("output") or [])]
             if not pairs or row.get("input_file") or row.get("output_file"):  # file I/O problems: not stdin
                 continue
-            yield _code(row["name"], "io", row.get("description") or "", pairs, solutions=_python3(row.get("solutions")),
-                        incorrect=_python3(row.get("incorrect_solutions")), source="code_contests",
-                        difficulty=row.get("difficulty", ""))
+            yield _code(row["name"], "io", row.get("description") or "", pairs,
+                        solutions=_python3(row.get("solutions")), incorrect=_python3(row.get("incorrect_solutions")),
+                        source="code_contests", difficulty=row.get("difficulty", ""))
     return convert
 
 
@@ -139,8 +139,8 @@ def _livecodebench(rows):
         if functional:
             func = meta.get("func_name")
             try:
-                tests = [_call_assert(f"Solution().{func}", [json.loads(a) for a in t["input"].split("\n") if a.strip()],
-                                      json.loads(t["output"])) for t in tests]
+                tests = [_call_assert(f"Solution().{func}", [json.loads(a) for a in t["input"].split("\n")
+                                                             if a.strip()], json.loads(t["output"])) for t in tests]
             except (json.JSONDecodeError, KeyError):
                 continue
             if not func:
