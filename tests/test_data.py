@@ -193,8 +193,10 @@ def paper_hub(hub):
         [{"ID": "2024-I-1", "Problem": "Find 204.", "Solution": "...", "Answer": 204}])})
     hub_repo(hub, "yentinglin/aime_2025", {"data/train-00000-of-00001.parquet": parquet_bytes(
         [{"problem": "Find 70.", "answer": "70", "id": "I-1"}]), "part1/train-00000-of-00001.parquet": b"ignored"})
-    hub_repo(hub, "Hothan/OlympiadBench", {"OlympiadBench/OE_TO_maths_en_COMP/OE_TO_maths_en_COMP.parquet":
-                                           parquet_bytes(OLYMPIAD)})
+    hub_repo(hub, "Hothan/OlympiadBench", {  # JSON as released, and the hub's parquet copy of it: read once
+        "OlympiadBench/OE_TO_maths_en_COMP/OE_TO_maths_en_COMP.json": json.dumps(OLYMPIAD).encode(),
+        "OE_TO_maths_en_COMP/train/0000.parquet": parquet_bytes(OLYMPIAD),
+        "OlympiadBench/OE_TO_physics_en_COMP/OE_TO_physics_en_COMP.json": b"[]"})
     return hub
 
 

@@ -55,12 +55,14 @@ def _text(value: Any) -> str:
 def _math(prefix: str, problem_keys=("problem", "Problem", "question"), answer_keys=("answer", "Answer"),
           id_keys=("id", "ID")) -> Callable[[Iterable[dict]], Iterator[dict]]:
     def convert(rows):
+        seen = set()  # a repository may hold the same problems twice (JSON and parquet copies)
         for i, row in enumerate(rows):
             problem, answer = _first(row, problem_keys), _first(row, answer_keys)
             if isinstance(answer, (list, tuple)):  # OlympiadBench: final_answer is a list
                 answer = ", ".join(str(a) for a in answer)
-            if problem is None or answer is None or str(answer).strip() == "":
+            if problem is None or answer is None or str(answer).strip() == "" or str(problem).strip() in seen:
                 continue
+            seen.add(str(problem).strip())
             ident = _first(row, id_keys)
             yield {"id": f"{prefix}-{ident if ident is not None else i}", "problem": str(problem).strip(),
                    "answer": str(answer).strip()}
@@ -190,7 +192,8 @@ PAPER_SETS = {s.name: s for s in (
              "AIME 2024 (30); shipped too, as envs/data/math/aime24.jsonl", "MIT (the copy); problems (c) MAA"),
     PaperSet("aime25", "math", "yentinglin/aime_2025", ("data/*.parquet",), _math("aime25"),
              "AIME 2025 (30); shipped too, as envs/data/math/aime25.jsonl", "none stated; problems (c) MAA"),
-    PaperSet("olympiadbench", "math", "Hothan/OlympiadBench", ("*OE_TO_maths_en_COMP*.parquet",),
+    PaperSet("olympiadbench", "math", "Hothan/OlympiadBench",
+             tuple(f"*OE_TO_maths_en_COMP*{ext}" for ext in (".parquet", ".json", ".jsonl")),
              _math("olympiadbench", ("question", "problem"), ("final_answer", "answer")),
              "OlympiadBench OE_TO_maths_en_COMP (675); shipped too (674)", "Apache-2.0 (the hub copy)"),
     PaperSet("codecontests_train", "code", "deepmind/code_contests", ("data/train-*.parquet",),
