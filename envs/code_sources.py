@@ -63,7 +63,7 @@ def load_source_problems(name: str, fields: dict | None = None, data_dir: str = 
                          shipped: tuple[str, ...] = ()) -> list[dict]:
     """A prepared set by name (from data_dir) or a source of your own (a file, directory or hf: name),
     as CodeProblem fields; `shipped` names the shipped sets for the error on an unknown name."""
-    if is_prepared_name(name):
+    if is_prepared_name(name, "code"):
         source, fields = prepared_path(name, data_dir), None
     elif is_source(name):
         source = name

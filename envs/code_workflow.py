@@ -35,8 +35,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from atgrpo_jax.envs.code_grading import TestVerdict, pass_rate
 from atgrpo_jax.data import require_prepared, source_name
+from atgrpo_jax.envs.code_grading import TestVerdict, pass_rate
 from atgrpo_jax.envs.code_problems import CodeProblem, extract_tests, load_problems, run_tests, valid_tests
 from atgrpo_jax.envs.parsers import extract_code_block
 from atgrpo_jax.envs.sandbox import Limits

@@ -35,10 +35,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from atgrpo_jax.data import is_prepared_name, is_source, load_records, prepared_path, require_prepared, source_name
 from atgrpo_jax.envs.math_grading import grade
 from atgrpo_jax.envs.parsers import extract_boxed, extract_code_block
 from atgrpo_jax.envs.sandbox import Limits, run_many
-from atgrpo_jax.data import is_prepared_name, is_source, load_records, prepared_path, require_prepared, source_name
 from atgrpo_jax.envs.text_state import clip_head, clip_tail, load_jsonl, obj_array, response_grid
 from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, branch
 
@@ -75,7 +75,7 @@ def load_problems(name: str, fields: dict | None = None, data_dir: str = "") -> 
     """A shipped data set, a prepared one, or a source of {"problem", "answer"} records (module docstring)."""
     if name in MATH_DATASETS:
         return load_jsonl(MATH_DATASETS[name])
-    if is_prepared_name(name):
+    if is_prepared_name(name, "math"):
         return load_records(prepared_path(name, data_dir), ("problem", "answer"))
     if is_source(name):
         return load_records(name, ("problem", "answer"), fields)

@@ -54,9 +54,10 @@ def require_prepared(names, given_dir: str = "") -> None:
                         "env.kwargs.data_dir to where they are)")
 
 
-def is_prepared_name(name: str) -> bool:
+def is_prepared_name(name: str, task: str = "") -> bool:
+    """Whether `name` is one of the sets prepare writes (for `task`, "math" or "code", when given)."""
     from atgrpo_jax.data.paper_sets import PAPER_SETS
-    return name in PAPER_SETS
+    return name in PAPER_SETS and task in ("", PAPER_SETS[name].task)
 
 
 def read_rows(source: str) -> list[dict]:
