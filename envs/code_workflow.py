@@ -108,7 +108,7 @@ class CodeWorkflow:
             object.__setattr__(self, "fields", {str(k): str(v) for k, v in dict(self.fields).items()})
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
-        require_prepared([*self.train_sets, *self.test_sets], self.data_dir)  # all missing ones in one line
+        require_prepared([*self.train_sets, *self.test_sets], self.data_dir, "code")  # all missing in one line
         self.splits  # every data set loads: a bad name fails here
 
     def _load(self, name: str) -> tuple[CodeProblem, ...]:

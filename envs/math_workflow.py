@@ -118,7 +118,7 @@ class MathWorkflow:
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
         names = [self.train_path or self.train_set, *self.test_sets]
-        require_prepared([n for n in names if n not in MATH_DATASETS], self.data_dir)  # all missing in one line
+        require_prepared([n for n in names if n not in MATH_DATASETS], self.data_dir, "math")  # all in one line
         self.splits  # every data set loads: a bad name or file fails here
 
     @property

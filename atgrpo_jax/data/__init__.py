@@ -40,13 +40,13 @@ def prepared_path(name: str, given_dir: str = "") -> str:
     return path
 
 
-def require_prepared(names, given_dir: str = "") -> None:
+def require_prepared(names, given_dir: str = "", task: str = "") -> None:
     """Every prepared set among `names` is in the data directory, else one error naming the command
     that prepares all the missing ones (a shipped name or a source of one's own is not checked here)."""
     from atgrpo_jax.data.paper_sets import PAPER_SETS
 
     directory = data_dir(given_dir)
-    missing = [n for n in dict.fromkeys(names) if n in PAPER_SETS
+    missing = [n for n in dict.fromkeys(names) if n in PAPER_SETS and task in ("", PAPER_SETS[n].task)
                and not os.path.isfile(os.path.join(directory, f"{n}.jsonl"))]
     if missing:
         raise DataError(f"data set{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing from {directory}/: "
