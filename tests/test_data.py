@@ -71,10 +71,13 @@ def test_local_formats_read_alike_with_a_field_mapping(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(jsonl_bytes(ROWS))
     (tmp_path / "a.json").write_text(json.dumps(ROWS))
     (tmp_path / "a.parquet").write_bytes(parquet_bytes(ROWS))
+    (tmp_path / "a.csv").write_text('question,solution,level\n1+1?,2,1\n"2+3?",5,2\n')
     save_to_disk(str(tmp_path / "saved"), ROWS)
-    for name in ("a.jsonl", "a.json", "a.parquet", "saved"):
+    for name in ("a.jsonl", "a.json", "a.parquet", "saved", "a.csv"):
         records = load_records(str(tmp_path / name), ("problem", "answer"), MAPPING)
-        assert [(r["problem"], r["answer"], r["level"]) for r in records] == [("1+1?", "2", 1), ("2+3?", "5", 2)], name
+        level = str if name.endswith(".csv") else int  # a CSV's columns are text
+        assert [(r["problem"], r["answer"], r["level"]) for r in records] == [("1+1?", "2", level(1)),
+                                                                              ("2+3?", "5", level(2))], name
     with pytest.raises(DataError, match=r"a.parquet: record 1 has no field 'problem'; map it with "
                                          r"env.kwargs.fields=.*its fields: question, solution, level$"):
         load_records(str(tmp_path / "a.parquet"), ("problem",))
@@ -113,7 +116,7 @@ def test_hf_names_come_from_the_hub_cache_and_feed_a_workflow(hub, monkeypatch):
         first("hf:org/absent")
     hub_repo(hub, "org/scripted", {"scripted.py": b"import datasets\n", "README.md": b"# no configs\n"})
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
-    with pytest.raises(DataError, match=r'no parquet, JSON lines or arrow files; reading it needs the `datasets` '
+    with pytest.raises(DataError, match=r'no parquet, JSON, CSV or arrow files; reading it needs the `datasets` '
                                          r'library: pip install -e "\.\[data\]"$'):
         first("hf:org/scripted")
     wf = MathWorkflow(train_path="hf:org/plain", test_sets=(), test_path="hf:org/toy:easy:test", fields=MAPPING)

@@ -7,8 +7,8 @@ downloaded when the hub can be reached, read from the cache when it cannot or wh
 
 Which files hold a config's split: the data card's `configs:` (its YAML `data_files`) when it has
 them, else the hub's conventions (`data/test-00000-of-00001.parquet`, `test.jsonl`,
-`CONFIG/test/0000.parquet`, ...). Parquet, JSON lines and arrow files are read here; a data set
-in another form (a loading script, CSV, ...) goes through the `datasets` library if installed.
+`CONFIG/test/0000.parquet`, ...). Parquet, JSON (lines), CSV and arrow files are read here; a data
+set in another form (a loading script, ...) goes through the `datasets` library if installed.
 """
 from __future__ import annotations
 
@@ -184,7 +184,7 @@ def _with_datasets(source: str) -> list[dict]:
     try:
         import datasets
     except ImportError:
-        raise DataError(f"{source} has no parquet, JSON lines or arrow files; reading it needs the `datasets` library: "
+        raise DataError(f"{source} has no parquet, JSON, CSV or arrow files; reading it needs the `datasets` library: "
                         'pip install -e ".[data]"') from None
     try:
         data = datasets.load_dataset(spec.name, spec.config, split=spec.split or "train", revision=spec.revision)

@@ -1,4 +1,4 @@
-"""Rows of a local data source: a JSONL/JSON file, a parquet file, a Hugging Face `save_to_disk`
+"""Rows of a local data source: a JSONL/JSON/CSV file, a parquet file, a Hugging Face `save_to_disk`
 directory (arrow files); hub data sets are hub.py's, and `atgrpo_jax.data` reads either.
 
 Every reader returns a list of plain dicts (column -> Python value). Errors a user can fix are
@@ -6,12 +6,13 @@ Every reader returns a list of plain dicts (column -> Python value). Errors a us
 """
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-TABLE_EXTENSIONS = (".jsonl", ".json", ".parquet", ".arrow")
+TABLE_EXTENSIONS = (".jsonl", ".json", ".parquet", ".arrow", ".csv")
 
 
 class DataError(ValueError):
@@ -22,6 +23,7 @@ def pyarrow():
     """pyarrow, or a DataError naming the extra that installs it."""
     try:
         import pyarrow as pa
+        import pyarrow.csv  # noqa: F401
         import pyarrow.parquet  # noqa: F401
     except ImportError:
         raise DataError('reading parquet/arrow needs pyarrow: pip install -e ".[data]"') from None
@@ -119,8 +121,17 @@ def read_file(path: str) -> list[dict]:
         return list(iter_parquet(path))
     if ext == ".arrow":
         return read_arrow(path)
+    if ext == ".csv":  # every column as text, as a CSV file has no types
+        pa = pyarrow()
+        with open(path, encoding="utf-8", newline="") as f:
+            names = next(csv.reader(f), [])
+        try:
+            options = pa.csv.ConvertOptions(column_types={n: pa.string() for n in names})
+            return pa.csv.read_csv(path, convert_options=options).to_pylist()
+        except pa.ArrowException as e:
+            raise DataError(f"{path}: not a CSV file ({e})") from None
     raise DataError(f"{path}: unknown data format {ext or '(no extension)'!r}; use .jsonl, .json, .parquet, .arrow, "
-                    "a save_to_disk directory or hf:org/name")
+                    ".csv, a save_to_disk directory or hf:org/name")
 
 
 def is_source(name: str) -> bool:
