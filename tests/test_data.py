@@ -96,18 +96,20 @@ def test_hf_names_come_from_the_hub_cache_and_feed_a_workflow(hub, monkeypatch):
 
     card = ("---\nconfigs:\n- config_name: easy\n  data_files:\n  - split: train\n    path: easy/train-*\n"
             "  - split: test\n    path: easy/test.jsonl\n- config_name: hard\n  data_files: hard/*.parquet\n"
-            "---\n# toy\n")
+            "- config_name: deep\n  data_dir: deep/v1\n---\n# toy\n")
     hub_repo(hub, "org/toy", {"README.md": card.encode(), "easy/train-00000-of-00001.parquet": parquet_bytes(ROWS),
-                              "easy/test.jsonl": jsonl_bytes(ROWS[:1]), "hard/x.parquet": parquet_bytes(ROWS[1:])})
+                              "easy/test.jsonl": jsonl_bytes(ROWS[:1]), "hard/x.parquet": parquet_bytes(ROWS[1:]),
+                              "deep/v1/test.jsonl": jsonl_bytes(ROWS[1:]), "deep/v1/train.jsonl": jsonl_bytes(ROWS)})
     hub_repo(hub, "org/plain", {"data/train-00000-of-00002.parquet": parquet_bytes(ROWS[:1]),
                                 "data/train-00001-of-00002.parquet": parquet_bytes(ROWS[1:]),
                                 "data/test-00000-of-00001.parquet": parquet_bytes(ROWS[:1])})
     first = lambda src: [r["problem"] for r in load_records(src, ("problem",), MAPPING)]  # noqa: E731
     assert first("hf:org/toy") == ["1+1?", "2+3?"]  # the first config, its train split
     assert first("hf:org/toy:easy:test") == ["1+1?"] and first("hf:org/toy:hard") == ["2+3?"]
+    assert first("hf:org/toy:deep:test") == ["2+3?"]  # a config that names a data_dir
     assert first("hf:org/plain") == ["1+1?", "2+3?"] and first("hf:org/plain::test") == ["1+1?"]  # shards in order
     assert first(f"hf:org/plain@{'3f5a' * 10}::test") == ["1+1?"]
-    with pytest.raises(DataError, match="no config 'medium'; the data card has easy, hard"):
+    with pytest.raises(DataError, match="no config 'medium'; the data card has easy, hard, deep"):
         first("hf:org/toy:medium")
     with pytest.raises(DataError, match="no split 'dev'; it has test, train"):
         first("hf:org/plain::dev")

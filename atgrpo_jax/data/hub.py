@@ -105,8 +105,9 @@ def _card_configs(root: str) -> list[dict]:
     return [c for c in configs if isinstance(c, dict)]
 
 
-def _card_patterns(configs: list[dict], spec: HfSpec, source: str) -> tuple[list[str], str] | None:
-    """(file patterns, split) for spec from the card's configs, or None when the card has none."""
+def _card_patterns(configs: list[dict], spec: HfSpec, source: str) -> tuple[list[str], str] | str | None:
+    """(file patterns, split) for spec from the card's configs; a config that names only a `data_dir`
+    gives that directory (its files named by convention); None when the card has no configs."""
     if not configs:
         return None
     names = [c.get("config_name", "default") for c in configs]
@@ -118,6 +119,8 @@ def _card_patterns(configs: list[dict], spec: HfSpec, source: str) -> tuple[list
         config = next((c for c in configs if c.get("default")), None) or \
             (configs[names.index("default")] if "default" in names else configs[0])
     data_files = config.get("data_files", [])
+    if not data_files and config.get("data_dir"):
+        return str(config["data_dir"]).strip("/")
     if isinstance(data_files, (str, list)) and not (isinstance(data_files, list) and data_files
                                                     and isinstance(data_files[0], dict)):
         by_split = {"train": [data_files] if isinstance(data_files, str) else list(data_files)}
@@ -141,7 +144,7 @@ def _conventional_split(files: list[str], spec: HfSpec, source: str) -> list[str
     """The files of a split by the hub's naming conventions (`[CONFIG/][data/]SPLIT[-*].ext`,
     `CONFIG/SPLIT/*.ext`); a repository of one unnamed file is its train split."""
     if spec.config:
-        files = [f for f in files if f.split("/")[0] == spec.config]
+        files = [f for f in files if f.startswith(spec.config + "/")]
     by_split: dict[str, list[str]] = {}
     for f in files:
         parts = f.split("/")
@@ -162,6 +165,8 @@ def hf_files(source: str) -> list[str]:
     spec = parse_hf(source)
     root = snapshot(spec.name, ["README.md"], spec.revision)
     picked = _card_patterns(_card_configs(root), spec, source)
+    if isinstance(picked, str):  # a config that is a directory: conventions inside it
+        spec, picked = dataclasses.replace(spec, config=picked), None
     if picked:
         tries = [picked[0]]
     else:  # by name: the split's files first (a big repository's other splits stay on the hub), then all
