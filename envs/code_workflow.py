@@ -104,15 +104,16 @@ class CodeWorkflow:
         for name in ("train_sets", "test_sets"):
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, (getattr(self, name),))
-        if self.fields is not None:  # (a ConfigDict from the command line, or a dict)
-            object.__setattr__(self, "fields", {str(k): str(v) for k, v in dict(self.fields).items()})
+        if self.fields is not None:  # a dict or ConfigDict, kept as sorted pairs: the workflow stays hashable
+            pairs = sorted((str(k), str(v)) for k, v in dict(self.fields).items())
+            object.__setattr__(self, "fields", tuple(pairs))
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
         require_prepared([*self.train_sets, *self.test_sets], self.data_dir, "code")  # all missing in one line
         self.splits  # every data set loads: a bad name fails here
 
     def _load(self, name: str) -> tuple[CodeProblem, ...]:
-        return load_problems(name, tuple(sorted((self.fields or {}).items())), self.data_dir)
+        return load_problems(name, self.fields or (), self.data_dir)
 
     def _pool(self, split: str) -> tuple[CodeProblem, ...]:
         if split in ("train", "valid"):

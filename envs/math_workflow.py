@@ -113,8 +113,9 @@ class MathWorkflow:
     def __post_init__(self):
         if isinstance(self.test_sets, str):
             object.__setattr__(self, "test_sets", (self.test_sets,))
-        if self.fields is not None:  # (a ConfigDict from the command line, or a dict)
-            object.__setattr__(self, "fields", {str(k): str(v) for k, v in dict(self.fields).items()})
+        if self.fields is not None:  # a dict or ConfigDict, kept as sorted pairs: the workflow stays hashable
+            pairs = sorted((str(k), str(v)) for k, v in dict(self.fields).items())
+            object.__setattr__(self, "fields", tuple(pairs))
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
         names = [self.train_path or self.train_set, *self.test_sets]
@@ -131,7 +132,7 @@ class MathWorkflow:
         return {source_name(n): self._load(n) for n in names}
 
     def _load(self, name: str) -> tuple[dict, ...]:
-        return load_problems(name, self.fields, self.data_dir)
+        return load_problems(name, dict(self.fields or ()), self.data_dir)
 
     @property
     def splits(self) -> dict[str, int]:

@@ -85,6 +85,14 @@ def test_local_formats_read_alike_with_a_field_mapping(tmp_path):
         load_records(str(tmp_path / "a.jsonl"), ("answer",), {"answer": "nope"})
     with pytest.raises(DataError, match="does not exist"):
         load_records(str(tmp_path / "missing.parquet"), ("problem",))
+    from atgrpo_jax.envs.code_workflow import CodeWorkflow
+
+    code = [{"prompt": f"Print {n}.", "cases": json.dumps({"inputs": [""], "outputs": [f"{n}\n"]})} for n in range(3)]
+    (tmp_path / "mine.parquet").write_bytes(parquet_bytes(code))
+    mine = str(tmp_path / "mine.parquet")
+    wf = CodeWorkflow(train_sets=(mine,), test_sets=("humaneval", mine), fields={"question": "prompt", "tests": "cases"})
+    assert wf.test_splits == ("humaneval", "mine") and wf.splits == {"valid": 1, "humaneval": 164, "mine": 3}
+    assert [(p.kind, p.statement, p.tests) for p in wf._pool("mine")][2] == ("io", "Print 2.", (("", "2\n"),))
     os.makedirs(tmp_path / "dd")
     json.dump({"splits": ["train", "test"]}, open(tmp_path / "dd" / "dataset_dict.json", "w"))
     with pytest.raises(DataError, match=r"holds the splits train, test .*name one, e.g. .*dd/train"):
