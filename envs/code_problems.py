@@ -64,10 +64,13 @@ DATA_SETS = {  # name -> problems
 
 
 @functools.lru_cache(maxsize=None)
-def load_problems(name: str) -> tuple[CodeProblem, ...]:
-    if name not in DATA_SETS:
-        raise ValueError(f"unknown code data set {name!r}; choose one of {sorted(DATA_SETS)}")
-    return DATA_SETS[name]()
+def load_problems(name: str, fields: tuple = (), data_dir: str = "") -> tuple[CodeProblem, ...]:
+    """A shipped set, a prepared one or a source of your own (code_sources.py); fields: ((ours, column), ...)."""
+    if name in DATA_SETS:
+        return DATA_SETS[name]()
+    from atgrpo_jax.envs.code_sources import load_source_problems
+    problems = load_source_problems(name, dict(fields), data_dir, tuple(sorted(DATA_SETS)))
+    return tuple(CodeProblem(**p) for p in problems)
 
 
 # ---------------------------------------------------------------- tests written by a model

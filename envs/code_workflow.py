@@ -24,6 +24,9 @@ Rewards (docs/paper.md), with the rollout's r = local + alpha * team:
 Data: `train_sets` (default MBPP's training range and APPS's training problems) form the
 training pool, every `valid_every`-th problem of it the "valid" split; `test_sets` (APPS's
 test problems, MBPP's evaluation range, HumanEval) are evaluated whole, each its own split.
+Besides the shipped sets, a name may be a prepared set (`python -m atgrpo_jax.data prepare
+codecontests_train`, read from `data_dir`) or a source of your own (a file, a save_to_disk
+directory or hf:org/name; envs/code_sources.py); docs/data.md.
 Single-agent variant (`single_agent=True`): the coder alone; its episode ends at its first
 parsable program.
 """
@@ -34,6 +37,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from atgrpo_jax.data import require_prepared, source_name
 from atgrpo_jax.envs.code_grading import MATCH_RULES, TestVerdict, pass_rate
 from atgrpo_jax.envs.code_problems import CodeProblem, extract_tests, load_problems, run_tests, valid_tests
 from atgrpo_jax.envs.parsers import extract_code_block
@@ -98,6 +102,8 @@ class CodeWorkflow:
     max_workers: int | None = None
     rewards: CodeRewards = CodeRewards()
     max_shown_chars: int = 6000
+    fields: dict | None = None  # {our field: the source's column} for sources of your own (code_sources.py)
+    data_dir: str = ""  # where prepared sets are ("" = $ATGRPO_DATA, else ./data)
 
     def __post_init__(self):
         for name in ("train_sets", "test_sets"):
@@ -105,26 +111,33 @@ class CodeWorkflow:
                 object.__setattr__(self, name, (getattr(self, name),))
         if self.output_match not in MATCH_RULES:
             raise ValueError(f"output_match must be one of {MATCH_RULES}, got {self.output_match!r}")
+        if self.fields is not None:  # a dict or ConfigDict, kept as sorted pairs: the workflow stays hashable
+            pairs = sorted((str(k), str(v)) for k, v in dict(self.fields).items())
+            object.__setattr__(self, "fields", tuple(pairs))
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
+        require_prepared([*self.train_sets, *self.test_sets], self.data_dir, "code")  # all missing in one line
         self.splits  # every data set loads: a bad name fails here
+
+    def _load(self, name: str) -> tuple[CodeProblem, ...]:
+        return load_problems(name, self.fields or (), self.data_dir)
 
     def _pool(self, split: str) -> tuple[CodeProblem, ...]:
         if split in ("train", "valid"):
-            pool = [p for name in self.train_sets for p in load_problems(name)]
+            pool = [p for name in self.train_sets for p in self._load(name)]
             return tuple(p for i, p in enumerate(pool) if (i % self.valid_every == 0) == (split == "valid"))
-        if split not in self.test_sets:
-            raise ValueError(f"split must be 'train', 'valid' or a test set ({', '.join(self.test_sets)}), "
-                             f"got {split!r}")
-        return load_problems(split)
+        tests = {source_name(name): name for name in self.test_sets}  # a file's split is named after it
+        if split not in tests:
+            raise ValueError(f"split must be 'train', 'valid' or a test set ({', '.join(tests)}), got {split!r}")
+        return self._load(tests[split])
 
     @property
     def splits(self) -> dict[str, int]:
-        return {s: len(self._pool(s)) for s in ("valid", *self.test_sets)}
+        return {s: len(self._pool(s)) for s in ("valid", *self.test_splits)}
 
     @property
     def test_splits(self) -> tuple[str, ...]:
-        return tuple(self.test_sets)
+        return tuple(source_name(name) for name in self.test_sets)
 
     @property
     def name(self) -> str:

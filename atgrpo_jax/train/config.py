@@ -347,6 +347,13 @@ TASKS = {
 PAPER_SAMPLING = dict(top_p=0.9, top_k=20, repetition_penalty=1.2, eval_top_p=0.95, eval_top_k=20,
                       eval_repetition_penalty=1.2)
 PAPER_OPTIM = dict(lr=5e-6, schedule="cosine", warmup_steps=10, min_lr_ratio=0.3)
+# The paper's data (docs/data.md): AIME and OlympiadBench ship; the rest is prepared once into the data
+# directory ($ATGRPO_DATA, else ./data) with `python -m atgrpo_jax.data prepare NAME`, and a run refuses to
+# start, naming that command, while one is missing.
+PAPER_DATA = {
+    "math": dict(train_set="polaris", test_sets=("aime24", "aime25", "olympiadbench")),
+    "code": dict(train_sets=("codecontests_train",), test_sets=("livecodebench", "apps_test500", "codecontests_test")),
+}
 
 
 def paper_config(task: str, preset: str) -> ml_collections.ConfigDict:
@@ -360,6 +367,7 @@ def paper_config(task: str, preset: str) -> ml_collections.ConfigDict:
     c.env.workflow = t["workflow"]
     c.env.kwargs.update(t.get("env", {}))
     c.train.eval_k = t.get("eval_k", 1)  # the reference's 5 samples per problem (greedy games: 5 equal episodes)
+    c.env.kwargs.update(PAPER_DATA.get(task, {}))
     c.rollout.update(max_turns=t["max_turns"], temperature=t["temperature"], eval_temperature=t["eval_temperature"],
                      **PAPER_SAMPLING)
     c.optim.update(**PAPER_OPTIM)
