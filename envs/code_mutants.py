@@ -6,7 +6,9 @@ A test earns reward only when
 2. a correct program passes it: the problem's reference solution, or, for a problem without one,
    the program under test when it passes every ground-truth test (no such program: no reward);
 3. it fails at least one wrong program: a mutant of that correct program (an empty body, a
-   constant return, a swapped operator, an off-by-one constant; at most MAX_MUTANTS of them).
+   constant return, a swapped operator, an off-by-one constant; at most MAX_MUTANTS of them), or
+   one of the problem's own known-wrong programs where the data has them (CodeContests'
+   incorrect_solutions, at most MAX_KNOWN_WRONG, tried first).
 
 Mutants run in rounds, cheapest first (the empty body kills most real tests), each round only on
 the tests that no earlier mutant failed, so a real test costs about two sandbox runs.
@@ -22,6 +24,7 @@ from typing import Sequence
 from atgrpo_jax.envs.sandbox import Limits
 
 MAX_MUTANTS = 6
+MAX_KNOWN_WRONG = 3  # a problem's own known-wrong programs, tried before its mutants
 MUTANT_WALL_S = 5.0  # a mutant that loops counts as failed; no need to wait the full test limit for it
 
 _BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,
@@ -147,8 +150,9 @@ def real_tests(jobs: Sequence[tuple], limits: Limits, max_workers: int | None = 
         return [not v[0].passed for v in runs]
 
     alive = [c for c, failed in zip(alive, fails(lambda i: jobs[i][2], alive, limits)) if not failed]
-    for m in range(MAX_MUTANTS):
-        table = {i: mutants(jobs[i][2], jobs[i][0].kind, entry_point(jobs[i][0])) for i, _ in alive}
+    table = {i: tuple(jobs[i][0].wrong_solutions[:MAX_KNOWN_WRONG])
+             + mutants(jobs[i][2], jobs[i][0].kind, entry_point(jobs[i][0])) for i, _ in alive}
+    for m in range(max((len(w) for w in table.values()), default=0)):
         now = [(i, t) for i, t in alive if len(table[i]) > m]
         if not now:
             break

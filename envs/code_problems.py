@@ -33,6 +33,7 @@ class CodeProblem:
     tests: tuple  # io: ((stdin, stdout), ...); function: (assert statement, ...)
     setup: str = ""  # function: code run before the program (MBPP's test_setup_code)
     solutions: tuple = ()  # reference solutions that pass `tests`
+    wrong_solutions: tuple = ()  # known-wrong programs (CodeContests' incorrect_solutions), mutants' peers
 
 
 def _apps(split: str) -> tuple[CodeProblem, ...]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from atgrpo_jax.envs.code_mutants import MAX_KNOWN_WRONG
+
 from atgrpo_jax.data import is_prepared_name, is_source, load_records, prepared_path
 
 
@@ -55,8 +57,12 @@ def problem_fields(record: dict, where: str) -> dict:
     solutions = record.get("solutions") or ()
     if isinstance(solutions, str):  # APPS stores them as a JSON string
         solutions = json.loads(solutions)
+    wrong = record.get("incorrect_solutions") or ()
+    if isinstance(wrong, str):
+        wrong = json.loads(wrong)
     return dict(id=str(record.get("id", where)), kind=kind, statement=statement, tests=tests,
-                setup=record.get("setup") or "", solutions=tuple(solutions))
+                setup=record.get("setup") or "", solutions=tuple(solutions),
+                wrong_solutions=tuple(wrong)[:MAX_KNOWN_WRONG])
 
 
 def load_source_problems(name: str, fields: dict | None = None, data_dir: str = "",

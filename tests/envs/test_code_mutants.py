@@ -2,8 +2,13 @@
 import ast
 
 import pytest
-
-from atgrpo_jax.envs.code_mutants import MAX_MUTANTS, degenerate, entry_point, mutants, real_tests
+from atgrpo_jax.envs.code_mutants import (
+    MAX_MUTANTS,
+    degenerate,
+    entry_point,
+    mutants,
+    real_tests,
+)
 from atgrpo_jax.envs.code_problems import load_problems, run_tests
 from atgrpo_jax.envs.sandbox import Limits
 
@@ -74,3 +79,22 @@ def test_only_real_tests_earn_on_a_stdin_problem():
     # with a + b on 0 0, so only the empty mutant fails it; with that one left out nothing does.
     others = mutants(ADD, "io")[1:]
     assert len(others) == 2 and all(v[0].passed for v in run_tests([(p, m, [tests[3]]) for m in others], FAST))
+
+
+def test_a_problems_known_wrong_programs_kill_tests_too(monkeypatch):
+    """CodeContests ships incorrect_solutions: a test that one of them fails is real even where no
+    mutant would fail it (here: no mutants at all)."""
+    import dataclasses
+
+    from atgrpo_jax.envs import code_mutants
+    from atgrpo_jax.envs.code_problems import CodeProblem
+    from atgrpo_jax.envs.code_sources import problem_fields
+    monkeypatch.setattr(code_mutants, "mutants", lambda *a, **k: ())
+    wrong = "t = int(input())\nfor _ in range(t):\n    a, b = map(int, input().split())\n    print(a + b + (a > 5))\n"
+    record = {"id": "cc", "question": "add", "tests": [{"input": "1\n1 2\n", "output": "3\n"}],
+              "solutions": [ADD], "incorrect_solutions": [wrong]}
+    p = CodeProblem(**problem_fields(record, "cc"))
+    assert p.wrong_solutions == (wrong,)
+    tests = [("1\n9 1\n", "10\n"), ("1\n1 1\n", "2\n")]  # only the first tells the wrong one apart
+    assert real_tests([(p, tests, ADD)], FAST, max_workers=2) == [[True, False]]
+    assert real_tests([(dataclasses.replace(p, wrong_solutions=()), tests, ADD)], FAST) == [[False, False]]
