@@ -4,8 +4,10 @@
     --config.env.kwargs.train_path=train.jsonl --config.env.kwargs.test_path=test.jsonl
     --config.env.kwargs.reward_fn=my_rewards:score
 
-Each record of a data file is a JSON object with a `prompt_field` ("prompt") string; every other
-field (an answer, test cases, ...) is passed to the reward function untouched. An agent sees the
+Each record of a data source (a jsonl/json/parquet/arrow/csv file, a saved Hugging Face dataset or
+`hf:org/name[:config][:split]`: atgrpo_jax.data) has a "prompt" string (`fields={"prompt": COLUMN}`
+maps another column); every other field (an answer, test cases, ...) is passed to the reward
+function untouched. An agent sees the
 record's prompt as a chat (`system_prompt` first, if any) and answers; the reward function scores
 every response of a turn in one call:
 
@@ -25,9 +27,7 @@ run with one line naming it (RewardError), not a traceback.
 from __future__ import annotations
 
 import importlib
-import json
 import math
-import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -41,19 +41,11 @@ class RewardError(UsageError):
     """The user's reward function failed; the message names it and what went wrong."""
 
 
-def read_records(path: str) -> list[dict]:
-    """The records of a data file (a JSON object per line). The seam to the dataset readers."""
-    if not os.path.isfile(path):
-        raise ValueError(f"data file {path!r} does not exist")
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not JSON ({e})") from None
-    return out
+def read_records(source: str, fields=None) -> list[dict]:
+    """The records of a data source (jsonl, json, parquet, arrow, csv, a saved HF dataset, hf:org/name;
+    atgrpo_jax.data), each with a "prompt" (`fields` maps it to another column)."""
+    from atgrpo_jax.data import load_records
+    return list(load_records(source, ("prompt",), dict(fields or {})))
 
 
 def import_function(spec: str, key: str) -> Callable:
@@ -82,7 +74,7 @@ class PromptReward:
     roles: tuple[str, ...] = ("assistant",)
 
     def __init__(self, train_path: str = "", test_path: str = "", reward_fn: str = "", system_prompt: str = "",
-                 max_turns: int = 1, success_at: float = 1.0, prompt_field: str = "prompt", single_agent=False):
+                 max_turns: int = 1, success_at: float = 1.0, fields=None, single_agent=False):
         for key, value in (("train_path", train_path), ("test_path", test_path), ("reward_fn", reward_fn)):
             if not value:
                 raise ValueError(f"env.kwargs.{key}: prompt_reward needs it (see envs/prompt_reward.py)")
@@ -94,16 +86,13 @@ class PromptReward:
         self.data = {}
         for split, path in (("train", train_path), ("test", test_path)):
             try:
-                records = read_records(path)
+                records = read_records(path, fields)
             except ValueError as e:
                 raise ValueError(f"env.kwargs.{split}_path: {e}") from None
-            bad = [i for i, r in enumerate(records) if not isinstance(r, dict) or not isinstance(r.get(prompt_field),
-                                                                                                  str)]
-            if bad or not records:
-                raise ValueError(f"env.kwargs.{split}_path: {path}: " + (f"record {bad[0] + 1} has no string "
-                                 f"{prompt_field!r} field (env.kwargs.prompt_field)" if bad else "no records"))
+            bad = [i for i, r in enumerate(records) if not isinstance(r["prompt"], str)]
+            if bad:
+                raise ValueError(f"env.kwargs.{split}_path: {path}: the prompt of record {bad[0] + 1} is not a string")
             self.data[split] = records
-        self.prompt_field = prompt_field
         roles = self.roles[:1] if single_agent else self.roles
         self.agents = tuple(Agent(role, first_line) for role in roles)
         self.splits = {"test": len(self.data["test"])}
@@ -135,7 +124,7 @@ class PromptReward:
         """The chat agent `agent` sees: the system prompt, the record's prompt, then each earlier
         (role, response, feedback) of this episode as an assistant turn and a user turn."""
         out = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        out.append({"role": "user", "content": record[self.prompt_field]})
+        out.append({"role": "user", "content": record["prompt"]})
         for role, response, feedback in history:
             if role == self.agents[agent].name:
                 out += [{"role": "assistant", "content": response}, {"role": "user", "content": feedback}]

@@ -60,10 +60,11 @@ def test_a_failing_reward_function_is_one_named_line(data, fn, message):
     (dict(reward_fn=""), r"env.kwargs.reward_fn: prompt_reward needs it"),
     (dict(reward_fn="no_such_module:f"), r"env.kwargs.reward_fn='no_such_module:f': cannot import"),
     (dict(reward_fn="prompt_reward_fns"), r"give it as 'package.module:function'"),
-    (dict(reward_fn="prompt_reward_fns:exact", prompt_field="question"), r"record 1 has no string 'question'"),
+    (dict(reward_fn="prompt_reward_fns:exact", fields={"prompt": "question"}), r"record 1 has no field 'question'"),
     (dict(reward_fn="prompt_reward_fns:exact", test_path="/nonexistent.jsonl"), r"env.kwargs.test_path: .* not exist"),
 ])
 def test_bad_kwargs_name_the_key(data, kwargs, message):
+    """(and the data readers' errors come through, named by the key)"""
     with pytest.raises(ValueError, match=message):
         make_workflow("prompt_reward", **{**data, **kwargs})
 
@@ -101,3 +102,15 @@ def test_the_readme_user_config_resolves(tmp_path):
     spec.loader.exec_module(module)
     c = resolve(module.get_config())
     assert c.env.workflow == "prompt_reward" and c.rollout.tree is False and c.model.hf_path == "Qwen/Qwen3-0.6B"
+
+
+def test_a_parquet_source_with_mapped_fields(data, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"question": ["2+2=", "1+0="], "answer": [4, 1]}), str(tmp_path / "t.parquet"))
+    wf = make_workflow("prompt_reward", reward_fn="prompt_reward_fns:exact", train_path=str(tmp_path / "t.parquet"),
+                       test_path=str(tmp_path / "t.parquet"), fields={"prompt": "question"})
+    state = wf.reset([1], "train")
+    assert wf.prompts(state, 0, 0) == [[{"role": "user", "content": "1+0="}]]
+    assert wf.step(state, 0, 0, [["1", "0"]]).success.tolist() == [[True, False]]
