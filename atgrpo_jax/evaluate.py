@@ -111,6 +111,8 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
         raise cli.UsageError("give exactly one of --checkpoint and --hf_path")
     workdir = ckpt_dir = step = None
     if hf_path:
+        from atgrpo_jax.models.hub import local_model_dir
+        local_model_dir(hf_path, "--hf_path")  # a hub id: downloaded (or found in the cache) now, or one line
         config.model.hf_path = hf_path
         config.model.preset = ""  # the checkpoint's own architecture (config.json), not the config's preset
         if config.tokenizer == "qwen3":
@@ -186,7 +188,8 @@ def _flags() -> types.SimpleNamespace:
     return types.SimpleNamespace(
         config=flags.DEFINE_string("config", None, "config file (default with --checkpoint: the run's config.json)"),
         checkpoint=flags.DEFINE_string("checkpoint", None, "a run's workdir, or WORKDIR/checkpoints/STEP"),
-        hf_path=flags.DEFINE_string("hf_path", None, "a Hugging Face Qwen3 model directory to evaluate instead"),
+        hf_path=flags.DEFINE_string("hf_path", None, "a Hugging Face Qwen3 model to evaluate instead: a directory or a "
+                                   "hub id org/name[@revision] (downloaded into the HF cache; offline: from it)"),
         splits=flags.DEFINE_list("splits", [], "splits to evaluate (default: the workflow's test splits)"),
         tasks=flags.DEFINE_integer("tasks", None, "tasks of a split of generated tasks (default: train.eval_tasks)"),
         k=flags.DEFINE_integer("k", None, "episodes per task (default: config.train.eval_k)"),

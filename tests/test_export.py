@@ -93,6 +93,9 @@ def test_a_shared_policy_loads_in_transformers_with_the_trained_weights(runs, tm
     assert tok("go R")["input_ids"] == policy_tokenizer(runs["shared"])("go R")["input_ids"]
     gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
     assert set(gen["eos_token_id"]) == {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
+    card = (tmp_path / "hf" / "README.md").read_text()  # the model card: hub front matter, this run's facts
+    assert card.startswith("---\nlibrary_name: transformers\n") and "| steps | 1 of 1 " in card
+    assert "| regime | `shared` |" in card and "No held-out evaluation" in card  # the run never evaluated
     assert not any(name.startswith(".") for name in os.listdir(tmp_path))  # no partial directory left
     mask = os.umask(0)
     os.umask(mask)

@@ -254,11 +254,15 @@ def read_config(path: str, **config_overrides) -> Qwen3Config:
 
 def load_pretrained(path: str, mesh=None, expected: Qwen3Config | None = None, expected_name: str = "",
                     **config_overrides) -> Qwen3:
-    """The Qwen3 model stored at `path`, each parameter placed on `mesh` by its logical axes.
+    """The Qwen3 model stored at `path` (a directory, or a hub id org/name[@revision]: models/hub.py), each
+    parameter placed on `mesh` by its logical axes.
 
     config_overrides set Qwen3Config fields such as param_dtype or compute_dtype; `expected`
     (named `expected_name` in errors) is the architecture the caller wants.
     """
+    from atgrpo_jax.models.hub import local_model_dir  # (hub imports this module's CheckpointError)
+
+    path = local_model_dir(path, "model")
     cfg = read_config(path, **config_overrides)
     if expected is not None:
         check_architecture(cfg, expected, path, expected_name)

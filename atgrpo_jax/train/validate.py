@@ -11,6 +11,7 @@ from atgrpo_jax.train.config import (AGENT_KEYS, REGIMES, SHARINGS, ConfigError,
 SCHEDULES = ("constant", "cosine")
 FILTER_SCOPES = ("policy", "agent", "batch")
 MODEL_INITS = ("auto", "random")
+LOGGERS = ("console", "tensorboard", "jsonl", "wandb")
 # Presets small enough to train from random weights without saying so (the CPU demo, tests,
 # benchmarks); a larger one needs model.hf_path or model.init="random".
 RANDOM_INIT_MAX_PARAMS = 250_000_000
@@ -153,4 +154,10 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
                 "max_skipped_updates"):
         _require(t[key] >= 0, f"train.{key}", "must be >= 0")
     _require(t.log_every >= 1, "train.log_every", "must be >= 1")
+    loggers = t.loggers
+    _require(isinstance(loggers, (tuple, list)) and all(isinstance(x, str) for x in loggers), "train.loggers",
+             f"must be a tuple of names from {LOGGERS}, e.g. ('console', 'wandb'), got {loggers!r}")
+    unknown = [x for x in loggers if x not in LOGGERS]
+    _require(not unknown, "train.loggers", f"unknown {unknown[0]!r}{closest(unknown[0], LOGGERS)}; known: "
+             f"{', '.join(LOGGERS)}" if unknown else "")
     return c
