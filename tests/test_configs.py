@@ -10,7 +10,8 @@ from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.train.config import REGIMES, ConfigError
 from atgrpo_jax.train.validate import resolve
 
-CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "configs", "*.py")))
+CONFIGS = sorted(p for p in glob.glob(os.path.join(os.path.dirname(__file__), "..", "configs", "*.py"))
+                 if not p.endswith("__init__.py"))
 PAPER = [p for p in CONFIGS if "_qwen3_" in os.path.basename(p)]
 
 

@@ -137,7 +137,7 @@ def test_lora_merged_and_as_a_peft_adapter(runs, tmp_path, index, name):
     export_policy(runs["lora"], str(tmp_path / "merged"), policy=name)
     assert_close(hf_logits(transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()), want)
     export_policy(runs["lora"], str(tmp_path / "adapter"), policy=name, lora="adapter")
-    assert sorted(os.listdir(tmp_path / "adapter"))[:2] == ["adapter_config.json", "adapter_model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "adapter"))[:3] == ["README.md", "adapter_config.json", "adapter_model.safetensors"]
     base = transformers.AutoModelForCausalLM.from_pretrained(runs["base"])
     base_logits = hf_logits(base.eval())
     adapted = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()

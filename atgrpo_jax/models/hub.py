@@ -13,7 +13,10 @@ import functools
 import os
 import re
 
-from atgrpo_jax.models.hf_io import CheckpointError
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match what the model expects, or one that cannot be found."""
+
 
 # What a Qwen3 checkpoint needs: config, safetensors (+ index), tokenizer and generation config.
 PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "tokenizer*")
