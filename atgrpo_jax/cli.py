@@ -207,6 +207,22 @@ def config_from_args(spec: str, overrides: Sequence[tuple[str, str]]) -> ml_coll
     return config
 
 
+def parse_flags(argv: Sequence[str]) -> list[str]:
+    """absl's flags of a command (app.run's flags_parser): an unknown flag, a bad value or an extra
+    argument is one line and exit 2, as a bad config key is (not absl's two-line FATAL and exit 1)."""
+    from absl import flags
+
+    try:
+        rest = flags.FLAGS(list(argv))
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    if len(rest) > 1:
+        print(f"error: unexpected arguments: {' '.join(rest[1:])}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+    return rest
+
+
 @contextlib.contextmanager
 def fail():
     """Errors a user can fix -> one line on stderr and exit status 2 (no traceback)."""

@@ -167,8 +167,6 @@ def config_for(checkpoint: str | None, spec: str | None, overrides):
 
 
 def main(argv, f, overrides=()):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     with cli.fail():
         config = config_for(f.checkpoint.value, f.config.value, overrides)
@@ -196,4 +194,4 @@ if __name__ == "__main__":
     _f = _flags()
     with cli.fail():
         _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv)
+    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv, flags_parser=cli.parse_flags)

@@ -186,8 +186,6 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
 
 
 def main(argv, f, overrides=()):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
     with cli.fail():
         if not f.checkpoint.value:
@@ -213,4 +211,4 @@ if __name__ == "__main__":
     _f = _flags()
     with cli.fail():
         _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv)
+    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv, flags_parser=cli.parse_flags)
