@@ -59,6 +59,7 @@ def parse_policies(items) -> dict[str, tuple[str, str | None, int | None]]:
 def load_policies_from(run, sources: dict) -> None:
     """Replace the policy acting for each agent of `sources` by one restored from another run."""
     from atgrpo_jax.train.checkpoint import Checkpointer
+    from atgrpo_jax.train.resume import restore_given
     from atgrpo_jax.train.step import policy_states
 
     names = [a.name for a in run.workflow.agents]
@@ -69,7 +70,7 @@ def load_policies_from(run, sources: dict) -> None:
             raise cli.UsageError(f"--policies: {agent!r} is not an agent ({names})")
         mine = run.policies[int(run.policy_of_agent[names.index(agent)])]
         ckpt = Checkpointer(wd.checkpoint_dir(workdir), keep_last=0, read_only=True)
-        states, _ = ckpt.restore(step, target=policy_states(run))
+        states, _ = restore_given(ckpt, step, policy_states(run), f"--policies={agent}={workdir}@STEP")
         name = policy or mine.name
         if name not in states:
             raise cli.UsageError(f"--policies: {workdir} has no policy {name!r} ({sorted(states)})")
@@ -97,6 +98,7 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
     """Evaluate a checkpoint of a run (config: the run's) or the model at `hf_path`; returns eval.json's dict.
     policies_from: `parse_policies`' mapping (some agents' policies from other runs)."""
     from atgrpo_jax.train.checkpoint import Checkpointer
+    from atgrpo_jax.train.resume import restore_given
     from atgrpo_jax.train.validate import resolve
     from atgrpo_jax.train.episodes import evaluation_records
     from atgrpo_jax.train.setup import build_run
@@ -130,7 +132,7 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
         step = ckpt.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint in {ckpt_dir}")
-        states, _ = ckpt.restore(step, target=policy_states(run))
+        states, _ = restore_given(ckpt, step, policy_states(run), f"--checkpoint={ckpt_dir}/STEP")
         set_policy_states(run, states)
     if policies_from:
         load_policies_from(run, policies_from)

@@ -127,6 +127,7 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     from atgrpo_jax.models.peft_io import save_adapter
     from atgrpo_jax.train.checkpoint import Checkpointer
     from atgrpo_jax.train.config import from_saved
+    from atgrpo_jax.train.resume import restore_given
     from atgrpo_jax.train.setup import build_run
     from atgrpo_jax.train.step import policy_states, set_policy_states
 
@@ -155,7 +156,7 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     if lora == "adapter" and not base:
         raise cli.UsageError(f"--lora=adapter: the base of {chosen.name} is random weights (model.hf_path is "
                              "empty), which no one can load the adapter onto: use --lora=merge")
-    states, _ = ckpt.restore(step, target=policy_states(run))
+    states, _ = restore_given(ckpt, step, policy_states(run), "--step")
     set_policy_states(run, states)
     ckpt.close()
 

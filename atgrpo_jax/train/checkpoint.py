@@ -165,7 +165,8 @@ class _QuietOrbax(logging.Filter):
         if record.levelno >= logging.ERROR and (record.exc_info or "raised an exception" in record.getMessage()
                                                  or "failed" in record.getMessage().lower()):
             return False
-        return "did not provide metrics" not in record.getMessage()
+        message = record.getMessage()  # and what a read-only manager (evaluate, export) says it is, every time
+        return not any(m in message for m in ("did not provide metrics", "read_only=True", "directory is read only"))
 
 
 _QUIET = _QuietOrbax()

@@ -51,6 +51,22 @@ def _quiet_failed_restore_leftovers() -> None:
     logging.getLogger("asyncio").addFilter(lambda r: "exception was never retrieved" not in r.getMessage())
 
 
+def restore_given(ckpt: checkpoint.Checkpointer, step: int | None, target, how: str) -> tuple[Any, dict]:
+    """(state, meta) of the checkpoint a command was given (evaluate, export; None: the latest). One that
+    does not restore is a one-line error naming it, its cause and the others, with `how` to choose one."""
+    try:
+        return ckpt.restore(step, target=target)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many kinds
+        _quiet_failed_restore_leftovers()
+        step = ckpt.latest_step() if step is None else step
+        others = [s for s in ckpt.all_steps() if s != step]
+        choose = f"; choose another with {how} (saved: {', '.join(map(str, others))})" if others else ""
+        raise cli.UsageError(f"checkpoint {step} in {ckpt.directory} does not restore "
+                             f"({checkpoint.short_cause(e)}){choose}") from None
+
+
 def restore_newest_readable(directory: str, target, say) -> tuple[int | None, Any, dict, list[int]]:
     """(step, state, meta, unreadable steps) of the newest checkpoint in `directory` that restores
     whole and finite, trying older ones in turn; `say(line)` reports each one that does not.

@@ -50,3 +50,31 @@ def test_no_readable_checkpoint_changes_nothing_unless_asked(finished_run, tmp_p
     assert sorted(os.listdir(work / "checkpoints")) == ["1"]
     assert [r["step"] for r in metrics_rows(work)] == [0, 1]  # the old run's rows are gone with its checkpoints
     assert metrics_rows(work)[0] == metrics_rows(finished_run)[0]  # step 1 evaluates too: its last step
+
+
+def test_evaluate_and_export_of_a_checkpoint_that_does_not_restore_say_so_in_one_line(finished_run, tmp_path):
+    """No fallback here (the user chose the checkpoint, the latest by default): one line naming it, its
+    cause and the others, exit 2; orbax's leftovers of the failed read (tracebacks of its background
+    reads, 'Exception ignored in <coroutine>') do not reach stderr."""
+    import subprocess
+    import sys
+
+    from faults_util import ROOT
+
+    work = copy_run(finished_run, tmp_path / "run")
+    truncate_largest_data_file(work / "checkpoints" / "4")
+    commands = {"evaluate": ["--out=" + str(tmp_path / "eval")], "export": ["--out=" + str(tmp_path / "hf")]}
+    procs = {name: subprocess.Popen([sys.executable, "-m", f"atgrpo_jax.{name}", f"--checkpoint={work}", *args],
+                                    cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for name, args in commands.items()}
+    how = {"evaluate": f"--checkpoint={work}/checkpoints/STEP", "export": "--step"}
+    for name, p in procs.items():
+        out, err = p.communicate(timeout=300)
+        proc = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+        assert proc.returncode == 2, (name, err[-3000:])
+        assert_no_traceback(proc)
+        lines = stderr_lines(proc)
+        assert len(lines) == 1 and re.fullmatch(
+            rf"error: checkpoint 4 in {work}/checkpoints does not restore \(.+\); choose another with "
+            rf"{re.escape(how[name])} \(saved: 1, 2, 3\)", lines[0]), (name, lines)
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # nothing written

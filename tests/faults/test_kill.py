@@ -50,6 +50,13 @@ def test_kills_and_a_signal_in_an_evaluation_then_the_run_equals_an_uninterrupte
     assert_no_traceback(proc)
     assert "resuming at step 2" in proc.stdout
     assert metrics_rows(work) == metrics_rows(finished_run), why  # bitwise, each row once (evaluations too)
+    from atgrpo_jax.train.metrics import read_tb_scalars
+
+    tb, reference = read_tb_scalars(str(work)), read_tb_scalars(str(finished_run))  # a real run's events
+    for tag in ("loss", "eval_success"):
+        assert [s for s, _ in tb[tag]] == [s for s, _ in reference[tag]] == ([1, 2, 3, 4] if tag == "loss"
+                                                                             else [0, 2, 4]), (tag, why)
+        assert tb[tag] == reference[tag], (tag, why)
     from atgrpo_jax.train.checkpoint import Checkpointer
 
     a = Checkpointer(str(ckpts), keep_last=0, read_only=True).restore(4)[0]
