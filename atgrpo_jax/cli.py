@@ -227,6 +227,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
 def fail():
     """Errors a user can fix -> one line on stderr and exit status 2 (no traceback)."""
     from atgrpo_jax.models.hf_io import CheckpointError
+    from atgrpo_jax.rollout.dispatch import StageTimeout
     from atgrpo_jax.train.config import ConfigError
     from atgrpo_jax.train.workdir import NotWritable
 
@@ -238,6 +239,10 @@ def fail():
             sys.stdout.flush()
             os._exit(e.code)
         raise SystemExit(e.code) from None
+    except StageTimeout as e:  # (evaluate; the trainer says more) a thread is stuck: exit without waiting on it
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
     except (UsageError, ConfigError, CheckpointError, UnknownName, FileNotFoundError, NotADirectoryError,
             FileExistsError, ImportError, NotWritable) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -115,3 +115,19 @@ def test_a_hung_environment_step_stops_the_cli_run_with_one_line(tmp_path):
                         r"2\d s, longer than system.stage_timeout_s=20; the run stopped \(last checkpoint: 1\)", line)
     assert len(stderr_lines(proc)) == 1, proc.stderr[-3000:]  # no abort of the stuck thread at exit
     assert time.monotonic() - t0 < 200  # not the 600 s of the hung step
+
+
+def test_a_stage_timeout_outside_training_is_one_line_and_exits_at_once():
+    """evaluate: cli.fail ends the process without waiting on the stuck thread (nor printing a traceback)."""
+    import sys
+
+    from faults_util import run, stderr_lines
+
+    code = ("import threading, time\nfrom atgrpo_jax import cli\nfrom atgrpo_jax.rollout.dispatch import StageTimeout\n"
+            "threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: exit would wait on it\n"
+            "with cli.fail():\n    raise StageTimeout('the stage s has run 4 s, longer than system.stage_timeout_s=3')\n")
+    t0 = time.monotonic()
+    proc = run([sys.executable, "-c", code], timeout=120)
+    assert (proc.returncode, stderr_lines(proc)) == (
+        1, ["error: the stage s has run 4 s, longer than system.stage_timeout_s=3"]), proc.stderr[-2000:]
+    assert time.monotonic() - t0 < 100
