@@ -59,7 +59,6 @@ def parse_policies(items) -> dict[str, tuple[str, str | None, int | None]]:
 def load_policies_from(run, sources: dict) -> None:
     """Replace the policy acting for each agent of `sources` by one restored from another run."""
     from atgrpo_jax.train.checkpoint import Checkpointer
-    from atgrpo_jax.train.resume import restore_given
     from atgrpo_jax.train.step import policy_states
 
     names = [a.name for a in run.workflow.agents]
@@ -70,10 +69,15 @@ def load_policies_from(run, sources: dict) -> None:
             raise cli.UsageError(f"--policies: {agent!r} is not an agent ({names})")
         mine = run.policies[int(run.policy_of_agent[names.index(agent)])]
         ckpt = Checkpointer(wd.checkpoint_dir(workdir), keep_last=0, read_only=True)
-        states, _ = restore_given(ckpt, step, policy_states(run), f"--policies={agent}={workdir}@STEP")
         name = policy or mine.name
-        if name not in states:
-            raise cli.UsageError(f"--policies: {workdir} has no policy {name!r} ({sorted(states)})")
+        saved = ckpt.saved_names(step)  # that run's policies, which may not be this run's (a role trained alone)
+        if name not in saved:
+            raise cli.UsageError(f"--policies: {workdir} has no policy {name!r} ({saved})")
+        try:  # each read as this agent's policy is: the same model and optimizer
+            states, _ = ckpt.restore(step, target={n: policy_states(run)[mine.name] for n in saved})
+        except ValueError as e:
+            raise cli.UsageError(f"--policies: {workdir}'s policies are not shaped like {agent!r}'s: "
+                                 f"{str(e).splitlines()[0][:200]}") from None
         mine.state = states[name]
 
 
