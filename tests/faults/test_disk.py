@@ -64,3 +64,23 @@ def test_a_workdir_under_a_file_is_one_line(tmp_path):
     proc = run(train_args(tmp_path / "file" / "run"))
     assert proc.returncode == 2
     assert stderr_lines(proc) == [f"error: --workdir {tmp_path}/file/run: {tmp_path}/file is a file, not a directory"]
+
+
+def test_only_closed_loop_callbacks_from_native_threads_are_dropped(capsys):
+    """What a failed save leaves (tensorstore calling into orbax's closed event loop) is dropped;
+    the same error raised by Python code is still printed."""
+    import asyncio
+
+    from atgrpo_jax.train.checkpoint import quiet_orbax_leftovers
+
+    quiet_orbax_leftovers()
+    loop = asyncio.new_event_loop()
+    loop.close()
+    try:
+        loop.call_soon_threadsafe(print)
+    except RuntimeError as e:
+        error = e
+    sys.excepthook(RuntimeError, error, error.__traceback__.tb_next)  # as a native thread's call reports it
+    assert capsys.readouterr().err == ""
+    sys.excepthook(RuntimeError, error, error.__traceback__)  # called from Python: a real error
+    assert "Event loop is closed" in capsys.readouterr().err
