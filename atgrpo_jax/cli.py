@@ -207,10 +207,27 @@ def config_from_args(spec: str, overrides: Sequence[tuple[str, str]]) -> ml_coll
     return config
 
 
+def parse_flags(argv: Sequence[str]) -> list[str]:
+    """absl's flags of a command (app.run's flags_parser): an unknown flag, a bad value or an extra
+    argument is one line and exit 2, as a bad config key is (not absl's two-line FATAL and exit 1)."""
+    from absl import flags
+
+    try:
+        rest = flags.FLAGS(list(argv))
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    if len(rest) > 1:
+        print(f"error: unexpected arguments: {' '.join(rest[1:])}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+    return rest
+
+
 @contextlib.contextmanager
 def fail():
     """Errors a user can fix -> one line on stderr and exit status 2 (no traceback)."""
     from atgrpo_jax.models.hf_io import CheckpointError
+    from atgrpo_jax.rollout.dispatch import StageTimeout
     from atgrpo_jax.train.config import ConfigError
     from atgrpo_jax.train.workdir import NotWritable
 
@@ -222,6 +239,10 @@ def fail():
             sys.stdout.flush()
             os._exit(e.code)
         raise SystemExit(e.code) from None
+    except StageTimeout as e:  # (evaluate; the trainer says more) a thread is stuck: exit without waiting on it
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
     except (UsageError, ConfigError, CheckpointError, UnknownName, FileNotFoundError, NotADirectoryError,
             FileExistsError, ImportError, NotWritable) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -102,6 +102,7 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
     """Evaluate a checkpoint of a run (config: the run's) or the model at `hf_path`; returns eval.json's dict.
     policies_from: `parse_policies`' mapping (some agents' policies from other runs)."""
     from atgrpo_jax.train.checkpoint import Checkpointer
+    from atgrpo_jax.train.resume import restore_given
     from atgrpo_jax.train.validate import resolve
     from atgrpo_jax.train.episodes import evaluation_records
     from atgrpo_jax.train.setup import build_run
@@ -137,7 +138,7 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
         step = ckpt.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint in {ckpt_dir}")
-        states, _ = ckpt.restore(step, target=policy_states(run))
+        states, _ = restore_given(ckpt, step, policy_states(run), f"--checkpoint={ckpt_dir}/STEP")
         set_policy_states(run, states)
     if policies_from:
         load_policies_from(run, policies_from)
@@ -174,8 +175,6 @@ def config_for(checkpoint: str | None, spec: str | None, overrides):
 
 
 def main(argv, f, overrides=()):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     with cli.fail():
         config = config_for(f.checkpoint.value, f.config.value, overrides)
@@ -204,4 +203,4 @@ if __name__ == "__main__":
     _f = _flags()
     with cli.fail():
         _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv)
+    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv, flags_parser=cli.parse_flags)

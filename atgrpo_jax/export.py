@@ -131,6 +131,7 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     from atgrpo_jax.models.peft_io import save_adapter
     from atgrpo_jax.train.checkpoint import Checkpointer
     from atgrpo_jax.train.config import from_saved
+    from atgrpo_jax.train.resume import restore_given
     from atgrpo_jax.train.setup import build_run
     from atgrpo_jax.train.step import policy_states, set_policy_states
 
@@ -159,7 +160,7 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     if lora == "adapter" and not base:
         raise cli.UsageError(f"--lora=adapter: the base of {chosen.name} is random weights (model.hf_path is "
                              "empty), which no one can load the adapter onto: use --lora=merge")
-    states, _ = ckpt.restore(step, target=policy_states(run))
+    states, _ = restore_given(ckpt, step, policy_states(run), "--step")
     set_policy_states(run, states)
     ckpt.close()
 
@@ -195,8 +196,6 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
 
 
 def main(argv, f, overrides=()):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
     with cli.fail():
         if not f.checkpoint.value:
@@ -252,4 +251,4 @@ if __name__ == "__main__":
     _f = _flags()
     with cli.fail():
         _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv)
+    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv, flags_parser=cli.parse_flags)

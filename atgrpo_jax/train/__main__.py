@@ -21,8 +21,6 @@ _FRESH = flags.DEFINE_bool("fresh_if_unreadable", False, "when no checkpoint of 
 
 
 def main(argv, overrides=()):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from atgrpo_jax.train.loop import run_training
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
@@ -37,4 +35,4 @@ def main(argv, overrides=()):
 if __name__ == "__main__":
     with cli.fail():
         _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _overrides), argv=_argv)
+    app.run(lambda argv: main(argv, _overrides), argv=_argv, flags_parser=cli.parse_flags)

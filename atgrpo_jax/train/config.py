@@ -119,7 +119,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.system.staleness = 0  # 1: step n+1's rollout runs on the weights from before step n's update while it runs
     # (the importance ratio is then taken against the sampler's log-probs); 0: exactly on-policy
     c.system.trace_every = 0  # write trace/step_N.json (Chrome/Perfetto timeline) every this many steps
-    c.system.stage_timeout_s = 1800.0  # async: stop the run when one stage (a sampling call, an environment step)
+    c.system.stage_timeout_s = 1800.0  # stop the run when one stage (a sampling call, an environment step)
     # runs longer than this many seconds, naming it (a hung device call or sandbox wait; 0 = no limit)
     c.lora = ml_collections.ConfigDict()  # adapters (policy.sharing = "lora")
     c.lora.rank = 16  # adapter rank r

@@ -7,7 +7,7 @@ the newest checkpoint that restores (older ones in turn), and writes nothing bef
 
 A run stops early, with one line and an exit code (cli.RunStopped), on SIGTERM/SIGINT (after
 saving its last completed step: guard.StopSignals), on divergence (guard.skip_streaks), when a
-checkpoint cannot be saved (checkpoint.SaveError) and when an asynchronous stage hangs.
+checkpoint cannot be saved (checkpoint.SaveError) and when a stage hangs (system.stage_timeout_s).
 """
 from __future__ import annotations
 
