@@ -19,7 +19,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from atgrpo_jax import cli
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 
 
 

@@ -212,7 +212,7 @@ def fail():
     """Errors a user can fix -> one line on stderr and exit status 2 (no traceback)."""
     from atgrpo_jax.models.hf_io import CheckpointError
     from atgrpo_jax.train.config import ConfigError
-    from atgrpo_jax.train.workdir import NotWritable
+    from atgrpo_jax.workdir import NotWritable
 
     try:
         yield

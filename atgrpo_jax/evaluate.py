@@ -20,7 +20,7 @@ import types
 from absl import app, flags, logging
 
 from atgrpo_jax import cli
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 from atgrpo_jax.train.metrics import METRICS_FILE
 
 EVAL_FILE = "eval.json"

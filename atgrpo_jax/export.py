@@ -24,7 +24,7 @@ import types
 from absl import app, flags, logging
 
 from atgrpo_jax import cli
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 
 LORA_MODES = ("merge", "adapter")
 
