@@ -95,6 +95,9 @@ def rows_from_packed(x: jax.Array) -> jax.Array:
     return jnp.concatenate([jnp.zeros((x.shape[0], 1), x.dtype), x], axis=1)
 
 
+SCHEDULES = ("constant", "cosine")  # optim.schedule: see lr_factor
+
+
 def lr_factor(step: int, optim, total_steps: int) -> float:
     """The multiple of optim.lr that training step `step` (1-based) runs at, as verl schedules it:
     its scheduler advances once per training step, so step s reads the factor of s - 1. Warm-up:
