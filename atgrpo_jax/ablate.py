@@ -12,11 +12,10 @@ and OUT/curves.png (mean curve per regime with a band of one standard deviation)
 from __future__ import annotations
 
 import os
-import sys
 import types
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags
 
 from atgrpo_jax import cli
 from atgrpo_jax import workdir as wd
@@ -105,18 +104,15 @@ def write_outputs(table: dict, runs: dict, out: str):
     fig.savefig(os.path.join(out, "curves.png"))
 
 
-def main(argv, f, overrides=()):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)
-    with cli.fail():
-        if not f.out.value:
-            raise cli.UsageError("--out is required")
-        config = cli.apply_overrides(cli.load_config(f.config.value), overrides)
-        wd.check_writable(f.out.value, "--out")  # before hours of training, not after
-        os.makedirs(f.out.value, exist_ok=True)
-        run_table(config, f.regimes.value, f.seeds.value, f.out.value)
-        print(open(os.path.join(f.out.value, "table.md")).read())
+def main(f, overrides=()):
+    """The command (run by `cli.command`: flags parsed, errors as one line)."""
+    if not f.out.value:
+        raise cli.UsageError("--out is required")
+    config = cli.apply_overrides(cli.load_config(f.config.value), overrides)
+    wd.check_writable(f.out.value, "--out")  # before hours of training, not after
+    os.makedirs(f.out.value, exist_ok=True)
+    run_table(config, f.regimes.value, f.seeds.value, f.out.value)
+    print(open(os.path.join(f.out.value, "table.md")).read())
 
 
 def _flags() -> types.SimpleNamespace:
@@ -130,7 +126,4 @@ def _flags() -> types.SimpleNamespace:
 
 
 if __name__ == "__main__":
-    _f = _flags()
-    with cli.fail():
-        _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv)
+    cli.command(main, _flags)
