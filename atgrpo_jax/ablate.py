@@ -12,14 +12,13 @@ and OUT/curves.png (mean curve per regime with a band of one standard deviation)
 from __future__ import annotations
 
 import os
-import sys
 import types
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags
 
 from atgrpo_jax import cli
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 
 
 def run_configs(config, regimes, seeds, out: str) -> dict:
@@ -122,14 +121,13 @@ def write_outputs(table: dict, runs: dict, out: str):
     fig.savefig(os.path.join(out, "curves.png"))
 
 
-def main(argv, f, overrides=()):
-    logging.set_verbosity(logging.WARNING)
-    with cli.fail():
-        if not f.out.value:
-            raise cli.UsageError("--out is required")
-        config = cli.apply_overrides(cli.load_config(f.config.value), overrides)
-        run_table(config, f.regimes.value, f.seeds.value, f.out.value)
-        print(open(os.path.join(f.out.value, "table.md")).read())
+def main(f, overrides=()):
+    """The command (run by `cli.command`: flags parsed, errors as one line)."""
+    if not f.out.value:
+        raise cli.UsageError("--out is required")
+    config = cli.apply_overrides(cli.load_config(f.config.value), overrides)
+    run_table(config, f.regimes.value, f.seeds.value, f.out.value)
+    print(open(os.path.join(f.out.value, "table.md")).read())
 
 
 def _flags() -> types.SimpleNamespace:
@@ -143,7 +141,4 @@ def _flags() -> types.SimpleNamespace:
 
 
 if __name__ == "__main__":
-    _f = _flags()
-    with cli.fail():
-        _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv, flags_parser=cli.parse_flags)
+    cli.command(main, _flags)

@@ -14,13 +14,12 @@ with metrics, learning_curve.png. Paths may be object-store URLs (gs://; needs g
 """
 from __future__ import annotations
 
-import sys
 import types
 
-from absl import app, flags, logging
+from absl import flags
 
 from atgrpo_jax import cli
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 from atgrpo_jax.train.metrics import METRICS_FILE
 
 EVAL_FILE = "eval.json"
@@ -174,12 +173,11 @@ def config_for(checkpoint: str | None, spec: str | None, overrides):
     return cli.apply_overrides(from_saved(saved), overrides)
 
 
-def main(argv, f, overrides=()):
-    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    with cli.fail():
-        config = config_for(f.checkpoint.value, f.config.value, overrides)
-        run_evaluation(config, f.checkpoint.value, f.hf_path.value, f.splits.value, f.tasks.value, f.k.value,
-                       f.temperature.value, f.out.value, parse_policies(f.policies.value))
+def main(f, overrides=()):
+    """The command (run by `cli.command`: flags parsed, errors as one line)."""
+    config = config_for(f.checkpoint.value, f.config.value, overrides)
+    run_evaluation(config, f.checkpoint.value, f.hf_path.value, f.splits.value, f.tasks.value, f.k.value,
+                   f.temperature.value, f.out.value, parse_policies(f.policies.value))
 
 
 def _flags() -> types.SimpleNamespace:
@@ -200,7 +198,4 @@ def _flags() -> types.SimpleNamespace:
 
 
 if __name__ == "__main__":
-    _f = _flags()
-    with cli.fail():
-        _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv, flags_parser=cli.parse_flags)
+    cli.command(main, _flags)

@@ -19,14 +19,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 import types
 
-from absl import app, flags, logging
+from absl import flags
 
 from atgrpo_jax import cli
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 
 LORA_MODES = ("merge", "adapter")
 
@@ -195,16 +194,15 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     return summary
 
 
-def main(argv, f, overrides=()):
-    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
-    with cli.fail():
-        if not f.checkpoint.value:
-            raise cli.UsageError("--checkpoint is required (a run's workdir)")
-        check_push(f.push_to_hub.value)
-        summary = export_policy(f.checkpoint.value, f.out.value, step=f.step.value, policy=f.policy.value,
-                                lora=f.lora.value, overwrite=f.overwrite.value, overrides=overrides)
-        if f.push_to_hub.value:
-            push(summary["out"], f.push_to_hub.value)
+def main(f, overrides=()):
+    """The command (run by `cli.command`: flags parsed, errors as one line)."""
+    if not f.checkpoint.value:
+        raise cli.UsageError("--checkpoint is required (a run's workdir)")
+    check_push(f.push_to_hub.value)
+    summary = export_policy(f.checkpoint.value, f.out.value, step=f.step.value, policy=f.policy.value,
+                            lora=f.lora.value, overwrite=f.overwrite.value, overrides=overrides)
+    if f.push_to_hub.value:
+        push(summary["out"], f.push_to_hub.value)
 
 
 def check_push(repo: str | None) -> None:
@@ -248,7 +246,4 @@ def _flags() -> types.SimpleNamespace:
 
 
 if __name__ == "__main__":
-    _f = _flags()
-    with cli.fail():
-        _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv, flags_parser=cli.parse_flags)
+    cli.command(main, _flags)

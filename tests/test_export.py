@@ -50,7 +50,7 @@ def trained_policy(workdir: str, index: int):
     from atgrpo_jax.train.config import from_saved
     from atgrpo_jax.train.setup import build_run
     from atgrpo_jax.train.step import policy_states, set_policy_states
-    from atgrpo_jax.train import workdir as wd
+    from atgrpo_jax import workdir as wd
 
     run = build_run(from_saved(wd.saved_config(workdir)))
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=0, read_only=True)
@@ -106,7 +106,7 @@ def test_a_shared_policy_loads_in_transformers_with_the_trained_weights(runs, tm
 def policy_tokenizer(workdir):
     from atgrpo_jax.train.config import from_saved
     from atgrpo_jax.train.setup import make_tokenizer
-    from atgrpo_jax.train import workdir as wd
+    from atgrpo_jax import workdir as wd
 
     c = from_saved(wd.saved_config(workdir))
     return make_tokenizer(c.tokenizer, c.model.hf_path, c.char_alphabet)

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 
 log = logging.getLogger(__name__)
 

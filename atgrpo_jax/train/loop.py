@@ -20,7 +20,7 @@ from atgrpo_jax import cli
 from atgrpo_jax.rollout.dispatch import StageTimeout
 from atgrpo_jax.train import checkpoint, guard, setup, wandb_log
 from atgrpo_jax.train.resume import restore_or_start, rollout_ahead_again
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, flat, from_saved
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.episodes import as_markdown, training_records

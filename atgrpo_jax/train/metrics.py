@@ -24,7 +24,7 @@ Only the TensorBoard package is used (no TensorFlow): events are built with
 `tensorboard.plugins.scalar.summary_v2.scalar_pb` and written by
 `tensorboard.summary.writer.event_file_writer.EventFileWriter`.
 
-Object-store workdirs (`gs://bucket/run`; see `workdir.py`): both files are
+Object-store workdirs (`gs://bucket/run`; see `atgrpo_jax/workdir.py`): both files are
 written exactly as above in a local staging directory, and the changed ones
 are uploaded whole (an atomic object write) at most every `sync_every_s`
 seconds, at `sync()` (the trainer calls it before each checkpoint, so the
@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence, TextIO
 
 import numpy as np
 
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 
 log = logging.getLogger(__name__)
 

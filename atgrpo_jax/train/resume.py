@@ -17,7 +17,7 @@ import jax
 from atgrpo_jax import cli
 from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train import checkpoint
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 from atgrpo_jax.train.step import policy_states, rollout_step
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 
 RUN_ID_FILE = "wandb_run_id"
 EPISODE_COLUMNS = ("step", "task", "turn", "agent", "prompt", "response", "parsed_as", "reward", "advantage")

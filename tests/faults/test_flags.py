@@ -9,7 +9,7 @@ import pytest
 
 from atgrpo_jax import cli
 from atgrpo_jax.evaluate import check_flags
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 from atgrpo_jax.train.config import base_config
 from faults_util import ROOT, run, stderr_lines
 
