@@ -77,13 +77,13 @@ def test_the_trainer_builds_the_model_from_a_hub_id(offline_cache):
 def test_evaluate_hf_path_offline_fails_in_one_line(offline_cache, tmp_path, capsys):
     import types
 
-    from atgrpo_jax import evaluate
+    from atgrpo_jax import cli, evaluate
 
     values = dict(config=os.path.join(ROOT, "configs", "demo.py"), checkpoint=None, hf_path="tiny-org/not-downloaded",
                   splits=[], tasks=None, k=None, temperature=None, out=str(tmp_path), policies=[])
     flags = types.SimpleNamespace(**{k: types.SimpleNamespace(value=v) for k, v in values.items()})
-    with pytest.raises(SystemExit) as e:
-        evaluate.main(["evaluate"], flags)
+    with pytest.raises(SystemExit) as e, cli.fail():  # as cli.command runs it
+        evaluate.main(flags)
     lines = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith(
         "error: --hf_path='tiny-org/not-downloaded': no such directory, and as a hub id: HF_HUB_OFFLINE=1")
