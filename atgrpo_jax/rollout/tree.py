@@ -173,6 +173,36 @@ def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, tas
 PLAIN_GROUPINGS = ("task", "task_agent")
 
 
+@dataclasses.dataclass(frozen=True)
+class TreeRollout:
+    """AT-GRPO's tree sampling (`tree_rollout`): one prompt per task and stage, K branches."""
+
+    k: int
+
+    def prompts(self, tasks: int) -> int:
+        """The most prompts one sample call gets for `tasks` tasks."""
+        return tasks
+
+    def __call__(self, workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
+                 split: str, **kw):
+        return tree_rollout(workflow, sample_fn, encode, task_ids, split, k=self.k, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainRollout:
+    """Plain GRPO (`plain_rollout`): K independent episodes per task, grouped by `grouping`."""
+
+    k: int
+    grouping: str = "task"
+
+    def prompts(self, tasks: int) -> int:
+        return tasks * self.k  # every episode prompts on its own
+
+    def __call__(self, workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
+                 split: str, **kw):
+        return plain_rollout(workflow, sample_fn, encode, task_ids, split, k=self.k, grouping=self.grouping, **kw)
+
+
 def _gather(one: Samples, idx: np.ndarray, has: np.ndarray, **group) -> Samples:
     """Groups [G, W] made of `one`'s one-sample groups idx[g, w] (samples where `has`)."""
     g, w = idx.shape

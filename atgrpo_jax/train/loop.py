@@ -27,8 +27,8 @@ from atgrpo_jax.train.episodes import as_markdown, training_records
 from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
 from atgrpo_jax.train.progress import ProgressBar
 from atgrpo_jax.trace import Tracer
-from atgrpo_jax.train.step import (evaluation, evaluation_splits, policy_states, rollout_step, set_policy_states,
-                                   train_step)
+from atgrpo_jax.train.evaluation import evaluation, evaluation_splits
+from atgrpo_jax.train.step import policy_states, rollout_step, set_policy_states, train_step
 
 
 def check_resume(config, workdir: str, allow_config_change: bool) -> dict:

@@ -1,4 +1,4 @@
-"""One training step: rollout -> advantages -> filters -> per-policy update; and evaluation.
+"""One training step: rollout -> advantages -> filters -> per-policy update.
 
 Every random choice of step s derives from (train.seed, s), so a run resumed
 from the checkpoint of step s continues exactly as an uninterrupted one.
@@ -17,7 +17,7 @@ import numpy as np
 from atgrpo_jax.algo.advantages import group_advantages, group_filter
 from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_host
 from atgrpo_jax.rollout.router import make_sample_fn
-from atgrpo_jax.rollout.tree import Schedule, merge_rollouts, plain_rollout, tree_rollout
+from atgrpo_jax.rollout.tree import PlainRollout, Schedule, TreeRollout, merge_rollouts
 from atgrpo_jax.sharding import batch_shards
 from atgrpo_jax.train.batch import length_bucket, pack_minibatch, policy_batches
 from atgrpo_jax.train.config import max_new_tokens
@@ -48,24 +48,18 @@ def schedule_for(run: Run, tracer: Tracer | None, on_pool_done=None) -> Schedule
                     on_pool_done=on_pool_done)
 
 
-def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float | None, k: int, key, tracer=None,
+def rollout(run: Run, strategy, task_ids: np.ndarray, split: str, temperature: float | None, key, tracer=None,
             evaluation: bool = False, on_pool_done=None):
-    """`fn` (tree_rollout or plain_rollout) over this process's slice of task_ids, with the agents'
-    training (or `evaluation`) sampling, then the slices of all processes merged (every process gets
-    the whole step). on_pool_done(policy, samples): see `early_updates`."""
+    """`strategy` (rollout.tree.TreeRollout or PlainRollout) over this process's slice of task_ids, with
+    the agents' training (or `evaluation`) sampling, then the slices of all processes merged (every
+    process gets the whole step). on_pool_done(policy, samples): see `early_updates`."""
     mine = task_slice(len(task_ids))
-    prompts = (mine.stop - mine.start) * (k if fn is plain_rollout else 1)
     r = run.config.rollout
-    extra = {"grouping": r.plain_grouping} if fn is plain_rollout else {}
-    part = fn(run.workflow, sample_fn_for(run, temperature, prompts, evaluation), run.encode, task_ids[mine], split,
-              k=k, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key, first_task=mine.start,
-              schedule=schedule_for(run, tracer, on_pool_done), **extra)
+    part = strategy(run.workflow, sample_fn_for(run, temperature, strategy.prompts(mine.stop - mine.start),
+                                                evaluation),
+                    run.encode, task_ids[mine], split, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key,
+                    first_task=mine.start, schedule=schedule_for(run, tracer, on_pool_done))
     return merge_rollouts(gather_objects(part), len(run.workflow.agents))
-
-
-def evaluation_splits(run: Run) -> list[str]:
-    """What the trainer evaluates: the validation split (if the workflow has one), then its test splits."""
-    return [s for s in ("valid",) if s in run.workflow.splits] + list(run.workflow.test_splits)
 
 
 def _minibatches(batch: dict, size: int):
@@ -175,8 +169,8 @@ def rollout_step(run: Run, step: int, tracer: Tracer | None = None, stale: bool 
     c, r = run.config, run.config.rollout
     key = jax.random.fold_in(jax.random.key(c.train.seed), step)
     t0 = time.perf_counter()
-    fn = tree_rollout if r.tree else plain_rollout
-    samples, episodes = rollout(run, fn, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", None, r.k, key,
+    strategy = TreeRollout(r.k) if r.tree else PlainRollout(r.k, r.plain_grouping)
+    samples, episodes = rollout(run, strategy, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", None, key,
                                 tracer, on_pool_done=on_pool_done)
     return Rollout(step, samples, episodes, time.perf_counter() - t0, stale)
 
@@ -308,39 +302,6 @@ def penalties(run: Run) -> np.ndarray | None:
     """Each agent's repetition penalty in training, or None when no agent has one."""
     values = np.array([s.repetition_penalty for s in run.sampling], np.float32)
     return values if (values != 1).any() else None
-
-
-def evaluate(run: Run, split: str, num_tasks: int, k: int = 1, temperature: float | None = None):
-    """(metrics, episodes) of k independent (no-tree) episodes per task of `split`: every problem
-    of a finite split once, else `num_tasks` generated tasks. avg@k: mean success over all
-    episodes; pass@k: the fraction of tasks with a success among their k."""
-    size = run.workflow.splits.get(split, "unknown")
-    if size == "unknown":
-        raise ValueError(f"split {split!r}: the workflow has {', '.join(run.workflow.splits)}")
-    n = num_tasks if size is None else size
-    per = -(-n // jax.process_count()) * jax.process_count()  # every process gets as many tasks
-    ids = np.minimum(np.arange(per), n - 1)  # (the padding repeats the last task; it is dropped below)
-    _, episodes = rollout(run, plain_rollout, ids, split, temperature, k, jax.random.key(run.config.train.seed + 1),
-                          evaluation=True)
-    wins = episodes.episode_success[:n]
-    return {f"eval/{split}/avg@{k}": float(wins.mean()), f"eval/{split}/pass@{k}": float(wins.any(1).mean()),
-            f"eval/{split}/turns": float(np.mean(episodes.turns[:n]))}, episodes
-
-
-def evaluation(run: Run, splits, num_tasks: int, k: int = 1, temperature: float | None = None):
-    """(metrics, {split: episodes}) over several splits; `eval_success` is the mean avg@k of the
-    test splits among them, `valid_success` the validation split's (which chooses the best checkpoint)."""
-    metrics, episodes = {}, {}
-    for split in splits:
-        m, episodes[split] = evaluate(run, split, num_tasks, k, temperature)
-        metrics.update(m)
-    tests = [s for s in splits if s in run.workflow.test_splits]
-    if tests:
-        metrics["eval_success"] = float(np.mean([metrics[f"eval/{s}/avg@{k}"] for s in tests]))
-        metrics["eval_turns"] = float(np.mean([metrics[f"eval/{s}/turns"] for s in tests]))
-    if "valid" in splits:
-        metrics["valid_success"] = metrics[f"eval/valid/avg@{k}"]
-    return metrics, episodes
 
 
 def policy_states(run: Run) -> dict:
