@@ -24,7 +24,7 @@ from atgrpo_jax.train.config import max_new_tokens
 from atgrpo_jax.train.guard import StepAbandoned
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.trace import Tracer
-from atgrpo_jax.train.update import Packed, TrainState, with_lr
+from atgrpo_jax.train.update import Packed
 
 TRAIN_TASK_STRIDE = 1_000_003  # task ids of step s: s * stride + [0, B); test ids are another split
 
@@ -97,7 +97,7 @@ def start_update(run: Run, policy, batch: dict, behavior_logprobs: bool = False)
     # once (every process holds the same batch); old and reference log-probs stay there.
     packed = packed_minibatches(run, policy, batch)
     placed = [Packed.from_arrays(mb, lambda x: global_array(x, policy.mesh)) for mb in packed]
-    logprobs = lambda params: [policy.logprobs_fn(params, mb) for mb in placed]  # noqa: E731
+    logprobs = lambda params: [policy.logprobs(mb, params) for mb in placed]  # noqa: E731
     if behavior_logprobs:
         old, recomputed = [global_array(mb["sampler_logp"], policy.mesh) for mb in packed], None
     else:
@@ -107,8 +107,7 @@ def start_update(run: Run, policy, batch: dict, behavior_logprobs: bool = False)
     metrics = []
     for _ in range(o.epochs):
         for mb, old_mb, ref_mb in zip(placed, old, ref_logp):
-            policy.state, m = policy.update_fn(policy.state, mb._replace(old_logp=old_mb, ref_logp=ref_mb))
-            metrics.append(m)
+            metrics.append(policy.update(mb._replace(old_logp=old_mb, ref_logp=ref_mb)))
     return PendingUpdate(policy, metrics, recomputed, packed, int(batch["num_samples"]), int(batch["is_resp"].sum()))
 
 
@@ -160,10 +159,16 @@ class Rollout:
     samples: Any
     episodes: Any
     seconds: float
-    stale: bool = False  # sampled with the weights before the previous step's update (system.staleness)
+    # system.staleness: sampled with the weights from before the previous step's update, at these
+    # optimizer steps (one per policy); None: with the step's own weights
+    sampled_at: tuple[int, ...] | None = None
+
+    @property
+    def stale(self) -> bool:
+        return self.sampled_at is not None
 
 
-def rollout_step(run: Run, step: int, tracer: Tracer | None = None, stale: bool = False,
+def rollout_step(run: Run, step: int, tracer: Tracer | None = None, sampled_at: tuple[int, ...] | None = None,
                  on_pool_done=None) -> Rollout:
     """The step's tree (or plain) rollout of its training tasks, with each agent's sampling settings."""
     c, r = run.config, run.config.rollout
@@ -172,7 +177,7 @@ def rollout_step(run: Run, step: int, tracer: Tracer | None = None, stale: bool 
     strategy = TreeRollout(r.k) if r.tree else PlainRollout(r.k, r.plain_grouping)
     samples, episodes = rollout(run, strategy, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", None, key,
                                 tracer, on_pool_done=on_pool_done)
-    return Rollout(step, samples, episodes, time.perf_counter() - t0, stale)
+    return Rollout(step, samples, episodes, time.perf_counter() - t0, sampled_at)
 
 
 @dataclasses.dataclass
@@ -235,66 +240,80 @@ def early_updates(run: Run, step: int, tracer: Tracer, worker: ThreadPoolExecuto
             batch = policy_batch(run, step, samples, score_groups(run, samples), policy)
             if batch is None:
                 return None
-            p.state = with_lr(p.state, run.lr_schedule(step))  # as train_step sets it for the others
+            p.set_lr(run.lr_schedule(step))  # as train_step sets it for the others
             return start_update(run, p, batch)
 
     return lambda policy, samples: started.__setitem__(policy, worker.submit(start, policy, samples))
 
 
-def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = None, ro: Rollout | None = None,
-               then=None, abandon=None) -> dict:
-    """One AT-GRPO step on every policy; returns scalar metrics. on_rollout(samples, episodes, adv),
-    if given, sees the step's rollout (episode logs). ro: the step's rollout if it was made already
-    (system.staleness = 1); then(), if given, runs while the updates are on the devices (the next
-    step's rollout, made with the weights from before this update). abandon(), if given, is asked
-    once the rollout is done: True raises StepAbandoned and leaves every policy as it was (unless a
-    policy's update began during the rollout: then the step is finished, the next safe point)."""
+def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = None, prefetch=None,
+               abandon=None) -> dict:
+    """One AT-GRPO step on every policy: rollout -> advantages and filters -> each policy's update;
+    returns scalar metrics. on_rollout(samples, episodes, adv), if given, sees the step's rollout
+    (episode logs). prefetch (train.prefetch.Prefetch, system.staleness = 1): the step's rollout may
+    have been made ahead, and the next step's is made while this step's updates are on the devices,
+    with the weights from before them. abandon(), if given, is asked once the rollout is done: True
+    raises StepAbandoned and leaves every policy as it was (unless a policy's update began during the
+    rollout: then the step is finished, the next safe point)."""
     tracer = tracer or Tracer()
-    started: dict = {}  # policies whose update began during the rollout (early_updates)
-    if ro is None:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="early-update") as worker:
-            early = early_updates(run, step, tracer, worker, started, abandon) if then is None else None
-            ro = rollout_step(run, step, tracer, on_pool_done=early)  # (staleness: behavior weights first)
-        started = {policy: future.result() for policy, future in started.items()}
-        started = {policy: u for policy, u in started.items() if u is not NOT_STARTED}
+    ahead = prefetch is not None and prefetch.covers(step + 1)  # the next rollout overlaps this update
+    ro, started = prefetch.take(step) if prefetch is not None else None, {}
+    if ro is None:  # started: policies whose update began during the rollout (early_updates)
+        ro, started = rollout_with_early_updates(run, step, tracer, abandon, early=not ahead)
     if abandon is not None and not any(started.values()) and abandon():  # a stop was asked for: drop the
         raise StepAbandoned(step)  # step before its update starts
     samples, episodes = ro.samples, ro.episodes
     t1 = time.perf_counter()
     groups = score_groups(run, samples)
-    adv, keep = groups.adv, groups.keep
     batches = [None if p in started else policy_batch(run, step, samples, groups, p) for p in range(len(run.policies))]
     if on_rollout is not None:
-        on_rollout(samples, episodes, adv)
+        on_rollout(samples, episodes, groups.adv)
+    metrics = rollout_metrics(run, ro, groups)
+    if prefetch is not None:
+        prefetch.start(step + 1)  # the weights the next rollout samples with, before this update
+    lr = run.lr_schedule(step)
+    for i, p in enumerate(run.policies):  # the schedule moves once per training step (verl's), whatever the
+        if i not in started:  # optimizer steps (an early update set it before it started)
+            p.set_lr(lr)
+    pending = [started[i] if i in started else start_update(run, p, b, behavior_logprobs=ro.stale)
+               for i, (p, b) in enumerate(zip(run.policies, batches)) if started.get(i) is not None or b is not None]
+    tokens = sum(p.tokens for p in pending)
+    if prefetch is not None:
+        prefetch.make(tracer)
+    for p, out in zip(pending, finish_updates(pending, tracer)):
+        for k, v in out.items():
+            metrics[f"{p.policy.name}/{k}" if len(run.policies) > 1 else k] = v
+    metrics["samples"] = float(sum(p.samples for p in pending))  # every policy's, for per-step comparisons
+    t2 = time.perf_counter()
+    metrics.update(rollout_s=ro.seconds, update_s=t2 - t1,
+                   lr=float(lr), tokens_per_s=tokens / max(t2 - t1, 1e-9),
+                   rollout_tokens_per_s=float(samples.response_len[samples.mask].sum()) / max(ro.seconds, 1e-9))
+    return metrics
+
+
+def rollout_with_early_updates(run: Run, step: int, tracer: Tracer, abandon, early: bool):
+    """(the step's rollout, {policy: its PendingUpdate, or None}) with, if `early`, each policy's
+    update started as soon as its groups are complete (`early_updates`)."""
+    started: dict = {}
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="early-update") as worker:
+        on_pool_done = early_updates(run, step, tracer, worker, started, abandon) if early else None
+        ro = rollout_step(run, step, tracer, on_pool_done=on_pool_done)
+    started = {policy: future.result() for policy, future in started.items()}
+    return ro, {policy: u for policy, u in started.items() if u is not NOT_STARTED}
+
+
+def rollout_metrics(run: Run, ro: Rollout, groups: Groups) -> dict:
+    """Success, turns, kept groups, advantages and rewards of the step's rollout; with a stale one, the
+    optimizer steps between the weights that sampled it and those its update starts from."""
+    samples, episodes, adv, keep = ro.samples, ro.episodes, groups.adv, groups.keep
     metrics = {"success": float(np.mean(episodes.success)), "turns": float(np.mean(episodes.turns)),
                "groups_kept": float(keep.sum()), "groups": float(len(keep)),
                "adv_abs_mean": float(np.abs(adv[samples.mask]).mean()) if samples.mask.any() else 0.0,
                "reward_mean": float(samples.reward[samples.mask].mean()) if samples.mask.any() else 0.0}
     for a, agent in enumerate(run.workflow.agents):
         metrics[f"reward/{agent.name}"] = float(episodes.agent_reward[a])
-    lags = [int(p.state.step) - p.behavior_step for p in run.policies] if ro.stale else []
-    if then is not None:  # the next rollout samples with the weights from before this update
-        for p in run.policies:
-            p.hold_behavior()
-    lr = run.lr_schedule(step)
-    for i, p in enumerate(run.policies):  # the schedule moves once per training step (verl's), whatever the
-        if i not in started:  # optimizer steps (an early update set it before it started)
-            p.state = with_lr(p.state, lr)
-    pending = [started[i] if i in started else start_update(run, p, b, behavior_logprobs=ro.stale)
-               for i, (p, b) in enumerate(zip(run.policies, batches)) if started.get(i) is not None or b is not None]
-    tokens = sum(p.tokens for p in pending)
-    if then is not None:
-        then()
-    for p, out in zip(pending, finish_updates(pending, tracer)):
-        for k, v in out.items():
-            metrics[f"{p.policy.name}/{k}" if len(run.policies) > 1 else k] = v
-    metrics["samples"] = float(sum(p.samples for p in pending))  # every policy's, for per-step comparisons
-    t2 = time.perf_counter()
-    if ro.stale:  # optimizer steps between the weights that sampled and those this update started from
-        metrics["lag_updates"] = float(np.mean(lags))
-    metrics.update(rollout_s=ro.seconds, update_s=t2 - t1,
-                   lr=float(lr), tokens_per_s=tokens / max(t2 - t1, 1e-9),
-                   rollout_tokens_per_s=float(samples.response_len[samples.mask].sum()) / max(ro.seconds, 1e-9))
+    if ro.stale:
+        metrics["lag_updates"] = float(np.mean([int(p.state.step) - n for p, n in zip(run.policies, ro.sampled_at)]))
     return metrics
 
 
@@ -310,4 +329,4 @@ def policy_states(run: Run) -> dict:
 
 def set_policy_states(run: Run, states: dict) -> None:
     for p in run.policies:
-        p.state = TrainState(*states[p.name]) if not isinstance(states[p.name], TrainState) else states[p.name]
+        p.load(states[p.name])

@@ -49,7 +49,7 @@ def test_float32_masters_learn_what_bf16_weights_lose():
     assert {x.dtype for x in floats(p.state.params)} == {jnp.dtype(jnp.float32)}
     assert {x.dtype for x in floats(p.state.opt_state)} == {jnp.dtype(jnp.float32)}
     before = [np.asarray(x) for x in floats(p.state.params)]
-    p.state, m = p.update_fn(p.state, batch())
+    m = p.update(batch())
     assert float(m["skipped"]) == 0.0
     after = [np.asarray(x) for x in floats(p.state.params)]
     moved = np.concatenate([(a != b).ravel() for a, b in zip(after, before)])
@@ -72,7 +72,7 @@ def test_param_dtype_masters_train_in_bf16():
     p = one_policy("param_dtype")
     assert {x.dtype for x in floats(p.state.params)} == {jnp.dtype(jnp.bfloat16)}
     assert p.sample_dtype is None
-    p.state, m = p.update_fn(p.state, batch())
+    p.update(batch())
     assert {x.dtype for x in floats(p.state.params)} == {jnp.dtype(jnp.bfloat16)}
 
 

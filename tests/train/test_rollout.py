@@ -242,8 +242,8 @@ def test_old_logprobs_are_of_the_distribution_sampled_from():
     policy = run.policies[0]
     for mb in packed_minibatches(run, policy, batch):
         scored = mb["scored"]
-        exact = np.asarray(policy.logprobs_fn(policy.state.params, Packed.from_arrays(mb)))
-        plain = np.asarray(policy.logprobs_fn(policy.state.params, Packed.from_arrays(
+        exact = np.asarray(policy.logprobs(Packed.from_arrays(mb)))
+        plain = np.asarray(policy.logprobs(Packed.from_arrays(
             {k: v for k, v in mb.items() if k not in ("inv_temp", "top_p")})))  # temperature 1, no top-p
         assert np.abs(exact - mb["sampler_logp"])[scored].max() < 1e-4
         assert np.abs(plain - mb["sampler_logp"])[scored].mean() > 0.05
@@ -275,8 +275,8 @@ def test_old_logprobs_include_the_repetition_penalty():
     for mb in packed_minibatches(run, policy, batch):
         scored = mb["scored"]
         shared += int((np.bincount(mb["sample_row"][mb["sample_row"] >= 0]) > 1).sum())
-        exact = np.asarray(policy.logprobs_fn(policy.state.params, Packed.from_arrays(mb)))
-        unpenalized = np.asarray(policy.logprobs_fn(policy.state.params, Packed.from_arrays(
+        exact = np.asarray(policy.logprobs(Packed.from_arrays(mb)))
+        unpenalized = np.asarray(policy.logprobs(Packed.from_arrays(
             {k: v for k, v in mb.items() if k != "penalty"})))
         assert np.abs(exact - mb["sampler_logp"])[scored].max() < 1e-4
         assert np.abs(unpenalized - mb["sampler_logp"])[scored].mean() > 0.01
