@@ -96,7 +96,7 @@ def _record_samples(r: Record, k: int, streams: np.ndarray) -> Samples:
     b = len(streams)
     width = r.out.tokens.shape[1]
     return Samples(
-        prompt=np.repeat(r.prompt[:, None], k, axis=1), prompt_len=np.repeat(r.prompt_len[:, None], k, axis=1),
+        prompt=r.prompt, prompt_len=r.prompt_len, prompt_of=np.repeat(np.arange(b)[:, None], k, axis=1),
         response=r.out.tokens.reshape(b, k, width), response_len=r.out.lengths.reshape(b, k),
         sampler_logp=r.out.logprobs.reshape(b, k, width), reward=r.reward, local_reward=r.local,
         team_reward=r.team, mask=r.mask, task=np.asarray(streams), agent=np.full(b, r.agent),
@@ -139,7 +139,7 @@ def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, tas
     records, success, turns = _run(workflow, sample_fn, encode, episode_tasks, split, 1, max_turns, alpha, key,
                                    streams, schedule)
     one = concat([_record_samples(r, 1, streams) for r in records]) if records else None  # [R * B*K] of 1
-    samples = Samples.empty(k if grouping == "task_agent" else k * num_agents, shared_prompt=False)
+    samples = Samples.empty(k if grouping == "task_agent" else k * num_agents)
     if records:
         n = b * k
         live = one.mask[:, 0].reshape(len(records), n)  # [R, B*K]: episode e took part in record r
@@ -209,11 +209,12 @@ def _gather(one: Samples, idx: np.ndarray, has: np.ndarray, **group) -> Samples:
     flat = one.take(idx.ravel())
     shaped = lambda x: x.reshape(g, w, *x.shape[2:])  # noqa: E731
     zero = lambda x: np.where(has, shaped(x), 0).astype(x.dtype)  # noqa: E731
-    return Samples(prompt=shaped(flat.prompt), prompt_len=shaped(flat.prompt_len), response=shaped(flat.response),
+    return Samples(prompt=flat.prompt, prompt_len=flat.prompt_len, prompt_of=shaped(flat.prompt_of),
+                   response=shaped(flat.response),
                    response_len=zero(flat.response_len), sampler_logp=shaped(flat.sampler_logp),
                    reward=zero(flat.reward), local_reward=zero(flat.local_reward), team_reward=zero(flat.team_reward),
                    mask=has, sample_agent=shaped(flat.sample_agent), text=shaped(flat.text),
-                   parsed_as=shaped(flat.parsed_as), selected=np.full(g, -1), shared_prompt=False, **group)
+                   parsed_as=shaped(flat.parsed_as), selected=np.full(g, -1), **group)
 
 
 def _agent_reward(samples: Samples, num_agents: int) -> np.ndarray:

@@ -63,9 +63,9 @@ def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_o
             out.append(None)
             continue
         n = -(-len(g) // mini_batch) * mini_batch
-        width = length_bucket(int((samples.prompt_len[g, k] + samples.response_len[g, k]).max()))
+        width = length_bucket(int((samples.sample_prompt_len()[g, k] + samples.response_len[g, k]).max()))
         tokens, is_resp, valid, logp = sequences(samples, g, k, width)
-        share = g if samples.shared_prompt else g * samples.mask.shape[1] + k
+        share = samples.prompt_of[g, k]  # samples that answer one prompt share its copy
         pad = lambda x, fill=0: np.concatenate([x, np.full((n - len(x),) + x.shape[1:], fill, x.dtype)])
         per_agent = lambda values: pad(np.ones(len(g), np.float32) if values is None else  # noqa: E731
                                        np.asarray(values, np.float32)[samples.sample_agent[g, k]], 1.0)

@@ -73,15 +73,16 @@ def test_groups_are_k_samples_of_one_task_agent_turn(run):
     _, s, episodes = rollout(run)
     groups = list(zip(s.task, s.agent, s.turn))
     assert len(groups) == len(set(groups))  # one group per (task, agent, turn)
-    assert s.reward.shape == s.mask.shape == s.response_len.shape == s.prompt_len.shape == (len(groups), K)
-    assert s.response.shape[:2] == s.prompt.shape[:2] == (len(groups), K) and s.shared_prompt
+    assert s.reward.shape == s.mask.shape == s.response_len.shape == s.prompt_of.shape == (len(groups), K)
+    assert s.response.shape[:2] == (len(groups), K)
+    assert len(set(s.prompt_of[:, 0])) == len(groups)  # a prompt of its own per group, stored once
     for g in range(len(groups)):
         if s.mask[g].all():  # a live group: K distinct samples from one shared prompt
-            assert all(np.array_equal(p, s.prompt[g][0]) for p in s.prompt[g])
+            assert (s.prompt_of[g] == s.prompt_of[g, 0]).all()
             assert (s.response_len[g] > 0).all()
             for k in range(K):  # padded arrays: nothing but zeros past a sample's length
                 assert not s.response[g, k, s.response_len[g, k]:].any()
-                assert not s.prompt[g, k, s.prompt_len[g, k]:].any()
+            assert not s.prompt[s.prompt_of[g, 0], s.prompt_len[s.prompt_of[g, 0]]:].any()
     assert episodes.success.shape == (3,)
 
 
@@ -127,7 +128,10 @@ def test_plain_grpo_as_the_reference_groups_by_task_at_its_last_turn(run):
             if (a, e) in want:
                 g = want[(a, e)]
                 assert s.reward[task, col] == t.reward[g, 0]
+                np.testing.assert_array_equal(s.prompt_ids(task, col), t.prompt_ids(g, 0))  # its own episode's
                 np.testing.assert_array_equal(s.response[task, col], t.response[g, 0])
+    live = s.prompt_of[s.mask]
+    assert len(set(live)) == len(live)  # independent episodes: no two samples share a prompt
 
 
 def param_leaves(policy):
