@@ -132,23 +132,3 @@ def concat(parts: Sequence[Samples]) -> Samples:
                    cat("sampler_logp", r), cat("reward"), cat("local_reward"), cat("team_reward"), cat("mask"),
                    cat("task"), cat("agent"), cat("sample_agent"), cat("turn"), cat("text"), cat("parsed_as"),
                    cat("selected"))
-
-
-def sequences(samples: Samples, groups: np.ndarray, branches: np.ndarray, width: int):
-    """The samples (groups[i], branches[i]) as rows of [N, width]: prompt then response.
-
-    Returns tokens [N, width] int32, is_resp [N, width] bool (the response tokens), valid
-    [N, width] bool (prompt and response), sampler_logp [N, width] (at response columns).
-    """
-    plen = samples.sample_prompt_len()[groups, branches][:, None]
-    rlen = samples.response_len[groups, branches][:, None]
-    cols = np.arange(width)[None, :]
-    prompt = samples.prompt[samples.prompt_of[groups, branches]]
-    response = samples.response[groups, branches]
-    in_prompt = cols < plen
-    is_resp = (cols >= plen) & (cols < plen + rlen)
-    at_resp = np.clip(cols - plen, 0, response.shape[1] - 1)
-    tokens = np.where(in_prompt, np.take_along_axis(prompt, np.minimum(cols, prompt.shape[1] - 1), axis=1),
-                      np.where(is_resp, np.take_along_axis(response, at_resp, axis=1), 0))
-    logp = np.where(is_resp, np.take_along_axis(samples.sampler_logp[groups, branches], at_resp, axis=1), 0.0)
-    return tokens.astype(np.int32), is_resp, in_prompt | is_resp, logp.astype(np.float32)

@@ -19,12 +19,11 @@ from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_
 from atgrpo_jax.rollout.router import make_sample_fn
 from atgrpo_jax.rollout.tree import PlainRollout, Schedule, TreeRollout, merge_rollouts
 from atgrpo_jax.sharding import batch_shards
-from atgrpo_jax.train.batch import length_bucket, pack_minibatch, policy_batches
+from atgrpo_jax.train.batch import Minibatch, PolicyBatch, length_bucket, pack, policy_batch
 from atgrpo_jax.train.config import max_new_tokens
 from atgrpo_jax.train.guard import StepAbandoned
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.trace import Tracer
-from atgrpo_jax.train.update import Packed
 
 TRAIN_TASK_STRIDE = 1_000_003  # task ids of step s: s * stride + [0, B); test ids are another split
 
@@ -62,17 +61,12 @@ def rollout(run: Run, strategy, task_ids: np.ndarray, split: str, temperature: f
     return merge_rollouts(gather_objects(part), len(run.workflow.agents))
 
 
-def _minibatches(batch: dict, size: int):
-    for i in range(0, len(batch["adv"]), size):
-        yield {k: v[i:i + size] for k, v in batch.items() if k != "num_samples"}
-
-
-def packed_minibatches(run: Run, policy, batch: dict) -> list[dict]:
+def packed_minibatches(run: Run, policy, batch: PolicyBatch) -> list[Minibatch]:
     """The policy batch's mini-batches in the update's packed layout (a group's prompt once)."""
     o, r = run.config.optim, run.config.rollout
     widest = length_bucket(r.max_prompt_len + max_new_tokens(run.config))  # an unshared row's, as the planner's
-    return [pack_minibatch(mb, batch_shards(policy.mesh), o.share_prompts, r.k, widest)
-            for mb in _minibatches(batch, o.mini_batch_size)]
+    return [pack(mb, batch_shards(policy.mesh), o.share_prompts, r.k, widest)
+            for mb in batch.minibatches(o.mini_batch_size)]
 
 
 @dataclasses.dataclass
@@ -82,12 +76,12 @@ class PendingUpdate:
     policy: Any
     metrics: list  # per mini-batch step: device arrays
     old: list | None  # recomputed old log-probs per mini-batch (None: the sampler's were used)
-    packed: list[dict]
+    packed: list[Minibatch]
     samples: int
     tokens: int  # response tokens trained on (per epoch)
 
 
-def start_update(run: Run, policy, batch: dict, behavior_logprobs: bool = False) -> PendingUpdate:
+def start_update(run: Run, policy, batch: PolicyBatch, behavior_logprobs: bool = False) -> PendingUpdate:
     """Old log-probs, then epochs x mini-batches of clipped updates, all dispatched to the policy's
     devices without waiting (so the updates of policies on other devices run at the same time).
     behavior_logprobs: the importance ratio is taken against the sampler's log-probs (a rollout
@@ -96,10 +90,10 @@ def start_update(run: Run, policy, batch: dict, behavior_logprobs: bool = False)
     # Each mini-batch is packed (a group's prompt once) and placed on the policy's mesh
     # once (every process holds the same batch); old and reference log-probs stay there.
     packed = packed_minibatches(run, policy, batch)
-    placed = [Packed.from_arrays(mb, lambda x: global_array(x, policy.mesh)) for mb in packed]
+    placed = [mb.packed.placed(lambda x: global_array(x, policy.mesh)) for mb in packed]
     logprobs = lambda params: [policy.logprobs(mb, params) for mb in placed]  # noqa: E731
     if behavior_logprobs:
-        old, recomputed = [global_array(mb["sampler_logp"], policy.mesh) for mb in packed], None
+        old, recomputed = [global_array(mb.sampler_logp, policy.mesh) for mb in packed], None
     else:
         old = recomputed = logprobs(policy.state.params)
     ref = run.ref_params.get(policy.name)  # the KL reference's log-probs, once per batch like old
@@ -108,7 +102,7 @@ def start_update(run: Run, policy, batch: dict, behavior_logprobs: bool = False)
     for _ in range(o.epochs):
         for mb, old_mb, ref_mb in zip(placed, old, ref_logp):
             metrics.append(policy.update(mb._replace(old_logp=old_mb, ref_logp=ref_mb)))
-    return PendingUpdate(policy, metrics, recomputed, packed, int(batch["num_samples"]), int(batch["is_resp"].sum()))
+    return PendingUpdate(policy, metrics, recomputed, packed, batch.num_samples, int(batch.lengths()[1].sum()))
 
 
 def finish_update(p: PendingUpdate) -> dict:
@@ -122,17 +116,12 @@ def finish_update(p: PendingUpdate) -> dict:
     last_applied = max((i + 1 for i, s in enumerate(skipped) if not s), default=0)
     out["skipped_tail"] = float(len(skipped) - last_applied)  # skipped after the last applied update
     if p.old is not None:
-        scored = np.concatenate([mb["scored"].ravel() for mb in p.packed])
+        scored = np.concatenate([mb.packed.scored.ravel() for mb in p.packed])
         old = np.concatenate([to_host(x).ravel() for x in p.old])
-        sampler = np.concatenate([mb["sampler_logp"].ravel() for mb in p.packed])
+        sampler = np.concatenate([mb.sampler_logp.ravel() for mb in p.packed])
         out["logprob_gap"] = float(np.abs(old - sampler)[scored].mean()) if scored.any() else 0.0
     out["samples"] = float(p.samples)
     return out
-
-
-def update_policy(run: Run, policy, batch: dict) -> dict:
-    """Old log-probs, then epochs x mini-batches of clipped updates. Returns mean metrics."""
-    return finish_update(start_update(run, policy, batch))
 
 
 def finish_updates(pending: list[PendingUpdate], tracer: Tracer) -> list[dict]:
@@ -206,14 +195,14 @@ def score_groups(run: Run, samples) -> Groups:
     return Groups(adv, keep, keep[:, None] & ~np.isin(samples.sample_agent, frozen))
 
 
-def policy_batch(run: Run, step: int, samples, groups: Groups, policy: int) -> dict | None:
+def batch_of(run: Run, step: int, samples, groups: Groups, policy: int) -> PolicyBatch | None:
     """One policy's batch of the step (None: nothing of it kept). Its mini-batch order comes from
     (seed, step, policy) alone, so it is the same whether built with the others or on its own."""
     c = run.config
     rng = np.random.default_rng([c.train.seed, step] + ([policy] if policy else []))
-    return policy_batches(samples, groups.adv, groups.trained, run.policy_of_agent, len(run.policies),
-                          c.optim.mini_batch_size, rng, np.array([s.inv_temp for s in run.sampling], np.float32),
-                          np.array([s.top_p for s in run.sampling], np.float32), penalties(run), only=policy)[policy]
+    return policy_batch(samples, groups.adv, groups.trained, run.policy_of_agent, policy, c.optim.mini_batch_size,
+                        rng, np.array([s.inv_temp for s in run.sampling], np.float32),
+                        np.array([s.top_p for s in run.sampling], np.float32), penalties(run))
 
 
 NOT_STARTED = object()  # an early update that a stop request held back
@@ -237,7 +226,7 @@ def early_updates(run: Run, step: int, tracer: Tracer, worker: ThreadPoolExecuto
         if abandon is not None and abandon():
             return NOT_STARTED
         with tracer.span("start update", track=f"pool {p.name}"):
-            batch = policy_batch(run, step, samples, score_groups(run, samples), policy)
+            batch = batch_of(run, step, samples, score_groups(run, samples), policy)
             if batch is None:
                 return None
             p.set_lr(run.lr_schedule(step))  # as train_step sets it for the others
@@ -265,7 +254,7 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
     samples, episodes = ro.samples, ro.episodes
     t1 = time.perf_counter()
     groups = score_groups(run, samples)
-    batches = [None if p in started else policy_batch(run, step, samples, groups, p) for p in range(len(run.policies))]
+    batches = [None if p in started else batch_of(run, step, samples, groups, p) for p in range(len(run.policies))]
     if on_rollout is not None:
         on_rollout(samples, episodes, groups.adv)
     metrics = rollout_metrics(run, ro, groups)
