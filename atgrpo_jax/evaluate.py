@@ -69,10 +69,15 @@ def load_policies_from(run, sources: dict) -> None:
             raise cli.UsageError(f"--policies: {agent!r} is not an agent ({names})")
         mine = run.policies[int(run.policy_of_agent[names.index(agent)])]
         ckpt = Checkpointer(wd.checkpoint_dir(workdir), keep_last=0, read_only=True)
-        states, _ = ckpt.restore(step, target=policy_states(run))
         name = policy or mine.name
-        if name not in states:
-            raise cli.UsageError(f"--policies: {workdir} has no policy {name!r} ({sorted(states)})")
+        saved = ckpt.saved_names(step)  # that run's policies, which may not be this run's (a role trained alone)
+        if name not in saved:
+            raise cli.UsageError(f"--policies: {workdir} has no policy {name!r} ({saved})")
+        try:  # each read as this agent's policy is: the same model and optimizer
+            states, _ = ckpt.restore(step, target={n: policy_states(run)[mine.name] for n in saved})
+        except ValueError as e:
+            raise cli.UsageError(f"--policies: {workdir}'s policies are not shaped like {agent!r}'s: "
+                                 f"{str(e).splitlines()[0][:200]}") from None
         mine.state = states[name]
 
 

@@ -50,6 +50,15 @@ class Tracer:
             ids = {tid for name, tid in self._tracks.items() if name.startswith(track_prefix)}
             return [(e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in self._events if e["tid"] in ids]
 
+    def records(self, name_prefix: str = "") -> list[tuple[str, str, float, float, dict]]:
+        """(track, name, start s, duration s, args) of the spans whose name starts with
+        `name_prefix`, in the order they started."""
+        with self._lock:
+            track = {tid: name for name, tid in self._tracks.items()}
+            rows = [(track[e["tid"]], e["name"], e["ts"] / 1e6, e["dur"] / 1e6, e["args"])
+                    for e in self._events if e["name"].startswith(name_prefix)]
+        return sorted(rows, key=lambda r: r[2])
+
     def busy_seconds(self, track_prefix: str) -> float:
         """Time covered by at least one span of those tracks (overlaps counted once)."""
         return sum(e - s for s, e in union(self.spans(track_prefix)))

@@ -1,10 +1,12 @@
 """Grading programs against tests, in the sandbox.
 
 - Standard-input problems (APPS style): each (program, test) pair is one
-  sandboxed run; the output matches when, line by line, it equals the
-  expected output with trailing whitespace and trailing blank lines ignored
-  (the APPS checker's rule), or, failing that, when the whitespace-separated
-  tokens agree with numbers compared to 1e-6 (APPS also accepts this).
+  sandboxed run. Rule "apps": the output matches when, line by line, it
+  equals the expected output with trailing whitespace and trailing blank
+  lines ignored (the APPS checker's rule), or, failing that, when the
+  whitespace-separated tokens agree with numbers compared to 1e-6 (APPS also
+  accepts this). Rule "whitespace" (the reference's): the two texts are equal
+  once every run of whitespace is one space and the ends are stripped.
 - Function-style problems (MBPP, HumanEval): the program is followed by one
   assert test (or HumanEval's `check(entry_point)`) per run; a test passes
   when the run exits with status 0.
@@ -55,8 +57,15 @@ def _tokens_match(actual: str, expected: str) -> bool:
     return True
 
 
-def outputs_match(actual: str, expected: str) -> bool:
-    """APPS-style comparison (see module docstring)."""
+MATCH_RULES = ("apps", "whitespace")
+
+
+def outputs_match(actual: str, expected: str, rule: str = "apps") -> bool:
+    """Whether a program's output matches the expected one under `rule` (see module docstring)."""
+    if rule == "whitespace":
+        return " ".join(str(actual).split()) == " ".join(str(expected).split())
+    if rule != "apps":
+        raise ValueError(f"unknown output rule {rule!r}; choose one of {MATCH_RULES}")
     return _lines(actual) == _lines(expected) or _tokens_match(actual, expected)
 
 
@@ -91,8 +100,10 @@ def run_io_tests(
     jobs: Sequence[tuple[str, Sequence[tuple[str, str]]]],
     limits: Limits = TEST_LIMITS,
     max_workers: int | None = None,
+    match: str = "apps",
 ) -> list[list[TestVerdict]]:
-    """For each (program, [(stdin, expected stdout), ...]) job, one verdict per test."""
+    """For each (program, [(stdin, expected stdout), ...]) job, one verdict per test (outputs compared
+    under rule `match`)."""
     programs, stdins, where = [], [], []
     for j, (program, tests) in enumerate(jobs):
         for t, (stdin, _) in enumerate(tests):
@@ -103,7 +114,7 @@ def run_io_tests(
     for (j, t), result in zip(where, _run_unique(programs, stdins, limits, max_workers)):
         expected = jobs[j][1][t][1]
         error = describe_failure(result)
-        passed = not error and result.ok and outputs_match(result.stdout, expected)
+        passed = not error and result.ok and outputs_match(result.stdout, expected, match)
         verdicts[j][t] = TestVerdict(passed=passed, actual=result.stdout, error=error)
     return verdicts
 

@@ -6,10 +6,9 @@
   an assert statement (HumanEval: its whole `check(entry_point)` suite counts as one test).
 
 A problem may carry reference solutions (MBPP's code, HumanEval's canonical solution, each
-verified to pass its tests). A test written by a model is valid when the first reference
-solution passes it; for a problem without one, when it is one of the problem's own tests
-(its input with the expected output, or the same assert): a test that no correct program
-passes never counts. Data sets are in envs/data/code (sources and licenses: SOURCES.md).
+verified to pass its tests). A test written by a model counts when it is real: not degenerate,
+passed by a correct program and failed by a wrong one (envs/code_mutants.py). Data sets are in
+envs/data/code (sources and licenses: SOURCES.md).
 """
 from __future__ import annotations
 
@@ -20,7 +19,8 @@ import re
 from typing import Sequence
 
 from atgrpo_jax.envs.code_grading import (TEST_LIMITS, TestVerdict, _run_unique, describe_failure, load_code_problems,
-                                          outputs_match, run_io_tests)
+                                          run_io_tests)
+from atgrpo_jax.envs.code_mutants import real_tests
 from atgrpo_jax.envs.parsers import extract_code_block, extract_test_cases
 from atgrpo_jax.envs.sandbox import Limits
 
@@ -33,6 +33,7 @@ class CodeProblem:
     tests: tuple  # io: ((stdin, stdout), ...); function: (assert statement, ...)
     setup: str = ""  # function: code run before the program (MBPP's test_setup_code)
     solutions: tuple = ()  # reference solutions that pass `tests`
+    wrong_solutions: tuple = ()  # known-wrong programs (CodeContests' incorrect_solutions), mutants' peers
 
 
 def _apps(split: str) -> tuple[CodeProblem, ...]:
@@ -64,10 +65,13 @@ DATA_SETS = {  # name -> problems
 
 
 @functools.lru_cache(maxsize=None)
-def load_problems(name: str) -> tuple[CodeProblem, ...]:
-    if name not in DATA_SETS:
-        raise ValueError(f"unknown code data set {name!r}; choose one of {sorted(DATA_SETS)}")
-    return DATA_SETS[name]()
+def load_problems(name: str, fields: tuple = (), data_dir: str = "") -> tuple[CodeProblem, ...]:
+    """A shipped set, a prepared one or a source of your own (code_sources.py); fields: ((ours, column), ...)."""
+    if name in DATA_SETS:
+        return DATA_SETS[name]()
+    from atgrpo_jax.envs.code_sources import load_source_problems
+    problems = load_source_problems(name, dict(fields), data_dir, tuple(sorted(DATA_SETS)))
+    return tuple(CodeProblem(**p) for p in problems)
 
 
 # ---------------------------------------------------------------- tests written by a model
@@ -93,11 +97,12 @@ def extract_tests(kind: str, text: str, max_cases: int) -> tuple:
 # ---------------------------------------------------------------- judging
 
 def run_tests(jobs: Sequence[tuple[CodeProblem, str, Sequence]], limits: Limits = TEST_LIMITS,
-              max_workers: int | None = None) -> list[list[TestVerdict]]:
-    """For each (problem, program, tests), one verdict per test (one sandbox run each, distinct runs once)."""
+              max_workers: int | None = None, match: str = "apps") -> list[list[TestVerdict]]:
+    """For each (problem, program, tests), one verdict per test (one sandbox run each, distinct runs once;
+    stdout compared under rule `match`, code_grading.outputs_match)."""
     io = [i for i, (p, _, _) in enumerate(jobs) if p.kind == "io"]
     out: list = [None] * len(jobs)
-    for i, verdicts in zip(io, run_io_tests([(jobs[i][1], jobs[i][2]) for i in io], limits, max_workers)):
+    for i, verdicts in zip(io, run_io_tests([(jobs[i][1], jobs[i][2]) for i in io], limits, max_workers, match)):
         out[i] = verdicts
     programs, where = [], []
     for i, (p, program, tests) in enumerate(jobs):
@@ -112,30 +117,10 @@ def run_tests(jobs: Sequence[tuple[CodeProblem, str, Sequence]], limits: Limits 
     return out
 
 
-def _same_input(a: str, b: str) -> bool:
-    lines = lambda s: [line.strip() for line in str(s).strip().splitlines()]  # noqa: E731
-    return lines(a) == lines(b)
-
-
-def _same_assert(a: str, b: str) -> bool:
-    try:
-        return ast.dump(ast.parse(a)) == ast.dump(ast.parse(b))
-    except SyntaxError:
-        return a.strip() == b.strip()
-
-
-def valid_tests(jobs: Sequence[tuple[CodeProblem, Sequence]], limits: Limits = TEST_LIMITS,
-                max_workers: int | None = None) -> list[list[bool]]:
-    """For each (problem, generated tests): whether each test is valid (see the module docstring)."""
-    with_ref = [i for i, (p, tests) in enumerate(jobs) if p.solutions and tests]
-    verdicts = dict(zip(with_ref, run_tests([(jobs[i][0], jobs[i][0].solutions[0], jobs[i][1]) for i in with_ref],
-                                            limits, max_workers)))
-    out = []
-    for i, (p, tests) in enumerate(jobs):
-        if i in verdicts:
-            out.append([v.passed for v in verdicts[i]])
-        elif p.kind == "io":
-            out.append([any(_same_input(x, gx) and outputs_match(y, gy) for gx, gy in p.tests) for x, y in tests])
-        else:
-            out.append([any(_same_assert(t, g) for g in p.tests) for t in tests])
-    return out
+def valid_tests(jobs: Sequence[tuple[CodeProblem, Sequence, str | None]], limits: Limits = TEST_LIMITS,
+                max_workers: int | None = None, match: str = "apps") -> list[list[bool]]:
+    """For each (problem, generated tests, a program known to pass every ground-truth test or None):
+    whether each test is real (envs/code_mutants.py), judged against the problem's first reference
+    solution, or that program for a problem without one."""
+    return real_tests([(p, tests, p.solutions[0] if p.solutions else known) for p, tests, known in jobs],
+                      limits, max_workers, match)

@@ -3,7 +3,9 @@
 Turn order per turn: coder, then test writer. At turn 0 both work from the problem alone; later
 the coder sees its program with the generated tests it fails, and the test writer sees the
 program and the same mismatches (so it can correct wrong tests or keep ones that expose a bug).
-The episode ends when a program passes all (at least one) generated tests; success = it
+With `simultaneous=True` (the reference's parallel turns) the test writer is shown the
+program and report as the turn began, not the program the coder wrote beside it in the same
+turn. The episode ends when a program passes all (at least one) generated tests; success = it
 passes all ground-truth tests.
 
 Problems come in two kinds (envs/code_problems.py): "io" (APPS: stdin/stdout programs, tests
@@ -14,14 +16,17 @@ Rewards (docs/paper.md), with the rollout's r = local + alpha * team:
 - team reward = the current program's pass rate on the ground-truth tests;
 - coder local = the same pass rate (2 x pass rate in all with alpha = 1); no python block
   = no program = pass rate 0 (`coder_unparsable`, default 0);
-- test writer local = the fraction of its tests that are valid: passed by the problem's
-  reference solution, or, for a problem without one, equal to one of its ground-truth tests
-  (so a test with a nonsense expected output never earns anything). No parsable test:
-  `tester_unparsable` (-1).
+- test writer local = the fraction of its tests that are real (envs/code_mutants.py): not
+  degenerate, passed by a correct program (the problem's reference solution; without one, the
+  program under test if it passes every ground-truth test, else none: no test earns) and
+  failed by at least one mutant of it. No parsable test: `tester_unparsable` (-1).
 
 Data: `train_sets` (default MBPP's training range and APPS's training problems) form the
 training pool, every `valid_every`-th problem of it the "valid" split; `test_sets` (APPS's
 test problems, MBPP's evaluation range, HumanEval) are evaluated whole, each its own split.
+Besides the shipped sets, a name may be a prepared set (`python -m atgrpo_jax.data prepare
+codecontests_train`, read from `data_dir`) or a source of your own (a file, a save_to_disk
+directory or hf:org/name; envs/code_sources.py); docs/data.md.
 Single-agent variant (`single_agent=True`): the coder alone; its episode ends at its first
 parsable program.
 """
@@ -32,7 +37,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from atgrpo_jax.envs.code_grading import TestVerdict, pass_rate
+from atgrpo_jax.data import require_prepared, source_name
+from atgrpo_jax.envs.code_grading import MATCH_RULES, TestVerdict, pass_rate
 from atgrpo_jax.envs.code_problems import CodeProblem, extract_tests, load_problems, run_tests, valid_tests
 from atgrpo_jax.envs.parsers import extract_code_block
 from atgrpo_jax.envs.sandbox import Limits
@@ -88,36 +94,50 @@ class CodeWorkflow:
     max_turns: int = 4
     single_agent: bool = False
     max_gt_tests: int | None = 20  # ground-truth tests run per program (the first ones)
-    max_generated_tests: int = 8
+    max_train_gt_tests: int | None = None  # the same for training problems (None: max_gt_tests); reference 4
+    max_generated_tests: int = 8  # tests kept per tester answer; 1 also asks for one test (the reference)
     limits: Limits = Limits(wall_s=5.0, cpu_s=5.0, memory_mb=1024)
+    output_match: str = "apps"  # stdout comparison: "apps" or "whitespace" (the reference's; code_grading)
+    simultaneous: bool = False  # the test writer sees the turn's starting program (the reference's)
     max_workers: int | None = None
     rewards: CodeRewards = CodeRewards()
     max_shown_chars: int = 6000
+    fields: dict | None = None  # {our field: the source's column} for sources of your own (code_sources.py)
+    data_dir: str = ""  # where prepared sets are ("" = $ATGRPO_DATA, else ./data)
 
     def __post_init__(self):
         for name in ("train_sets", "test_sets"):
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, (getattr(self, name),))
+        if self.output_match not in MATCH_RULES:
+            raise ValueError(f"output_match must be one of {MATCH_RULES}, got {self.output_match!r}")
+        if self.fields is not None:  # a dict or ConfigDict, kept as sorted pairs: the workflow stays hashable
+            pairs = sorted((str(k), str(v)) for k, v in dict(self.fields).items())
+            object.__setattr__(self, "fields", tuple(pairs))
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
+        require_prepared([*self.train_sets, *self.test_sets], self.data_dir, "code")  # all missing in one line
         self.splits  # every data set loads: a bad name fails here
+
+    def _load(self, name: str) -> tuple[CodeProblem, ...]:
+        return load_problems(name, self.fields or (), self.data_dir)
 
     def _pool(self, split: str) -> tuple[CodeProblem, ...]:
         if split in ("train", "valid"):
-            pool = [p for name in self.train_sets for p in load_problems(name)]
+            pool = [p for name in self.train_sets for p in self._load(name)]
             return tuple(p for i, p in enumerate(pool) if (i % self.valid_every == 0) == (split == "valid"))
-        if split not in self.test_sets:
-            raise ValueError(f"split must be 'train', 'valid' or a test set ({', '.join(self.test_sets)}), "
-                             f"got {split!r}")
-        return load_problems(split)
+        tests = {source_name(name): name for name in self.test_sets}  # a file's split is named after it
+        if split not in tests:
+            raise ValueError(f"split must be 'train', 'valid' or a test set ({', '.join(tests)}), got {split!r}")
+        return self._load(tests[split])
 
     @property
     def splits(self) -> dict[str, int]:
-        return {s: len(self._pool(s)) for s in ("valid", *self.test_sets)}
+        return {s: len(self._pool(s)) for s in ("valid", *self.test_splits)}
 
     @property
     def test_splits(self) -> tuple[str, ...]:
-        return tuple(self.test_sets)
+        return tuple(source_name(name) for name in self.test_sets)
 
     @property
     def name(self) -> str:
@@ -138,15 +158,17 @@ class CodeWorkflow:
             raise ValueError(f"split {split!r} has {len(pool)} problems; task ids must be below that")
         rows = [pool[int(i) % len(pool)] for i in task_ids]
         n = len(rows)
+        cap = self.max_train_gt_tests if split == "train" and self.max_train_gt_tests is not None else self.max_gt_tests
         return {
             "problem": obj_array(rows),
-            "gt_tests": obj_array([p.tests[:self.max_gt_tests] for p in rows]),
+            "gt_tests": obj_array([p.tests[:cap] for p in rows]),
             "code": obj_array([""] * n),
             "gen_tests": obj_array([()] * n),
             "report": obj_array([""] * n),
             "gt_pass_rate": np.zeros(n, np.float32),
             "passes_generated": np.zeros(n, bool),
             "done": np.zeros(n, bool),
+            "turn_start": obj_array([{}] * n),  # code and report before the coder's step of this turn
         }
 
     def done(self, state) -> np.ndarray:
@@ -158,7 +180,10 @@ class CodeWorkflow:
     # ------------------------------------------------------------ prompts
     def prompts(self, state, agent: int, turn: int) -> list[Messages]:
         role = self.agents[agent].name
-        return [self._prompt(role, turn, {k: v[b] for k, v in state.items()}) for b in range(len(state["done"]))]
+        rows = [{k: v[b] for k, v in state.items()} for b in range(len(state["done"]))]
+        if self.simultaneous and agent > 0:  # as if generated beside the coder, from the turn's start
+            rows = [{**row, **row["turn_start"]} for row in rows]
+        return [self._prompt(role, turn, row) for row in rows]
 
     def _prompt(self, role: str, turn: int, s: dict[str, Any]) -> Messages:
         problem: CodeProblem = s["problem"]
@@ -179,7 +204,12 @@ class CodeWorkflow:
             parts.append(f"The code under test:\n{program}\n\nIts results on your tests:\n{s['report']}\n\n"
                          "Check every failing test by hand: correct the tests that are wrong, keep the ones that "
                          "expose a real bug, and add tests for cases not covered yet. Give the full list of tests.")
-        return [{"role": "system", "content": SYSTEM[(role, problem.kind)]},
+        system = SYSTEM[(role, problem.kind)]
+        if role == "tester" and self.max_generated_tests == 1:
+            system = system.replace("Give a few small tests whose", "Give one small test whose").replace(
+                "Give a few assert statements that call", "Give one assert statement that calls").replace(
+                "each as **Test Input:**", "as **Test Input:**").replace(", one per line,", "")
+        return [{"role": "system", "content": system},
                 {"role": "user", "content": "\n\n".join(parts)}]
 
     # ------------------------------------------------------------ step
@@ -194,6 +224,8 @@ class CodeWorkflow:
         active = [(b, j) for b in range(shape[0]) if not state["done"][b] for j in range(k)]
         is_coder = self.agents[agent].name == "coder"
         for b, j in active:
+            if is_coder:
+                out["turn_start"][b, j] = {"code": state["code"][b], "report": state["report"][b]}
             kind = out["problem"][b, j].kind
             if is_coder:
                 out["code"][b, j] = extract_code_block(grid[b][j]) or ""
@@ -214,8 +246,10 @@ class CodeWorkflow:
                 parsed_as[b, j] = f"code of {lines} lines" if has_code else "unparsed: no ```python block"
         else:
             written = [(b, j) for b, j in active if out["gen_tests"][b, j]]
-            valid = valid_tests([(out["problem"][b, j], out["gen_tests"][b, j]) for b, j in written], self.limits,
-                                self.max_workers)
+            known = [out["code"][b, j] if out["code"][b, j] and out["gt_pass_rate"][b, j] >= 1.0 else None
+                     for b, j in written]  # a correct program, for a problem without a reference solution
+            valid = valid_tests([(out["problem"][b, j], out["gen_tests"][b, j], ok) for (b, j), ok in zip(written, known)],
+                                self.limits, self.max_workers, self.output_match)
             for (b, j), ok in zip(written, valid):
                 local[b, j] = info["valid_tests"][b, j] = float(np.mean(ok))
                 parsed_as[b, j] = f"{len(ok)} tests, {sum(ok)} valid"
@@ -231,7 +265,7 @@ class CodeWorkflow:
         jobs = [(out["problem"][b, j], out["code"][b, j], out["gen_tests"][b, j]) for b, j in with_code]
         if run_ground_truth:
             jobs += [(out["problem"][b, j], out["code"][b, j], out["gt_tests"][b, j]) for b, j in with_code]
-        verdicts = run_tests(jobs, self.limits, self.max_workers) if jobs else []
+        verdicts = run_tests(jobs, self.limits, self.max_workers, self.output_match) if jobs else []
         for n, (b, j) in enumerate(with_code):
             kind = out["problem"][b, j].kind
             out["report"][b, j] = mismatch_report(out["gen_tests"][b, j], verdicts[n], kind=kind)
@@ -247,8 +281,9 @@ class CodeWorkflow:
 
 def make_code_workflow(single_agent: bool = False, **kwargs) -> CodeWorkflow:
     """Factory for configs (envs.registry); `limits` may be a dict of sandbox.Limits fields."""
-    if isinstance(kwargs.get("limits"), dict):
-        kwargs["limits"] = Limits(**kwargs["limits"])
-    if isinstance(kwargs.get("rewards"), dict):
-        kwargs["rewards"] = CodeRewards(**kwargs["rewards"])
+    for key, cls in (("limits", Limits), ("rewards", CodeRewards)):
+        value = kwargs.get(key)
+        value = value.to_dict() if hasattr(value, "to_dict") else value  # a ConfigDict from env.kwargs
+        if isinstance(value, dict):
+            kwargs[key] = cls(**value)
     return CodeWorkflow(single_agent=single_agent, **kwargs)

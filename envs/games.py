@@ -64,4 +64,8 @@ class GridGame:
 def make_game(name: str, params: Any = None, max_actions: int | None = None) -> GridGame:
     """The game `name` with its default params and answer length unless given."""
     module = GAMES[name]
+    if hasattr(params, "to_dict"):  # a ConfigDict from env.kwargs
+        params = params.to_dict()
+    if isinstance(params, dict):  # fields of the game's Params (configs write them as a dict)
+        params = module.Params(**params)
     return GridGame(name, module.Params() if params is None else params, max_actions or module.MAX_ACTIONS)

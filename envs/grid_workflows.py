@@ -17,6 +17,10 @@ Four workflows over one base (`make_grid_workflow(kind, game)`), their roles in 
   spaced). Prompts are one short line of printable ASCII, the grid as rows
   joined by '/' (or, for Plan-Path with view="local", the agent's surroundings).
 - "direct_single": one **actor** with the executor's format and rewards.
+- "tool_single" / "planner_single": the tool agent / the planner alone, its
+  actions stepping the environment (the paper's ablation trains a role in its
+  single-agent environment, then combines the roles at evaluation). `SINGLE`
+  maps (kind, role) to the single-agent kind that trains that role alone.
 
 Rewards (`ROLES`, one row per role; docs/paper.md): a role's local reward is
 its step reward r when its answer parses, else its `penalty`; its team reward is
@@ -80,9 +84,25 @@ ROLES = {
     "planner": Role("direct", moves_env=False, penalty="format_penalty", length="plan_len"),
     "executor": Role("direct", moves_env=True, penalty="format_penalty", length="exec_len"),
     "actor": Role("direct", moves_env=True, penalty="format_penalty", length="exec_len"),
+    "tool_alone": Role("code", moves_env=True, penalty="tool_penalty", system=(
+        "You solve grid puzzles by writing Python code; the actions your program prints are played.")),
+    "planner_alone": Role("direct", moves_env=True, penalty="format_penalty", length="plan_len"),
 }
 KINDS = {"tool_plan": ("tool", "plan"), "tool_plan_single": ("solver",),
-         "direct": ("planner", "executor"), "direct_single": ("actor",)}
+         "direct": ("planner", "executor"), "direct_single": ("actor",),
+         "tool_single": ("tool_alone",), "planner_single": ("planner_alone",)}
+SINGLE = {("tool_plan", "plan"): "tool_plan_single", ("tool_plan", "tool"): "tool_single",
+          ("direct", "executor"): "direct_single", ("direct", "planner"): "planner_single"}
+
+
+def single_kind(kind: str, role: str = "") -> str:
+    """The single-agent kind of `kind` that trains `role` alone ("": the kind's default one-agent variant)."""
+    if not role:
+        return f"{kind}_single"
+    if (kind, role) not in SINGLE:
+        roles = [r for k, r in SINGLE if k == kind]
+        raise ValueError(f"env.kwargs.alone={role!r}: {kind} has no such role; choose one of {roles}")
+    return SINGLE[(kind, role)]
 
 
 class GridState(NamedTuple):

@@ -1,8 +1,11 @@
 """Math workflow: a reasoner (answer in \\boxed{}) and a tool agent (Python that prints the answer).
 
-Turn order per turn: reasoner, then tool agent. At turn 0 both solve the
-problem independently; at later turns each sees both agents' latest solutions
-and answers and is asked to select or refine. The episode ends as soon as both
+Turn order per turn: reasoner, then tool agent (`tool_first=True`: the
+reference's order, tool agent first). At turn 0 both solve the problem
+independently; at later turns each sees both agents' latest solutions and
+answers and is asked to select or refine. With `simultaneous=True` (the
+reference's parallel turns) the second agent of a turn is shown the state as
+the turn began, not its partner's answer of the same turn. The episode ends as soon as both
 agents have an answer and the two agree (compared with the grader); success =
 the reasoner's answer is correct.
 
@@ -13,11 +16,15 @@ Rewards (docs/paper.md, "Rewards"), with the rollout's r = local + alpha*team:
 - tool local = +1 correct, 0 wrong, -1 when there is no python block, the
   program fails (error, timeout, memory, output flood) or prints nothing.
 
-Data (envs/data/math, docs/data.md): `train_set` names the training pool and
-`test_sets` the test sets ("aime24", "aime25", "olympiadbench", "gsm8k_test");
-or `train_path` / `test_path` give JSONL files of your own, one problem per
-line: {"id": str, "problem": str, "answer": str} (a test file's split is named
-after the file). Every `valid_every`-th problem of the training pool is held out
+Data (docs/data.md): `train_set` names the training pool and `test_sets` the
+test sets: a shipped set (envs/data/math: "aime24", "aime25", "olympiadbench",
+"gsm8k_train", "gsm8k_test"), a prepared one ("polaris": `python -m
+atgrpo_jax.data prepare polaris`, read from `data_dir`), or a source of your
+own: a .jsonl/.json/.parquet file, a `save_to_disk` directory or
+`hf:org/name[:config][:split]`, with "problem" and "answer" fields (`fields`
+maps them to other columns, e.g. {"problem": "question"}). `train_path` /
+`test_path` name one such source each (a test source's split is named after
+it). Every `valid_every`-th problem of the training pool is held out
 as the "valid" split (choosing the best checkpoint) and never trained on.
 Evaluation resets test problems by index (0 .. size - 1): every problem once.
 The single-agent variant (`single_agent=True`) keeps only the reasoner; its
@@ -26,17 +33,16 @@ episode ends at its first parsable answer.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from typing import Any, Sequence
 
 import numpy as np
 
+from atgrpo_jax.data import is_prepared_name, is_source, load_records, prepared_path, require_prepared, source_name
 from atgrpo_jax.envs.math_grading import grade
 from atgrpo_jax.envs.parsers import extract_boxed, extract_code_block
 from atgrpo_jax.envs.sandbox import Limits, run_many
-from atgrpo_jax.envs.text_state import (clip_head, clip_tail, load_jsonl, load_user_jsonl, obj_array,
-                                       response_grid, split_name)
+from atgrpo_jax.envs.text_state import clip_head, clip_tail, load_jsonl, obj_array, response_grid
 from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, branch
 
 MATH_DATASETS = {
@@ -68,13 +74,16 @@ class MathRewards:
     team_correct: float = 1.0
 
 
-def load_problems(name: str) -> tuple[dict, ...]:
-    """A shipped data set by name, or a JSONL file of {"problem", "answer"} records by path."""
-    if name.endswith(".jsonl") or os.sep in name:
-        return load_user_jsonl(name, ("problem", "answer"))
-    if name not in MATH_DATASETS:
-        raise ValueError(f"unknown math data set {name!r}; choose one of {sorted(MATH_DATASETS)} or a .jsonl path")
-    return load_jsonl(MATH_DATASETS[name])
+def load_problems(name: str, fields: dict | None = None, data_dir: str = "") -> tuple[dict, ...]:
+    """A shipped data set, a prepared one, or a source of {"problem", "answer"} records (module docstring)."""
+    if name in MATH_DATASETS:
+        return load_jsonl(MATH_DATASETS[name])
+    if is_prepared_name(name, "math"):
+        return load_records(prepared_path(name, data_dir), ("problem", "answer"))
+    if is_source(name):
+        return load_records(name, ("problem", "answer"), fields)
+    raise ValueError(f"unknown math data set {name!r}; choose one of {sorted(MATH_DATASETS)}, 'polaris' (prepared), "
+                     "a .jsonl/.parquet file, a save_to_disk directory or hf:org/name")
 
 
 def tool_answer_from_output(stdout: str) -> str:
@@ -92,8 +101,10 @@ def tool_answer_from_output(stdout: str) -> str:
 class MathWorkflow:
     train_set: str = "gsm8k_train"
     test_sets: tuple[str, ...] = ("aime24", "aime25", "olympiadbench")
-    train_path: str = ""  # a JSONL training pool of your own (instead of train_set)
-    test_path: str = ""  # a JSONL test set of your own: the one evaluated by default (test_sets stay splits)
+    train_path: str = ""  # a training pool of your own (instead of train_set): a file, directory or hf: name
+    test_path: str = ""  # a test set of your own: the one evaluated by default (test_sets stay splits)
+    fields: dict | None = None  # {our field: the source's column} for sources of your own
+    data_dir: str = ""  # where prepared sets are ("" = $ATGRPO_DATA, else ./data)
     valid_every: int = 20  # every n-th training problem is the validation split
     max_turns: int = 4
     single_agent: bool = False
@@ -101,12 +112,19 @@ class MathWorkflow:
     max_workers: int | None = None
     rewards: MathRewards = MathRewards()
     max_shown_chars: int = 4000  # of an earlier response shown in a prompt
+    tool_first: bool = False  # turn order tool agent, reasoner (the reference's)
+    simultaneous: bool = False  # the second agent of a turn sees the turn's starting state (the reference's)
 
     def __post_init__(self):
         if isinstance(self.test_sets, str):
             object.__setattr__(self, "test_sets", (self.test_sets,))
+        if self.fields is not None:  # a dict or ConfigDict, kept as sorted pairs: the workflow stays hashable
+            pairs = sorted((str(k), str(v)) for k, v in dict(self.fields).items())
+            object.__setattr__(self, "fields", tuple(pairs))
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
+        names = [self.train_path or self.train_set, *self.test_sets]
+        require_prepared([n for n in names if n not in MATH_DATASETS], self.data_dir, "math")  # all in one line
         self.splits  # every data set loads: a bad name or file fails here
 
     @property
@@ -116,7 +134,10 @@ class MathWorkflow:
     @property
     def _tests(self) -> dict[str, tuple[dict, ...]]:
         names = list(self.test_sets) + ([self.test_path] if self.test_path else [])
-        return {split_name(n): load_problems(n) for n in names}
+        return {source_name(n): self._load(n) for n in names}
+
+    def _load(self, name: str) -> tuple[dict, ...]:
+        return load_problems(name, dict(self.fields or ()), self.data_dir)
 
     @property
     def splits(self) -> dict[str, int]:
@@ -125,13 +146,13 @@ class MathWorkflow:
     @property
     def test_splits(self) -> tuple[str, ...]:
         if self.test_path:  # the user's own test set replaces the built-in ones by default
-            return (split_name(self.test_path),)
+            return (source_name(self.test_path),)
         return tuple(self._tests)
 
     def _pool(self, split: str) -> tuple[dict, ...]:
         """The problems of a split: train and valid interleave in the training pool."""
         if split in ("train", "valid"):
-            pool = load_problems(self.train_path or self.train_set)
+            pool = self._load(self.train_path or self.train_set)
             return tuple(p for i, p in enumerate(pool) if (i % self.valid_every == 0) == (split == "valid"))
         tests = self._tests
         if split not in tests:
@@ -140,8 +161,10 @@ class MathWorkflow:
 
     @property
     def agents(self) -> tuple[Agent, ...]:
-        reasoner = Agent("reasoner", extract_boxed)
-        return (reasoner,) if self.single_agent else (reasoner, Agent("tool", extract_code_block))
+        reasoner, tool = Agent("reasoner", extract_boxed), Agent("tool", extract_code_block)
+        if self.single_agent:
+            return (reasoner,)
+        return (tool, reasoner) if self.tool_first else (reasoner, tool)
 
     # ------------------------------------------------------------ state
     def reset(self, task_ids: Sequence[int], split: str) -> dict[str, np.ndarray]:
@@ -153,10 +176,11 @@ class MathWorkflow:
         rows = [problems[int(i) % len(problems)] for i in task_ids]
         n = len(rows)
         state = {field: obj_array([""] * n) for field in TEXT_FIELDS}
-        state["problem"] = obj_array([r["problem"] for r in rows])
-        state["reference"] = obj_array([r["answer"] for r in rows])
+        state["problem"] = obj_array([str(r["problem"]) for r in rows])
+        state["reference"] = obj_array([str(r["answer"]) for r in rows])  # (parquet answers may be numbers)
         state["reasoner_correct"] = np.zeros(n, bool)
         state["done"] = np.zeros(n, bool)
+        state["turn_start"] = obj_array([{}] * n)  # the text fields before the turn's first agent acted
         return state
 
     def done(self, state) -> np.ndarray:
@@ -168,7 +192,10 @@ class MathWorkflow:
     # ------------------------------------------------------------ prompts
     def prompts(self, state, agent: int, turn: int) -> list[Messages]:
         role = self.agents[agent].name
-        return [self._prompt(role, turn, {k: v[b] for k, v in state.items()}) for b in range(len(state["done"]))]
+        rows = [{k: v[b] for k, v in state.items()} for b in range(len(state["done"]))]
+        if self.simultaneous and agent > 0:  # as if generated beside the first agent, from the turn's start
+            rows = [{**row, **row["turn_start"]} for row in rows]
+        return [self._prompt(role, turn, row) for row in rows]
 
     def _prompt(self, role: str, turn: int, s: dict[str, Any]) -> Messages:
         parts = [f"Problem:\n{s['problem']}"]
@@ -210,6 +237,9 @@ class MathWorkflow:
         info = {"parsed": np.zeros(shape, bool), "correct": np.zeros(shape, bool), "agree": np.zeros(shape, bool),
                 "parsed_as": obj_array([""] * (shape[0] * k)).reshape(shape)}
         active = [(b, j) for b in range(shape[0]) if not state["done"][b] for j in range(k)]
+        if agent == 0:
+            for b, j in active:
+                out["turn_start"][b, j] = {f: state[f][b] for f in TEXT_FIELDS}
         if self.agents[agent].name == "reasoner":
             self._step_reasoner(out, grid, active, turn, local, info)
         else:

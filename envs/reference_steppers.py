@@ -150,9 +150,47 @@ class SudokuRef(_Stepper):
         br, bc = r - r % 2, c - c % 2
         return any(self.grid[i][j] == v for i in (br, br + 1) for j in (bc, bc + 1) if (i, j) != (r, c))
 
+    def _filled(self) -> int:
+        return sum(v != 0 for row in self.grid for v in row)
+
+    def _satisfied(self) -> int:
+        """The reference's constraint count: per row, column and box with no repeat, its filled cells - 1."""
+        units = [[(r, c) for c in range(4)] for r in range(4)] + [[(r, c) for r in range(4)] for c in range(4)]
+        units += [[(br + i, bc + j) for i in (0, 1) for j in (0, 1)] for br in (0, 2) for bc in (0, 2)]
+        total = 0
+        for unit in units:
+            values = [self.grid[r][c] for r, c in unit if self.grid[r][c]]
+            if len(values) == len(set(values)) and len(values) > 1:
+                total += len(values) - 1
+        return total
+
+    def _step_reference(self, action: int) -> float:
+        """The reference system's scoring of one placement (sudoku module docstring)."""
+        r, c, v = action // 16, (action // 4) % 4, action % 4 + 1
+        if 0 <= action < 64 and self.grid[r][c] == v:
+            return 0.0  # a restated digit: nothing happens
+        valid = 0 <= action < 64 and self.grid[r][c] == 0 and not self._clashes(r, c, v)
+        self.steps += 1
+        self.invalid += not valid
+        reward = -0.3
+        if valid:
+            candidates = [d for d in range(1, 5) if not self._clashes(r, c, d)]
+            reward = -0.01 + (0.2 if len(candidates) == 1 else 0.1 if len(candidates) <= 2 else 0.0)
+            filled, satisfied = self._filled(), self._satisfied()
+            self.grid[r][c] = v
+            reward += 0.5 * (self._filled() - filled) / 16 + 0.02 * (self._satisfied() - satisfied)
+            reward += 0.1 * self._filled() / 16 + (0.05 if self._filled() < 16 else 0.0)
+        if self.grid == self.solution:
+            empties = sum(v == 0 for row in self.puzzle for v in row)
+            reward += 2.0 + (0.5 if self.steps <= empties else 0.0)
+            self.done = self.success = True
+        return reward
+
     def step(self, action: int) -> float:
         if self.done or action == -1:
             return 0.0
+        if self.p.rewards == "reference":
+            return self._step_reference(action)
         p = self.p
         valid, reward = False, 0.0
         if 0 <= action < 64:

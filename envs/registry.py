@@ -10,7 +10,8 @@ A name is one of:
   change to this package.
 A factory is called as `factory(single_agent=..., **config.env.kwargs)` and returns an
 object with the `Workflow` protocol of envs/workflow.py; `single_agent` picks its
-one-agent variant.
+one-agent variant (grid workflows: `env.kwargs.alone=ROLE` picks the one that trains that
+role alone, grid_workflows.SINGLE).
 """
 from __future__ import annotations
 
@@ -35,10 +36,20 @@ def _code(single_agent: bool = False, **kwargs):
     return make_code_workflow(single_agent=single_agent, **kwargs)
 
 
+def _single(kind: str, single_agent: bool, alone: str) -> str:
+    """The grid kind to build: `kind`, or with single_agent its variant that trains role `alone`."""
+    from atgrpo_jax.envs.grid_workflows import single_kind
+
+    if alone and not single_agent:
+        raise ValueError(f"env.kwargs.alone={alone!r} trains one role in its single-agent environment: "
+                         "it needs env.single_agent=True (regime=single_agent)")
+    return single_kind(kind, alone) if single_agent else kind
+
+
 @WORKFLOWS.register("plan_path_demo")
-def _demo(single_agent: bool = False, **kwargs):
+def _demo(single_agent: bool = False, alone: str = "", **kwargs):
     from atgrpo_jax.envs.grid_workflows import plan_path_demo
-    return plan_path_demo("direct_single" if single_agent else "direct", **kwargs)
+    return plan_path_demo(_single("direct", single_agent, alone), **kwargs)
 
 
 def _grid_factory(name: str) -> Callable[..., Any] | None:
@@ -47,9 +58,9 @@ def _grid_factory(name: str) -> Callable[..., Any] | None:
     for kind in GRID_KINDS:
         game = name[:-len(kind) - 1] if name.endswith("_" + kind) else None
         if game in GAMES:
-            def make(single_agent: bool = False, **kwargs):
+            def make(single_agent: bool = False, alone: str = "", **kwargs):
                 from atgrpo_jax.envs.grid_workflows import make_grid_workflow
-                return make_grid_workflow(kind + ("_single" if single_agent else ""), game, **kwargs)
+                return make_grid_workflow(_single(kind, single_agent, alone), game, **kwargs)
             return make
     return None
 

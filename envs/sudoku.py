@@ -17,6 +17,15 @@ shaping with potential 0.1 x correct cells); +1 and done when the grid equals
 the solution (success); -1 and done after `max_steps` placements unsolved.
 A done episode ignores further placements (reward 0).
 
+`Params.rewards = "reference"` scores as the reference system does (docs/paper.md): a placement
+is valid only on an empty cell without a clash; valid: -0.01, +0.2 when the cell had one
+candidate (+0.1 for two), + 0.5 x the filled fraction it adds, + 0.02 x the change in satisfied
+constraints (per row, column and box without a repeat, its filled cells - 1), + 0.1 x the filled
+fraction after it, + 0.05 while empty cells remain; invalid: -0.3 (grid unchanged); solved: +2,
+and +0.5 more when it took no more placements than there were empty cells; no step limit. A
+placement that restates a cell's digit changes nothing and scores 0 (a full-grid answer is read
+as placements, and the reference scores a full grid without charging its givens).
+
 Levels: a uniformly random valid grid (one of the 288), then cells are removed
 in random order while the puzzle keeps exactly one solution and more than
 `min_givens` givens remain. The solution count is exact: the number of the 288
@@ -73,6 +82,7 @@ class Params(NamedTuple):
     r_fail: float = -1.0
     max_steps: int = 40
     max_tries: int = 1000
+    rewards: str = "ours"  # or "reference" (the module docstring)
 
 
 class State(NamedTuple):
@@ -143,8 +153,42 @@ def reset(key: jax.Array, params: Params = Params(), split: str | None = None) -
     return state
 
 
+def _units() -> np.ndarray:
+    """[12, 4, 4] masks of the rows, columns and 2x2 boxes."""
+    rr, cc = np.indices((SIZE, SIZE))
+    return np.array([rr == i for i in range(SIZE)] + [cc == i for i in range(SIZE)]
+                    + [(rr // 2 == i // 2) & (cc // 2 == i % 2) for i in range(SIZE)])
+
+
+UNITS = _units()
+
+
+def constraints_satisfied(g: jax.Array) -> jax.Array:
+    """The reference's count: for each unit without a repeated digit, its filled cells - 1 (if > 1)."""
+    counts = jnp.stack([jnp.sum(UNITS & (g == d)[None], axis=(1, 2)) for d in range(1, SIZE + 1)], -1)
+    n = counts.sum(-1)
+    return jnp.sum(jnp.where(jnp.all(counts <= 1, -1) & (n > 1), n - 1, 0))
+
+
+def _reference_reward(state: State, new_grid, peers, valid, restate, steps):
+    """One placement's reward in the reference scheme (module docstring); solved bonuses added by the caller."""
+    candidates = sum((~jnp.any(peers & (state.grid == d))).astype(jnp.int32) for d in range(1, SIZE + 1))
+    bonus = jnp.where(candidates == 1, 0.2, jnp.where(candidates <= 2, 0.1, 0.0))
+    filled = jnp.sum(new_grid > 0)
+    gain = constraints_satisfied(new_grid) - constraints_satisfied(state.grid)
+    good = (-0.01 + bonus + 0.5 / (SIZE * SIZE) + 0.02 * gain + 0.1 * filled / (SIZE * SIZE)
+            + jnp.where(filled < SIZE * SIZE, 0.05, 0.0))
+    solved = jnp.all(new_grid == state.solution)
+    empties = jnp.sum(state.puzzle == 0)
+    return (jnp.where(valid, good, jnp.where(restate, 0.0, -0.3))
+            + jnp.where(solved, 2.0 + jnp.where(steps <= empties, 0.5, 0.0), 0.0))
+
+
 def _step_one(params: Params):
     rr, cc = np.indices((SIZE, SIZE))
+    if params.rewards not in ("ours", "reference"):
+        raise ValueError(f"sudoku Params.rewards must be 'ours' or 'reference', got {params.rewards!r}")
+    reference = params.rewards == "reference"
 
     def step_one(state: State, action):
         in_range = (action >= 0) & (action < NUM_ACTIONS)
@@ -154,23 +198,29 @@ def _step_one(params: Params):
         peers &= ~((rr == r) & (cc == c))
         clash = jnp.any(peers & (state.grid == digit))
         given = state.puzzle[r, c]
-        valid = in_range & ~clash & ((given == 0) | (given == digit))
         old = state.grid[r, c]
-        active = ~state.done & (action != grid.NOOP)
+        valid = in_range & ~clash & ((given == 0) | (given == digit))
+        restate = in_range & (old == digit)
+        if reference:  # empty cells only; a restated digit is neither valid nor counted
+            valid = in_range & ~clash & (old == 0)
+        active = ~state.done & (action != grid.NOOP) & ~(reference & restate)
         new_grid = jnp.where((rr == r) & (cc == c) & valid & active, digit, state.grid)  # no scatter
         sol = state.solution[r, c]
         became = valid & (digit == sol) & (old != sol)
         lost = valid & (digit != sol) & (old == sol)
         steps = state.steps + 1
         solved = jnp.all(new_grid == state.solution)
-        timeout = ~solved & (steps >= params.max_steps)
-        reward = (
-            jnp.where(valid, params.r_step, params.r_invalid)
-            + jnp.where(became, params.r_correct, 0.0)
-            - jnp.where(lost, params.r_correct, 0.0)
-            + jnp.where(solved, params.r_solved, 0.0)
-            + jnp.where(timeout, params.r_fail, 0.0)
-        )
+        timeout = ~solved & (steps >= params.max_steps) & (not reference)
+        if reference:
+            reward = _reference_reward(state, new_grid, peers, valid, restate, steps)
+        else:
+            reward = (
+                jnp.where(valid, params.r_step, params.r_invalid)
+                + jnp.where(became, params.r_correct, 0.0)
+                - jnp.where(lost, params.r_correct, 0.0)
+                + jnp.where(solved, params.r_solved, 0.0)
+                + jnp.where(timeout, params.r_fail, 0.0)
+            )
         new = state._replace(  # puzzle and solution never change
             grid=new_grid,
             steps=jnp.where(active, steps, state.steps),

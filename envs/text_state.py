@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import functools
-import json
-import os
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from atgrpo_jax.data.readers import iter_jsonl
 
 DATA_DIR = Path(__file__).parent / "data"
 
@@ -43,34 +43,6 @@ def response_grid(responses: Sequence[Sequence[Any]], batch: int) -> list[list[s
 
 @functools.lru_cache(maxsize=None)
 def load_jsonl(relative_path: str) -> tuple[dict, ...]:
-    """Records of a JSONL file under envs/data (cached, read-only tuple)."""
-    with open(DATA_DIR / relative_path, encoding="utf-8") as f:
-        return tuple(json.loads(line) for line in f if line.strip())
-
-
-def split_name(data: str) -> str:
-    """The split a data set is evaluated as: its name, or a file's stem."""
-    return os.path.splitext(os.path.basename(data))[0] if data.endswith(".jsonl") or os.sep in data else data
-
-
-@functools.lru_cache(maxsize=None)
-def load_user_jsonl(path: str, fields: tuple[str, ...]) -> tuple[dict, ...]:
-    """Records of a JSONL file of the user's; each must have `fields` (an error names the line)."""
-    if not os.path.isfile(path):
-        raise ValueError(f"data file {path!r} does not exist")
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e})") from None
-            missing = [k for k in fields if not isinstance(record, dict) or k not in record]
-            if missing:
-                raise ValueError(f"{path}:{n}: a record needs {missing}")
-            out.append(record)
-    if not out:
-        raise ValueError(f"{path}: no records")
-    return tuple(out)
+    """Records of a shipped JSONL file under envs/data (cached, read-only tuple); the same reader as
+    every other data source (atgrpo_jax.data)."""
+    return tuple(iter_jsonl(str(DATA_DIR / relative_path)))

@@ -17,6 +17,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The paper configs train and test on prepared data sets: tiny stand-ins in their format (fixtures/data)
+os.environ["ATGRPO_DATA"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "data")
 
 import subprocess
 import sys

@@ -78,19 +78,44 @@ def test_every_config_key_has_a_comment_and_the_readme_lists_them():
     assert config_docs_markdown() in readme, "README's config reference is stale: paste `python -m atgrpo_jax.train.config`"
 
 
-def _paper_table():
-    """{config key: {column: cell}} of docs/paper.md's table of the paper's settings."""
+WORKFLOW_COLUMNS = {"games (Plan-Path, Sokoban, Sudoku)": ("plan_path", "sokoban", "sudoku"), "math": ("math",),
+                    "code": ("code",)}
+
+
+def _paper_tables():
+    """docs/paper.md's two settings tables as lists of {column: cell} rows (a row naming several keys
+    is one row per key, each cell's i-th comma-separated value going with the i-th key)."""
     text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "paper.md"), encoding="utf-8").read()
     section = text[text.index("## Settings of the paper's runs"):].split("\n## ")[0]
-    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("| ")]
-    header = [h.strip() for h in rows[0]]
-    table = {}
-    for cells in rows[1:]:
-        keys = [k.strip().strip("`") for k in cells[1].split(",")]
-        for i, key in enumerate(keys):
-            table[key] = {col: c.split(",")[i].strip() if len(keys) > 1 else c.strip()
-                          for col, c in zip(header[2:], cells[2:])}
-    return table
+    tables, current = [], None
+    for line in section.splitlines():
+        if not line.startswith("|"):
+            current = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if current is None:
+            current = {"header": cells, "rows": []}
+            tables.append(current)
+        elif not set(cells[0]) <= {"-"}:  # not the separator line
+            current["rows"].append(dict(zip(current["header"], cells)))
+    out = []
+    for table in tables:
+        rows = []
+        for row in table["rows"]:
+            keys = [k.strip().strip("`") for k in row["config key"].split(",")]
+            for i, key in enumerate(keys):
+                split = {c: v.split(",")[i].strip() if len(keys) > 1 else v for c, v in row.items()
+                         if c in WORKFLOW_COLUMNS or c in ("task", "value")}
+                rows.append({**split, "config key": key})
+        out.append(rows)
+    return out
+
+
+def _leaf(config, key):
+    value = config
+    for part in key.split("."):
+        value = value[part]
+    return value.to_dict() if hasattr(value, "to_dict") else value
 
 
 def test_docs_table_says_what_the_paper_configs_carry():
@@ -98,14 +123,17 @@ def test_docs_table_says_what_the_paper_configs_carry():
 
     from atgrpo_jax.train.config import paper_config
 
-    table = _paper_table()
-    assert {"rollout.top_p", "rollout.repetition_penalty", "rollout.eval_top_k", "optim.min_lr_ratio"} <= set(table)
-    columns = {"games (Plan-Path, Sokoban, Sudoku)": ("plan_path", "sokoban", "sudoku"), "math": ("math",),
-               "code": ("code",)}
-    for key, cells in table.items():
-        section, leaf = key.split(".")
-        for column, tasks in columns.items():
-            for task in tasks:
-                for preset in ("qwen3-1.7b", "qwen3-8b"):
-                    value = paper_config(task, preset)[section][leaf]
-                    assert ast.literal_eval(cells[column]) == value, (key, task, cells[column], value)
+    main, per_workflow = _paper_tables()
+    keys = {row["config key"] for row in main}
+    assert {"rollout.top_p", "rollout.repetition_penalty", "rollout.eval_top_k", "optim.min_lr_ratio"} <= keys
+    assert {"env.kwargs.params.rewards", "env.kwargs.output_match"} <= {row["config key"] for row in per_workflow}
+    for preset in ("qwen3-1.7b", "qwen3-8b"):
+        configs = {task: paper_config(task, preset) for tasks in WORKFLOW_COLUMNS.values() for task in tasks}
+        for row in main:
+            for column, tasks in WORKFLOW_COLUMNS.items():
+                for task in tasks:
+                    value = _leaf(configs[task], row["config key"])
+                    assert ast.literal_eval(row[column]) == value, (row["config key"], task, row[column], value)
+        for row in per_workflow:
+            value = _leaf(configs[row["task"]], row["config key"])
+            assert ast.literal_eval(row["value"]) == value, (row["config key"], row["task"], row["value"], value)

@@ -27,10 +27,10 @@ if os.environ.get("ATGRPO_PAPER_MATRIX") == "1":
     CASES += [(t, s) for t in ("plan_path", "sokoban", "sudoku", "math", "code")
               for s in ("shared", "per_role", "lora") if (t, s) not in CASES]
 TEST_SPLITS = {"plan_path": ["test"], "sokoban": ["test"], "sudoku": ["test"], "math": ["aime24"],
-               "code": ["apps_test"]}
+               "code": ["codecontests_test"]}
 EVAL_K = {"math": 2}  # AIME24: every problem exactly twice
 PER_TASK = {"math": {"rollout.max_turns": 1}}  # 60 test episodes: one turn each keeps the suite in budget
-PROBLEMS = {"test": 2, "aime24": 30, "aime25": 30, "apps_test": 47}  # generated games: --tasks=2
+PROBLEMS = {"test": 2, "aime24": 30, "aime25": 30, "codecontests_test": 3}  # games: --tasks=2; code: tests/fixtures/data
 SMALL = {  # the paper's settings, with a CPU-sized rollout
     "rollout.num_tasks": 2, "rollout.k": 2, "rollout.max_turns": 2, "rollout.max_new_tokens": 16,
     "rollout.max_prompt_len": 1024, "rollout.prompt_buckets": "(1024,)",

@@ -67,6 +67,9 @@ def step(shapes, record, tmp: str) -> None:
     """Two steps of the paper's Plan-Path run through the trainer's CLI; the second step's time
     (the first compiles) split into sampling, environment (host work) and update."""
     config = CONFIGS / "plan_path_qwen3_1p7b.py"
+    if not config.is_file():  # an installed (not editable) package: its packaged copy
+        from atgrpo_jax.cli import packaged_config
+        config = packaged_config("configs/plan_path_qwen3_1p7b.py") or config
     cmd = [sys.executable, "-m", "atgrpo_jax.train", f"--config={config}", f"--workdir={tmp}/run",
            "--config.model.init=random", "--config.train.steps=2", "--config.train.eval_every=0",
            "--config.train.checkpoint_every=0", "--config.train.log_episodes_every=0", *shapes.step_overrides]

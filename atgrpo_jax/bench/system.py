@@ -161,11 +161,9 @@ def run_step(args, model: LatencyModel, asynchronous: bool, encode) -> dict:
 def stage_times(tracer: Tracer) -> list[tuple[tuple[int, ...], str, float]]:
     """(cohorts, pool, seconds) of every sampling call (one call may serve several cohorts' stages),
     in the order they started."""
-    events = tracer.to_json()["traceEvents"]
-    track = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
-    cohorts = lambda c: tuple(c) if isinstance(c, list) else (c,)  # noqa: E731
-    return [(cohorts(e["args"].get("cohort", 0)), track[e["tid"]][-1], e["dur"] / 1e6)
-            for e in sorted(events, key=lambda e: e.get("ts", 0)) if e["ph"] == "X" and e["name"].startswith("sample")]
+    cohorts = lambda c: tuple(c) if isinstance(c, (list, tuple)) else (c,)  # noqa: E731
+    return [(cohorts(args.get("cohort", 0)), track[-1], seconds)
+            for track, _, _, seconds, args in tracer.records("sample")]
 
 
 def device_only(stages: list[tuple[tuple[int, ...], str, float]], update_s: dict[str, float], early: bool) -> float:

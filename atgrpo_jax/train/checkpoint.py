@@ -330,6 +330,13 @@ class Checkpointer:
             return None
         return restored.extra
 
+    def saved_names(self, step: int | None = None) -> list[str]:
+        """The top-level names of the state saved with `step` (default: the latest): a run's policies."""
+        step = self.latest_step() if step is None else step
+        reader = ocp.CheckpointManager(self.directory, item_handlers={"state": ocp.StandardCheckpointHandler()},
+                                       options=ocp.CheckpointManagerOptions(read_only=True))
+        return sorted(reader.item_metadata(step)["state"].keys())
+
     def restore(self, step: int | None = None, *, target=None) -> tuple[Any, dict]:
         """(state, meta) of `step` (default: the latest complete one).
 

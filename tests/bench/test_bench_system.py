@@ -45,3 +45,17 @@ def test_device_only_replay():
     assert system.device_only(two, {"A": 2.0, "B": 1.0}, early=False) == pytest.approx(5.0)
     merged = [((0, 1), "A", 1.0), ((0, 1), "B", 1.0)]  # one call for both cohorts' stages on each pool
     assert system.device_only(merged, {"A": 2.0, "B": 1.0}, early=True) == pytest.approx(3.0)
+
+
+def test_stage_times_reads_each_sampling_call_with_its_cohorts_and_pool():
+    from atgrpo_jax.trace import Tracer
+    tracer = Tracer()
+    with tracer.span("sample", track="pool A", cohort=0):
+        pass
+    with tracer.span("step", track="host", cohort=0):  # not a sampling call
+        pass
+    with tracer.span("sample", track="pool B", cohort=(0, 1)):  # one call serving two cohorts
+        pass
+    stages = system.stage_times(tracer)
+    assert [(c, p) for c, p, _ in stages] == [((0,), "A"), ((0, 1), "B")]
+    assert all(s >= 0 for _, _, s in stages)

@@ -131,9 +131,10 @@ def test_coder_rewards_are_pass_rates():
 
 
 def test_a_test_no_correct_program_passes_never_earns_reward():
-    """The gaming case: against a wrong program (it passes 1 of the problem's tests), a test with a
-    nonsense expected output used to agree with "the program fails" and earn 1.0. Now a test counts
-    only if it is right: one of the problem's own tests (APPS has no reference solution)."""
+    """The gaming case: against a wrong program, a test with a nonsense expected output used to agree
+    with "the program fails" and earn 1.0. APPS ships no reference solution here, so a test is judged
+    against the program under test only once it passes every ground-truth test; before that no test
+    earns, not even a copy of the problem's own (the reward for copying is gone)."""
     problem = next(p for p in load_problems("apps_train") if len(p.tests) >= 2)
     wf = _workflow(train_sets=("apps_train",))
     index = list(wf._pool("train")).index(problem)
@@ -141,9 +142,15 @@ def test_a_test_no_correct_program_passes_never_earns_reward():
     state["code"][0] = "print('definitely wrong 12345')"
     real = _tests_text([problem.tests[0]])
     nonsense = _tests_text([(problem.tests[0][0], "definitely wrong 12345")])
-    invented = _tests_text([("12345\n", "67890\n")])  # maybe right, but unverifiable without a reference
+    invented = _tests_text([("12345\n", "67890\n")])
     out = wf.step(state, 1, 0, [[real, nonsense, invented, _tests_text([problem.tests[0], problem.tests[1]])]])
-    np.testing.assert_array_equal(out.local_reward, [[1.0, 0.0, 0.0, 1.0]])
+    np.testing.assert_array_equal(out.local_reward, [[0.0, 0.0, 0.0, 0.0]])
+    # With a program that passes the ground truth (state's pass rate 1), real tests earn, wrong ones do not.
+    state = wf.reset([_add_problem_index()], "apps_test")
+    state = take_branch(wf.step(state, 0, 0, [[_block(ADD)]]).state, np.array([0]))
+    out = wf.step(state, 1, 0, [[_tests_text([("1\n2 3", "5")]), _tests_text([("1\n2 3", "6")]),
+                                 _tests_text([("1\n2 3", "")]), _tests_text([("1\n2 3", "5"), ("1\n0 0", "1")])]])
+    np.testing.assert_array_equal(out.local_reward, [[1.0, 0.0, 0.0, 0.5]])
 
 
 def test_function_problems_with_reference_solutions():
@@ -207,3 +214,15 @@ def test_single_agent_variant_and_factory():
     assert "no ```python block" in wf.prompts(state, 0, 1)[0][1]["content"]
     with pytest.raises(ValueError, match="unknown code data set"):
         CodeWorkflow(test_sets=("mbpp",))
+
+
+def test_simultaneous_turns_show_the_tester_the_turns_starting_program():
+    wf = _workflow(simultaneous=True)
+    state = wf.reset([_add_problem_index()], "apps_test")
+    state = take_branch(wf.step(state, 0, 0, [[_block(SUB)]]).state, np.array([0]))
+    assert "a - b" not in wf.prompts(state, 1, 0)[0][1]["content"]  # turn 0: the problem alone
+    state = take_branch(wf.step(state, 1, 0, [[_tests_text([("1\n1 2", "3")])]]).state, np.array([0]))
+    state = take_branch(wf.step(state, 0, 1, [[_block(ADD)]]).state, np.array([0]))
+    text = wf.prompts(state, 1, 1)[0][1]["content"]
+    assert "a - b" in text and "a + b" not in text and "0 of 1 generated tests pass." in text
+    assert "a + b" in _workflow().prompts(state, 1, 1)[0][1]["content"]

@@ -372,3 +372,30 @@ def test_tool_agent_empty_list_earns_0_and_nothing_parsed_the_references_penalty
     np.testing.assert_array_equal(out.local_reward[:, 2:], unparsed)
     assert out.parsed_as[0, 0] == "an empty action list []" and out.parsed_as[0, 2].startswith("unparsed")
     assert gw.make_grid_workflow("tool_plan", game, tool_penalty=-3.0).config.tool_penalty == -3.0  # an option
+
+
+def test_a_role_alone_in_its_single_agent_environment(solver_wf):
+    """`env.kwargs.alone=ROLE` with single_agent: that role alone, its actions stepping the game (the paper's
+    "trained alone" ablation): the tool agent's BFS program solves the level by itself."""
+    from atgrpo_jax.envs.registry import make_workflow
+    from atgrpo_jax.envs.sandbox import Limits
+
+    wf = make_workflow("plan_path_tool_plan", single_agent=True, alone="tool",
+                       sandbox_limits=Limits(wall_s=10, cpu_s=10))
+    assert [a.name for a in wf.agents] == ["tool_alone"] and "Python code" in wf.prompts(
+        wf.reset(range(1), "train"), 0, 0)[0][0]["content"]
+    b, k = SOLVER_BK
+    state = wf.reset(range(b), "train")
+    out = wf.step(state, 0, 0, [[BFS_PROGRAM] + ["no code"] * (k - 1)] * b)
+    level = grid.unstack_state(state.env, 0)
+    expected, ref = _reference_reward(state.env, 0, solvers.plan_path_shortest(level.walls, level.pos, level.goal),
+                                      wf.game.params)
+    assert out.done[0, 0] and out.success[0, 0] and ref.success
+    assert out.local_reward[0, 0] == pytest.approx(expected, abs=1e-5) == out.team_reward[0, 0]
+    assert np.all(out.local_reward[:, 1:] == -2.0)
+    planner = make_workflow("plan_path_demo", single_agent=True, alone="planner")
+    assert [a.name for a in planner.agents] == ["planner_alone"] and planner.roles[0].moves_env
+    with pytest.raises(ValueError, match="needs env.single_agent"):
+        make_workflow("plan_path_tool_plan", alone="tool")
+    with pytest.raises(ValueError, match=r"choose one of \['executor', 'planner'\]"):
+        make_workflow("plan_path_demo", single_agent=True, alone="plan")

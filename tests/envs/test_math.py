@@ -178,7 +178,7 @@ def test_datasets_by_name_and_split(tmp_path):
     with_builtins = MathWorkflow(test_path=str(own))  # evaluated by default: only the user's own test set
     assert with_builtins.test_splits == ("my_test",) and "aime24" in with_builtins.splits  # (--splits=aime24 works)
     (tmp_path / "bad.jsonl").write_text('{"id": "a", "question": "?"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:1: a record needs \['problem', 'answer'\]"):
+    with pytest.raises(ValueError, match=r"bad.jsonl: record 1 has no field 'problem'.*its fields: id, question"):
         MathWorkflow(test_path=str(tmp_path / "bad.jsonl"))
 
 
@@ -260,3 +260,20 @@ def test_tool_answer_from_output():
     assert tool_answer_from_output("Final answer: 7/2\n\n") == "7/2"
     assert tool_answer_from_output("\\boxed{12}\nbye") == "12"
     assert tool_answer_from_output("") == ""
+
+
+def test_tool_first_and_simultaneous_turns():
+    """The reference's order (tool agent, then reasoner) and parallel turns: at turn 1 the reasoner is
+    shown the tool's program of turn 0, not the one the tool wrote beside it in turn 1."""
+    wf = _workflow(tool_first=True, simultaneous=True)
+    assert [a.name for a in wf.agents] == ["tool", "reasoner"]
+    state = wf.reset([0], "aime24")
+    ref = state["reference"][0]
+    state = take_branch(wf.step(state, 0, 0, [["```python\nprint(11)\n```"]]).state, np.array([0]))
+    assert "print(11)" not in wf.prompts(state, 1, 0)[0][1]["content"]  # turn 0: from the problem alone
+    state = take_branch(wf.step(state, 1, 0, [["\\boxed{12}"]]).state, np.array([0]))
+    state = take_branch(wf.step(state, 0, 1, [[f"```python\nprint({ref})\n```"]]).state, np.array([0]))
+    text = wf.prompts(state, 1, 1)[0][1]["content"]
+    assert "print(11)" in text and f"print({ref})" not in text and "Your previous solution:\n\\boxed{12}" in text
+    sequential = _workflow(tool_first=True)
+    assert f"print({ref})" in sequential.prompts(state, 1, 1)[0][1]["content"]

@@ -59,6 +59,33 @@ def test_jax_stepper_matches_reference(train_levels):
     assert successes > N_LEVELS // 4
 
 
+def test_reference_rewards_match_a_transcription(train_levels):
+    """Params.rewards="reference": the reference system's dense scoring, against its plain-Python
+    transcription (reference_steppers.SudokuRef) on random and solving placement lists."""
+    ref = sudoku.Params(rewards="reference")
+    rng = np.random.default_rng(1)
+    n, length = 200, 14
+    acts = rng.integers(-1, 66, size=(n, length))
+    for i in range(0, n, 2):  # the solution's cells in random order, some with a wrong or restated placement
+        s = level(train_levels, i)
+        plan = [sudoku.encode(r, c, int(s.solution[r, c])) for r in range(4) for c in range(4) if s.puzzle[r, c] == 0]
+        rng.shuffle(plan)
+        if i % 4 == 0:
+            plan.insert(int(rng.integers(0, len(plan))), int(rng.integers(0, 64)))
+        acts[i, :min(len(plan), length)] = plan[:length]
+    states = jax.tree.map(lambda x: x[:n], train_levels)
+    assert compare_with_reference(sudoku, SudokuRef, ref, states, acts) > n // 4
+    s = sudoku.from_ascii("12..\n3...\n..4.\n...1")
+    _, _, done, info = jax.jit(sudoku.step, static_argnums=2)(s, jnp.array([sudoku.encode(0, 3, 1)] * 50), ref)
+    assert not bool(done) and np.allclose(info["rewards"], -0.3)  # no step limit: 50 invalid placements
+    # By hand: (0, 2) <- 3, its one candidate: -0.01 + 0.2 + 0.5/16 + 0.02 * 2 (row 0 and column 2 gain a
+    # satisfied pair) + 0.1 * 6/16 + 0.05 = 0.34875; restating it then scores 0.
+    _, _, _, info = sudoku.step(s, jnp.array([sudoku.encode(0, 2, 3), sudoku.encode(0, 2, 3)]), ref)
+    np.testing.assert_allclose(info["rewards"], [0.34875, 0.0], atol=1e-6)
+    with pytest.raises(ValueError, match="rewards"):
+        sudoku.step(s, 0, sudoku.Params(rewards="paper"))
+
+
 def test_hand_computed_rewards():
     s = sudoku.from_ascii("12..\n3...\n..4.\n...1")  # solution rows 1234 / 3412 / 2143 / 4321
     assert np.asarray(s.solution).tolist()[:2] == [[1, 2, 3, 4], [3, 4, 1, 2]]

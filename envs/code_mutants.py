@@ -1,0 +1,163 @@
+"""Which generated tests are real: the test writer's reward (docs/paper.md, "Rewards").
+
+A test earns reward only when
+1. it is not degenerate: an assert must call the problem's entry point and may not assert a
+   constant or compare a value with itself; a stdin/stdout test needs a non-empty expected output;
+2. a correct program passes it: the problem's reference solution, or, for a problem without one,
+   the program under test when it passes every ground-truth test (no such program: no reward);
+3. it fails at least one wrong program: a mutant of that correct program (an empty body, a
+   constant return, a swapped operator, an off-by-one constant; at most MAX_MUTANTS of them), or
+   one of the problem's own known-wrong programs where the data has them (CodeContests'
+   incorrect_solutions, at most MAX_KNOWN_WRONG, tried first).
+
+Mutants run in rounds, cheapest first (the empty body kills most real tests), each round only on
+the tests that no earlier mutant failed, so a real test costs about two sandbox runs.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import re
+from typing import Sequence
+
+from atgrpo_jax.envs.sandbox import Limits
+
+MAX_MUTANTS = 6
+MAX_KNOWN_WRONG = 3  # a problem's own known-wrong programs, tried before its mutants
+MUTANT_WALL_S = 5.0  # a mutant that loops counts as failed; no need to wait the full test limit for it
+
+_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,
+          ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult, ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd}
+_CMPOP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
+          ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+_BOOLOP = {ast.And: ast.Or, ast.Or: ast.And}
+
+
+def _sites(tree: ast.AST) -> list[ast.AST]:
+    """Nodes a point mutation can change, in a fixed order (ast.walk's)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in _BINOP:
+            out.append(node)
+        elif isinstance(node, ast.Compare) and type(node.ops[0]) in _CMPOP:
+            out.append(node)
+        elif isinstance(node, ast.BoolOp):
+            out.append(node)
+        elif isinstance(node, ast.Constant) and type(node.value) is int:
+            out.append(node)
+    return out
+
+
+def _mutate(node: ast.AST) -> None:
+    if isinstance(node, (ast.BinOp, ast.AugAssign)):
+        node.op = _BINOP[type(node.op)]()
+    elif isinstance(node, ast.Compare):
+        node.ops = [_CMPOP[type(node.ops[0])](), *node.ops[1:]]
+    elif isinstance(node, ast.BoolOp):
+        node.op = _BOOLOP[type(node.op)]()
+    else:
+        node.value += 1  # off by one
+
+
+@functools.lru_cache(maxsize=4096)
+def mutants(program: str, kind: str, entry: str = "", max_mutants: int = MAX_MUTANTS) -> tuple[str, ...]:
+    """Up to max_mutants wrong versions of a correct program, the structural ones first: an empty
+    body (no output / returns None), a constant (prints 0 / returns 0), then point mutations at
+    sites spread evenly over the program. Deterministic; cached per program."""
+    if kind == "io":
+        structural = ["pass\n", "print(0)\n"]
+    else:  # redefine the entry point last, whatever the program's own layout (helpers, classes)
+        name = entry or "solution"
+        structural = [f"{program}\n\ndef {name}(*args, **kwargs):\n    pass\n",
+                      f"{program}\n\ndef {name}(*args, **kwargs):\n    return 0\n"]
+    out = structural[:max_mutants]
+    try:
+        n_sites = len(_sites(ast.parse(program)))
+    except (SyntaxError, ValueError):
+        n_sites = 0
+    want = max_mutants - len(out)
+    picks = sorted({round(i * (n_sites - 1) / max(want - 1, 1)) for i in range(min(want, n_sites))})
+    for i in picks:
+        tree = ast.parse(program)
+        _mutate(_sites(tree)[i])
+        try:
+            text = ast.unparse(tree) + "\n"
+        except (ValueError, TypeError):
+            continue
+        if text not in out:
+            out.append(text)
+    return tuple(out[:max_mutants])
+
+
+def entry_point(problem) -> str:
+    """The function a function-style problem's tests call: HumanEval's `check(NAME)`, else the
+    first function called in its first assert ("" when none is found)."""
+    if problem.kind != "function" or not problem.tests:
+        return ""
+    found = re.search(r"check\((\w+)\)\s*$", problem.tests[0])
+    if found:
+        return found.group(1)
+    names = _called(problem.tests[0])
+    return names[0] if names else ""
+
+
+def _called(code: str) -> list[str]:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []
+    return [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+
+
+def degenerate(kind: str, test, entry: str) -> str:
+    """Why a generated test can earn nothing whatever it runs against ("" when it may)."""
+    if kind == "io":
+        return "" if str(test[1]).strip() else "empty expected output"
+    try:
+        tree = ast.parse(test)
+    except SyntaxError:
+        return "not Python"
+    asserts = [n for n in ast.walk(tree) if isinstance(n, ast.Assert)]
+    if not asserts:
+        return "no assert"
+    for a in asserts:
+        if not any(isinstance(n, (ast.Name, ast.Call, ast.Attribute)) for n in ast.walk(a.test)):
+            return "asserts a constant"
+        if entry and entry not in _called(ast.unparse(a.test)):
+            return "never calls the entry point"
+        if isinstance(a.test, ast.Compare):
+            sides = [ast.dump(x) for x in (a.test.left, *a.test.comparators)]
+            if any(x == y for x, y in zip(sides, sides[1:])):
+                return "compares a value with itself"
+    return ""
+
+
+def real_tests(jobs: Sequence[tuple], limits: Limits, max_workers: int | None = None,
+               match: str = "apps") -> list[list[bool]]:
+    """For each (problem, generated tests, correct program or None): whether each test is real
+    (see the module docstring)."""
+    from atgrpo_jax.envs.code_problems import run_tests  # code_problems imports this module
+
+    out = [[False] * len(tests) for _, tests, _ in jobs]
+    alive = [(i, t) for i, (p, tests, ref) in enumerate(jobs) if ref
+             for t, test in enumerate(tests) if not degenerate(p.kind, test, entry_point(p))]
+    mutant_limits = dataclasses.replace(limits, wall_s=min(limits.wall_s, MUTANT_WALL_S),
+                                        cpu_s=min(limits.cpu_s, MUTANT_WALL_S))
+
+    def fails(program_of, cases, lim):
+        runs = run_tests([(jobs[i][0], program_of(i), [jobs[i][1][t]]) for i, t in cases], lim, max_workers, match)
+        return [not v[0].passed for v in runs]
+
+    alive = [c for c, failed in zip(alive, fails(lambda i: jobs[i][2], alive, limits)) if not failed]
+    table = {i: tuple(jobs[i][0].wrong_solutions[:MAX_KNOWN_WRONG])
+             + mutants(jobs[i][2], jobs[i][0].kind, entry_point(jobs[i][0])) for i, _ in alive}
+    for m in range(max((len(w) for w in table.values()), default=0)):
+        now = [(i, t) for i, t in alive if len(table[i]) > m]
+        if not now:
+            break
+        killed = {c for c, failed in zip(now, fails(lambda i: table[i][m], now, mutant_limits)) if failed}
+        for i, t in killed:
+            out[i][t] = True
+        alive = [c for c in alive if c not in killed]
+    return out
