@@ -78,7 +78,7 @@ def load_policies_from(run, sources: dict) -> None:
         except ValueError as e:
             raise cli.UsageError(f"--policies: {workdir}'s policies are not shaped like {agent!r}'s: "
                                  f"{str(e).splitlines()[0][:200]}") from None
-        mine.state = states[name]
+        mine.load(states[name])
 
 
 def check_flags(config, tasks: int | None, k: int | None, temperature: float | None) -> None:
