@@ -53,6 +53,9 @@ EXTRAS = {
     "tpu": ["jax[tpu]>=0.10.2,<0.13", "gcsfs", "google-cloud-storage"],
     "cuda12": ["jax[cuda12]>=0.10.2,<0.13"],
     "cuda13": ["jax[cuda13]>=0.10.2,<0.13"],
+    # train.loggers=(..., "wandb"). Not in "test": it pulls a Go service binary and a dozen packages;
+    # the tests use a fake module that records the calls.
+    "wandb": ["wandb"],
 }
 
 setup(

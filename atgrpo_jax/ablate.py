@@ -12,43 +12,59 @@ and OUT/curves.png (mean curve per regime with a band of one standard deviation)
 from __future__ import annotations
 
 import os
-import sys
 import types
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags
 
 from atgrpo_jax import cli
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 
 
-
-def run_table(config, regimes, seeds, out: str) -> dict:
-    """Train every (regime, seed) (see the module docstring); returns table.json's dict."""
+def run_configs(config, regimes, seeds, out: str) -> dict:
+    """{(regime, seed): (config, workdir)} of every run; any bad flag or config is a one-line error
+    here, before anything is written."""
     from atgrpo_jax.train.config import REGIMES
-    from atgrpo_jax.train.loop import run_training
     from atgrpo_jax.train.validate import resolve
-    from atgrpo_jax.train.metrics import read_metrics
 
     bad = [s for s in seeds if not str(s).isdigit()]
     if bad or not seeds:
         raise cli.UsageError(f"--seeds: {bad or 'none given'}: give whole numbers >= 0 (--seeds=0,1,2)")
+    if not regimes:
+        raise cli.UsageError(f"--regimes: none given: name some of {', '.join(REGIMES)}")
     unknown = [r for r in regimes if r not in REGIMES]
     if unknown:
         raise cli.UsageError(f"--regimes: {unknown} are not regimes ({', '.join(REGIMES)})")
+    for name, values in (("--regimes", list(regimes)), ("--seeds", [int(s) for s in seeds])):
+        twice = sorted({str(v) for v in values if values.count(v) > 1})
+        if twice:  # one workdir trained twice over, and a seed counted twice in the mean
+            raise cli.UsageError(f"{name}: {', '.join(twice)} given more than once")
     runs = {}
     for regime in regimes:
         for seed in seeds:
             c = config.copy_and_resolve_references()
             c.regime, c.train.seed, c.model.init_seed, c.train.time_budget_s = regime, int(seed), int(seed), 0.0
             resolve(c)
-            workdir = os.path.join(out, regime, f"seed{seed}")
-            rows = read_metrics(workdir) if os.path.exists(os.path.join(workdir, "metrics.jsonl")) else []
-            if not rows or rows[-1]["step"] < c.train.steps:
-                print(f"training {regime}, seed {seed}: {workdir}", flush=True)
-                run_training(c, workdir)
-                rows = read_metrics(workdir)
-            runs[(regime, seed)] = rows
+            runs[(regime, seed)] = (c, os.path.join(out, regime, f"seed{seed}"))
+    return runs
+
+
+def run_table(config, regimes, seeds, out: str) -> dict:
+    """Train every (regime, seed) (see the module docstring); returns table.json's dict."""
+    from atgrpo_jax.train.loop import run_training
+    from atgrpo_jax.train.metrics import read_metrics
+
+    planned = run_configs(config, regimes, seeds, out)
+    wd.check_writable(out, "--out")  # before hours of training, not after
+    os.makedirs(out, exist_ok=True)
+    runs = {}
+    for (regime, seed), (c, workdir) in planned.items():
+        rows = read_metrics(workdir) if os.path.exists(os.path.join(workdir, "metrics.jsonl")) else []
+        if not rows or rows[-1]["step"] < c.train.steps:
+            print(f"training {regime}, seed {seed}: {workdir}", flush=True)
+            run_training(c, workdir)
+            rows = read_metrics(workdir)
+        runs[(regime, seed)] = rows
     table = summarize(runs, regimes, seeds)
     write_outputs(table, runs, out)
     return table
@@ -105,18 +121,13 @@ def write_outputs(table: dict, runs: dict, out: str):
     fig.savefig(os.path.join(out, "curves.png"))
 
 
-def main(argv, f, overrides=()):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)
-    with cli.fail():
-        if not f.out.value:
-            raise cli.UsageError("--out is required")
-        config = cli.apply_overrides(cli.load_config(f.config.value), overrides)
-        wd.check_writable(f.out.value, "--out")  # before hours of training, not after
-        os.makedirs(f.out.value, exist_ok=True)
-        run_table(config, f.regimes.value, f.seeds.value, f.out.value)
-        print(open(os.path.join(f.out.value, "table.md")).read())
+def main(f, overrides=()):
+    """The command (run by `cli.command`: flags parsed, errors as one line)."""
+    if not f.out.value:
+        raise cli.UsageError("--out is required")
+    config = cli.apply_overrides(cli.load_config(f.config.value), overrides)
+    run_table(config, f.regimes.value, f.seeds.value, f.out.value)
+    print(open(os.path.join(f.out.value, "table.md")).read())
 
 
 def _flags() -> types.SimpleNamespace:
@@ -130,7 +141,4 @@ def _flags() -> types.SimpleNamespace:
 
 
 if __name__ == "__main__":
-    _f = _flags()
-    with cli.fail():
-        _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv)
+    cli.command(main, _flags)

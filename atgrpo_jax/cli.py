@@ -7,6 +7,9 @@ misspelt key is one line naming it and the closest valid key, not a traceback. A
 is read as the type of the key's default (bool: true/false/1/0/yes/no; tuples and lists as
 Python literals); keys under `env.kwargs` may be new (a Python literal, else a string), and
 `--config.env.kwargs={}` replaces the whole section.
+Every absl command (`python -m atgrpo_jax.{train,evaluate,export,ablate}`) has the same shape:
+its module defines `_flags()` (run only when the command runs, so importing the module defines no
+flag) and `main(f, overrides)`, and ends with `cli.command(main, _flags)`.
 `fail` turns the errors a user can fix (a bad config, file or checkpoint) into one line on
 stderr and exit status 2, before anything is written or compiled; a run that stops on
 purpose (a signal, divergence, a failed save: `RunStopped`) prints its line and exits with its code.
@@ -207,12 +210,49 @@ def config_from_args(spec: str, overrides: Sequence[tuple[str, str]]) -> ml_coll
     return config
 
 
+def parse_flags(argv: Sequence[str]) -> list[str]:
+    """absl's flags of a command (app.run's flags_parser): an unknown flag, a bad value or an extra
+    argument is one line and exit 2, as a bad config key is (not absl's two-line FATAL and exit 1)."""
+    from absl import flags
+
+    try:
+        rest = flags.FLAGS(list(argv))
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    if len(rest) > 1:
+        print(f"error: unexpected arguments: {' '.join(rest[1:])}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+    return rest
+
+
+def command(main, define_flags, log_level: str = "warning"):
+    """Run an absl command: define its flags, take the `--config.*` overrides out of argv, then
+    main(flags, overrides) under `fail`; extra positional arguments are a usage error. The log
+    level is warning: orbax logs every save and restore at info."""
+    from absl import app, logging
+
+    f = define_flags()
+    with fail():
+        overrides, argv = pop_overrides(sys.argv)
+
+    def run(argv):
+        if len(argv) > 1:
+            raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        logging.set_verbosity(log_level)
+        with fail():
+            return main(f, overrides)
+
+    app.run(run, argv=argv, flags_parser=parse_flags)
+
+
 @contextlib.contextmanager
 def fail():
     """Errors a user can fix -> one line on stderr and exit status 2 (no traceback)."""
     from atgrpo_jax.models.hf_io import CheckpointError
+    from atgrpo_jax.rollout.dispatch import StageTimeout
     from atgrpo_jax.train.config import ConfigError
-    from atgrpo_jax.train.workdir import NotWritable
+    from atgrpo_jax.workdir import NotWritable
 
     try:
         yield
@@ -222,6 +262,10 @@ def fail():
             sys.stdout.flush()
             os._exit(e.code)
         raise SystemExit(e.code) from None
+    except StageTimeout as e:  # (evaluate; the trainer says more) a thread is stuck: exit without waiting on it
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
     except (UsageError, ConfigError, CheckpointError, UnknownName, FileNotFoundError, NotADirectoryError,
             FileExistsError, ImportError, NotWritable) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -14,13 +14,12 @@ with metrics, learning_curve.png. Paths may be object-store URLs (gs://; needs g
 """
 from __future__ import annotations
 
-import sys
 import types
 
-from absl import app, flags, logging
+from absl import flags
 
 from atgrpo_jax import cli
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 from atgrpo_jax.train.metrics import METRICS_FILE
 
 EVAL_FILE = "eval.json"
@@ -102,6 +101,7 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
     """Evaluate a checkpoint of a run (config: the run's) or the model at `hf_path`; returns eval.json's dict.
     policies_from: `parse_policies`' mapping (some agents' policies from other runs)."""
     from atgrpo_jax.train.checkpoint import Checkpointer
+    from atgrpo_jax.train.resume import restore_given
     from atgrpo_jax.train.validate import resolve
     from atgrpo_jax.train.episodes import evaluation_records
     from atgrpo_jax.train.setup import build_run
@@ -112,6 +112,8 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
         raise cli.UsageError("give exactly one of --checkpoint and --hf_path")
     workdir = ckpt_dir = step = None
     if hf_path:
+        from atgrpo_jax.models.hub import local_model_dir
+        local_model_dir(hf_path, "--hf_path")  # a hub id: downloaded (or found in the cache) now, or one line
         config.model.hf_path = hf_path
         config.model.preset = ""  # the checkpoint's own architecture (config.json), not the config's preset
         if config.tokenizer == "qwen3":
@@ -136,7 +138,7 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
         step = ckpt.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint in {ckpt_dir}")
-        states, _ = ckpt.restore(step, target=policy_states(run))
+        states, _ = restore_given(ckpt, step, policy_states(run), f"--checkpoint={ckpt_dir}/STEP")
         set_policy_states(run, states)
     if policies_from:
         load_policies_from(run, policies_from)
@@ -172,14 +174,11 @@ def config_for(checkpoint: str | None, spec: str | None, overrides):
     return cli.apply_overrides(from_saved(saved), overrides)
 
 
-def main(argv, f, overrides=()):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    with cli.fail():
-        config = config_for(f.checkpoint.value, f.config.value, overrides)
-        run_evaluation(config, f.checkpoint.value, f.hf_path.value, f.splits.value, f.tasks.value, f.k.value,
-                       f.temperature.value, f.out.value, parse_policies(f.policies.value))
+def main(f, overrides=()):
+    """The command (run by `cli.command`: flags parsed, errors as one line)."""
+    config = config_for(f.checkpoint.value, f.config.value, overrides)
+    run_evaluation(config, f.checkpoint.value, f.hf_path.value, f.splits.value, f.tasks.value, f.k.value,
+                   f.temperature.value, f.out.value, parse_policies(f.policies.value))
 
 
 def _flags() -> types.SimpleNamespace:
@@ -187,7 +186,8 @@ def _flags() -> types.SimpleNamespace:
     return types.SimpleNamespace(
         config=flags.DEFINE_string("config", None, "config file (default with --checkpoint: the run's config.json)"),
         checkpoint=flags.DEFINE_string("checkpoint", None, "a run's workdir, or WORKDIR/checkpoints/STEP"),
-        hf_path=flags.DEFINE_string("hf_path", None, "a Hugging Face Qwen3 model directory to evaluate instead"),
+        hf_path=flags.DEFINE_string("hf_path", None, "a Hugging Face Qwen3 model to evaluate instead: a directory or a "
+                                   "hub id org/name[@revision] (downloaded into the HF cache; offline: from it)"),
         splits=flags.DEFINE_list("splits", [], "splits to evaluate (default: the workflow's test splits)"),
         tasks=flags.DEFINE_integer("tasks", None, "tasks of a split of generated tasks (default: train.eval_tasks)"),
         k=flags.DEFINE_integer("k", None, "episodes per task (default: config.train.eval_k)"),
@@ -199,7 +199,4 @@ def _flags() -> types.SimpleNamespace:
 
 
 if __name__ == "__main__":
-    _f = _flags()
-    with cli.fail():
-        _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv)
+    cli.command(main, _flags)

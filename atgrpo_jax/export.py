@@ -9,22 +9,23 @@ weights), becomes a Qwen3 checkpoint: config.json, model*.safetensors, the token
 with their chat template, and generation_config.json (the run's stop and pad ids and how the
 policy's agents sampled). `--lora=adapter` writes the adapters alone in PEFT's format
 (adapter_config.json naming model.hf_path as the base, adapter_model.safetensors) plus the
-same tokenizer and generation files. Nothing is written until the checkpoint is read; the
-directory is written beside DIR and renamed into place, so it appears whole or not at all.
+same tokenizer and generation files, and README.md, a model card (atgrpo_jax/model_card.py).
+Nothing is written until the checkpoint is read; the directory is written beside DIR and renamed
+into place, so it appears whole or not at all. `--push_to_hub=org/name` then uploads it with
+huggingface_hub (refused in one line, before any work, when HF_HUB_OFFLINE=1).
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import sys
 import tempfile
 import types
 
-from absl import app, flags, logging
+from absl import flags
 
 from atgrpo_jax import cli
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 
 LORA_MODES = ("merge", "adapter")
 
@@ -123,10 +124,13 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     """Write one policy of the run in `workdir` (or `WORKDIR/checkpoints/STEP`) to `out`; returns a summary."""
     import jax
 
+    from atgrpo_jax.model_card import model_card
     from atgrpo_jax.models.hf_io import save_pretrained
+    from atgrpo_jax.train.metrics import METRICS_FILE, read_metrics
     from atgrpo_jax.models.peft_io import save_adapter
     from atgrpo_jax.train.checkpoint import Checkpointer
     from atgrpo_jax.train.config import from_saved
+    from atgrpo_jax.train.resume import restore_given
     from atgrpo_jax.train.setup import build_run
     from atgrpo_jax.train.step import policy_states, set_policy_states
 
@@ -155,12 +159,15 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     if lora == "adapter" and not base:
         raise cli.UsageError(f"--lora=adapter: the base of {chosen.name} is random weights (model.hf_path is "
                              "empty), which no one can load the adapter onto: use --lora=merge")
-    states, _ = ckpt.restore(step, target=policy_states(run))
+    states, _ = restore_given(ckpt, step, policy_states(run), "--step")
     set_policy_states(run, states)
     ckpt.close()
 
     out = os.path.abspath(out)
     extras = (run.tokenizer, generation_config(run, index))
+    card = model_card(config, step=step, policy=chosen.name, adapter=lora == "adapter",
+                      metrics=read_metrics(workdir) if wd.exists(wd.join(workdir, METRICS_FILE)) else [],
+                      agents=[a.name for a in run.workflow.agents])
     writer = jax.process_index() == 0
     tmp = None
     if writer:
@@ -174,6 +181,8 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
         if writer:
             for extra in extras:
                 extra.save_pretrained(tmp)
+            with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
+                f.write(card)
             _publish(tmp, out)
     except BaseException:
         if tmp:
@@ -185,15 +194,40 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     return summary
 
 
-def main(argv, f, overrides=()):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
-    with cli.fail():
-        if not f.checkpoint.value:
-            raise cli.UsageError("--checkpoint is required (a run's workdir)")
-        export_policy(f.checkpoint.value, f.out.value, step=f.step.value, policy=f.policy.value, lora=f.lora.value,
-                      overwrite=f.overwrite.value, overrides=overrides)
+def main(f, overrides=()):
+    """The command (run by `cli.command`: flags parsed, errors as one line)."""
+    if not f.checkpoint.value:
+        raise cli.UsageError("--checkpoint is required (a run's workdir)")
+    check_push(f.push_to_hub.value)
+    summary = export_policy(f.checkpoint.value, f.out.value, step=f.step.value, policy=f.policy.value,
+                            lora=f.lora.value, overwrite=f.overwrite.value, overrides=overrides)
+    if f.push_to_hub.value:
+        push(summary["out"], f.push_to_hub.value)
+
+
+def check_push(repo: str | None) -> None:
+    """--push_to_hub that cannot work: one line, before any work."""
+    from atgrpo_jax.models.hub import is_repo_id, offline
+
+    if not repo:
+        return
+    if not is_repo_id(repo):
+        raise cli.UsageError(f"--push_to_hub={repo}: give a Hugging Face repository id, org/name")
+    if offline():
+        raise cli.UsageError(f"--push_to_hub={repo}: HF_HUB_OFFLINE=1, so nothing can be uploaded; export without "
+                             "it and upload the directory later (huggingface-cli upload)")
+
+
+def push(out: str, repo: str) -> str:
+    """Upload the exported directory to the Hub repository `repo` (created if new); returns its URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(repo, exist_ok=True)
+    api.upload_folder(folder_path=out, repo_id=repo, commit_message="atgrpo-jax export")
+    url = f"https://huggingface.co/{repo}"
+    print(json.dumps({"pushed": url}))
+    return url
 
 
 def _flags() -> types.SimpleNamespace:
@@ -206,11 +240,10 @@ def _flags() -> types.SimpleNamespace:
         lora=flags.DEFINE_enum("lora", "merge", list(LORA_MODES), "a LoRA policy: merge = the base with the adapters "
                                "added in; adapter = the adapters alone, in PEFT's format"),
         out=flags.DEFINE_string("out", None, "directory to write (must be new or empty unless --overwrite)"),
-        overwrite=flags.DEFINE_bool("overwrite", False, "replace a non-empty --out"))
+        overwrite=flags.DEFINE_bool("overwrite", False, "replace a non-empty --out"),
+        push_to_hub=flags.DEFINE_string("push_to_hub", None, "org/name: upload the export to this Hugging Face "
+                                        "repository (created if new; needs `huggingface-cli login`)"))
 
 
 if __name__ == "__main__":
-    _f = _flags()
-    with cli.fail():
-        _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _f, _overrides), argv=_argv)
+    cli.command(main, _flags)

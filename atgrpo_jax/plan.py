@@ -230,6 +230,9 @@ def main(argv: list[str]) -> int:
         extra = fv(rest)
         if len(extra) > 1:
             raise flags.Error(f"unexpected arguments: {extra[1:]}")
+        for name in ("num-devices", "policies"):  # None: the default; 0 is not "the default"
+            if fv[name].value is not None and fv[name].value < 1:
+                raise cli.UsageError(f"--{name}={fv[name].value}: must be >= 1")
         config = resolve(cli.config_from_args(fv.config, overrides), weights=False)
         device, chips = parse_device(fv.device, fv["gpu-memory-gb"].value)
         num_devices = fv["num-devices"].value or chips

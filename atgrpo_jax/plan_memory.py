@@ -304,8 +304,9 @@ def model_config(config) -> Qwen3Config:
         kw.update(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha)
     if m.hf_path:
         from atgrpo_jax.models.hf_io import config_from_hf
+        from atgrpo_jax.models.hub import local_model_dir
 
-        with open(os.path.join(m.hf_path, "config.json")) as fh:
+        with open(os.path.join(local_model_dir(m.hf_path), "config.json")) as fh:
             return config_from_hf(json.load(fh), **kw)
     if m.get("vocab_size", 0):
         kw["vocab_size"] = m.vocab_size

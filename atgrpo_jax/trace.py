@@ -19,6 +19,8 @@ import time
 
 import jax
 
+from atgrpo_jax import workdir as wd
+
 
 class Tracer:
     def __init__(self, enabled: bool = True):
@@ -74,7 +76,6 @@ class Tracer:
             return {"traceEvents": names + list(self._events), "displayTimeUnit": "ms"}
 
     def write(self, path: str):
-        from atgrpo_jax.train import workdir as wd
         wd.makedirs(wd.dirname(path))
         wd.write_text(path, json.dumps(self.to_json()))
 

@@ -16,12 +16,9 @@ the tests that no earlier mutant failed, so a real test costs about two sandbox 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import functools
 import re
-from typing import Sequence
 
-from atgrpo_jax.envs.sandbox import Limits
 
 MAX_MUTANTS = 6
 MAX_KNOWN_WRONG = 3  # a problem's own known-wrong programs, tried before its mutants
@@ -131,33 +128,3 @@ def degenerate(kind: str, test, entry: str) -> str:
             if any(x == y for x, y in zip(sides, sides[1:])):
                 return "compares a value with itself"
     return ""
-
-
-def real_tests(jobs: Sequence[tuple], limits: Limits, max_workers: int | None = None,
-               match: str = "apps") -> list[list[bool]]:
-    """For each (problem, generated tests, correct program or None): whether each test is real
-    (see the module docstring)."""
-    from atgrpo_jax.envs.code_problems import run_tests  # code_problems imports this module
-
-    out = [[False] * len(tests) for _, tests, _ in jobs]
-    alive = [(i, t) for i, (p, tests, ref) in enumerate(jobs) if ref
-             for t, test in enumerate(tests) if not degenerate(p.kind, test, entry_point(p))]
-    mutant_limits = dataclasses.replace(limits, wall_s=min(limits.wall_s, MUTANT_WALL_S),
-                                        cpu_s=min(limits.cpu_s, MUTANT_WALL_S))
-
-    def fails(program_of, cases, lim):
-        runs = run_tests([(jobs[i][0], program_of(i), [jobs[i][1][t]]) for i, t in cases], lim, max_workers, match)
-        return [not v[0].passed for v in runs]
-
-    alive = [c for c, failed in zip(alive, fails(lambda i: jobs[i][2], alive, limits)) if not failed]
-    table = {i: tuple(jobs[i][0].wrong_solutions[:MAX_KNOWN_WRONG])
-             + mutants(jobs[i][2], jobs[i][0].kind, entry_point(jobs[i][0])) for i, _ in alive}
-    for m in range(max((len(w) for w in table.values()), default=0)):
-        now = [(i, t) for i, t in alive if len(table[i]) > m]
-        if not now:
-            break
-        killed = {c for c, failed in zip(now, fails(lambda i: table[i][m], now, mutant_limits)) if failed}
-        for i, t in killed:
-            out[i][t] = True
-        alive = [c for c in alive if c not in killed]
-    return out

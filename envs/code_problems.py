@@ -20,7 +20,7 @@ from typing import Sequence
 
 from atgrpo_jax.envs.code_grading import (TEST_LIMITS, TestVerdict, _run_unique, describe_failure, load_code_problems,
                                           run_io_tests)
-from atgrpo_jax.envs.code_mutants import real_tests
+from atgrpo_jax.envs import code_mutants
 from atgrpo_jax.envs.parsers import extract_code_block, extract_test_cases
 from atgrpo_jax.envs.sandbox import Limits
 
@@ -124,3 +124,31 @@ def valid_tests(jobs: Sequence[tuple[CodeProblem, Sequence, str | None]], limits
     solution, or that program for a problem without one."""
     return real_tests([(p, tests, p.solutions[0] if p.solutions else known) for p, tests, known in jobs],
                       limits, max_workers, match)
+
+
+def real_tests(jobs: Sequence[tuple], limits: Limits, max_workers: int | None = None,
+               match: str = "apps") -> list[list[bool]]:
+    """For each (problem, generated tests, correct program or None): whether each test is real
+    (envs/code_mutants.py's docstring says when one is)."""
+    out = [[False] * len(tests) for _, tests, _ in jobs]
+    alive = [(i, t) for i, (p, tests, ref) in enumerate(jobs) if ref
+             for t, test in enumerate(tests) if not code_mutants.degenerate(p.kind, test, code_mutants.entry_point(p))]
+    mutant_limits = dataclasses.replace(limits, wall_s=min(limits.wall_s, code_mutants.MUTANT_WALL_S),
+                                        cpu_s=min(limits.cpu_s, code_mutants.MUTANT_WALL_S))
+
+    def fails(program_of, cases, lim):
+        runs = run_tests([(jobs[i][0], program_of(i), [jobs[i][1][t]]) for i, t in cases], lim, max_workers, match)
+        return [not v[0].passed for v in runs]
+
+    alive = [c for c, failed in zip(alive, fails(lambda i: jobs[i][2], alive, limits)) if not failed]
+    table = {i: tuple(jobs[i][0].wrong_solutions[:code_mutants.MAX_KNOWN_WRONG])
+             + code_mutants.mutants(jobs[i][2], jobs[i][0].kind, code_mutants.entry_point(jobs[i][0])) for i, _ in alive}
+    for m in range(max((len(w) for w in table.values()), default=0)):
+        now = [(i, t) for i, t in alive if len(table[i]) > m]
+        if not now:
+            break
+        killed = {c for c, failed in zip(now, fails(lambda i: table[i][m], now, mutant_limits)) if failed}
+        for i, t in killed:
+            out[i][t] = True
+        alive = [c for c in alive if c not in killed]
+    return out

@@ -22,7 +22,7 @@ Four workflows over one base (`make_grid_workflow(kind, game)`), their roles in 
   single-agent environment, then combines the roles at evaluation). `SINGLE`
   maps (kind, role) to the single-agent kind that trains that role alone.
 
-Rewards (`ROLES`, one row per role; docs/paper.md): a role's local reward is
+Rewards (`make_roles`, one row per role; docs/paper.md): a role's local reward is
 its step reward r when its answer parses, else its `penalty`; its team reward is
 the environment's reward: for a role whose actions move the environment that is
 the same r (so the plan agent earns 2r in all, or the penalty when nothing
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -59,35 +58,50 @@ from atgrpo_jax.envs.games import GridGame, make_game
 from atgrpo_jax.envs.workflow import Agent, StepOut, branch
 
 ACTIONS_MARKER = "**Actions List**:"
-_HISTORY_CHARS = 1500
+NO_MOVE = "-"  # the last move shown before the first one
+DEFAULT_TOOL_PENALTY = -2.0  # the tool agent's unparsed reward for games without their own TOOL_PENALTY
+MAX_TURNS = 10_000  # a sanity bound on WorkflowConfig.max_turns
+# How much text goes into prompts (characters)
+_HISTORY_CHARS = 1500  # the earlier turns' lines (the newest kept)
+_OUTPUT_CHARS = 1500  # a tool program's standard output (its tail)
+_STDERR_CHARS = 400  # a failed program's standard error (its tail)
+_CODE_CHARS = 3000  # the tool agent's program as the plan agent sees it
+_LIST_CHARS = 20_000  # an output's text after the actions marker that is parsed
 
 
 @dataclasses.dataclass(frozen=True)
 class Role:
-    """How one role answers and is rewarded (penalty and scale name WorkflowConfig fields)."""
+    """How one role answers and is rewarded, with the values its workflow's config gives it."""
 
     answer: str  # "code" (a program prints the actions), "direct" (a few letters), "list" (#### [...])
     moves_env: bool  # its actions step the real environment (else they are simulated on a copy)
-    penalty: str  # its local reward when nothing parses (a WorkflowConfig field)
-    length: str | None = None  # direct answers: the field holding their maximal length
+    penalty: float  # its local reward when nothing parses
+    max_len: int | None = None  # direct answers: their maximal length
     system: str = ""  # the system prompt of long prompts
 
 
-ROLES = {
-    "tool": Role("code", moves_env=False, penalty="tool_penalty", system=(
-        "You are the tool agent of a two-agent team. You solve puzzles by writing Python "
-        "code; a plan agent checks your result and makes the final move.")),
-    "plan": Role("list", moves_env=True, penalty="plan_penalty", system=(
-        "You are the plan agent of a two-agent team. A tool agent wrote code for the task; "
-        "check its actions against the state, correct them if needed, and give the final actions.")),
-    "solver": Role("list", moves_env=True, penalty="plan_penalty", system="You solve grid puzzles step by step."),
-    "planner": Role("direct", moves_env=False, penalty="format_penalty", length="plan_len"),
-    "executor": Role("direct", moves_env=True, penalty="format_penalty", length="exec_len"),
-    "actor": Role("direct", moves_env=True, penalty="format_penalty", length="exec_len"),
-    "tool_alone": Role("code", moves_env=True, penalty="tool_penalty", system=(
-        "You solve grid puzzles by writing Python code; the actions your program prints are played.")),
-    "planner_alone": Role("direct", moves_env=True, penalty="format_penalty", length="plan_len"),
-}
+TOOL_SYSTEM = ("You are the tool agent of a two-agent team. You solve puzzles by writing Python "
+               "code; a plan agent checks your result and makes the final move.")
+PLAN_SYSTEM = ("You are the plan agent of a two-agent team. A tool agent wrote code for the task; "
+               "check its actions against the state, correct them if needed, and give the final actions.")
+
+TOOL_ALONE_SYSTEM = "You solve grid puzzles by writing Python code; the actions your program prints are played."
+
+
+def make_roles(c: "WorkflowConfig") -> dict[str, Role]:
+    """Every role, with its penalty and answer length from the config."""
+    return {
+        "tool": Role("code", moves_env=False, penalty=c.tool_penalty, system=TOOL_SYSTEM),
+        "plan": Role("list", moves_env=True, penalty=c.plan_penalty, system=PLAN_SYSTEM),
+        "solver": Role("list", moves_env=True, penalty=c.plan_penalty, system="You solve grid puzzles step by step."),
+        "planner": Role("direct", moves_env=False, penalty=c.format_penalty, max_len=c.plan_len),
+        "executor": Role("direct", moves_env=True, penalty=c.format_penalty, max_len=c.exec_len),
+        "actor": Role("direct", moves_env=True, penalty=c.format_penalty, max_len=c.exec_len),
+        "tool_alone": Role("code", moves_env=True, penalty=c.tool_penalty, system=TOOL_ALONE_SYSTEM),
+        "planner_alone": Role("direct", moves_env=True, penalty=c.format_penalty, max_len=c.plan_len),
+    }
+
+
 KINDS = {"tool_plan": ("tool", "plan"), "tool_plan_single": ("solver",),
          "direct": ("planner", "executor"), "direct_single": ("actor",),
          "tool_single": ("tool_alone",), "planner_single": ("planner_alone",)}
@@ -110,13 +124,14 @@ class GridState(NamedTuple):
     history: np.ndarray  # object str: one line per earlier turn
     handoff: np.ndarray  # object str: what this turn's first agent passed on
     last_reward: np.ndarray  # float32: the environment's reward of its latest real step (0 before the first)
+    last_move: np.ndarray  # object str: the last move of the latest real step, a letter ('-': none)
 
 
 @dataclasses.dataclass
 class WorkflowConfig:
     max_turns: int = 4
     seed: int = 0
-    tool_penalty: float | None = None  # None: the game's TOOL_PENALTY (the reference's: Sudoku -1), else -2
+    tool_penalty: float | None = None  # None: the game's TOOL_PENALTY (the reference's: Sudoku -1), else the default
     tool_empty_reward: float = 0.0  # the tool agent's local reward for printing an empty list [] (the reference's)
     plan_penalty: float = -2.0
     format_penalty: float = -1.0
@@ -138,7 +153,7 @@ def actions_from_output(stdout: str, game: GridGame) -> list[int] | None:
         at = stdout.rfind("Actions List:")
         if at < 0:
             return None
-    rest = stdout[at:].split(":", 1)[1][:20_000]
+    rest = stdout[at:].split(":", 1)[1][:_LIST_CHARS]
     if rest.strip().split("\n", 1)[0].replace(" ", "") == "[]":
         return []
     return game.parse_list(rest)
@@ -159,6 +174,12 @@ def _texts(shape, value: str = "") -> np.ndarray:
     return out
 
 
+def _last_move(actions: list[int] | None) -> str:
+    """The letter of the last move among the actions (codes outside U, D, L, R are skipped), or NO_MOVE."""
+    moves = [a for a in actions or () if 0 <= a < len(grid.LETTERS)]
+    return grid.LETTERS[moves[-1]] if moves else NO_MOVE
+
+
 def _clip(text: str, limit: int, keep: str = "head") -> str:
     if len(text) <= limit:
         return text
@@ -175,7 +196,7 @@ class GridWorkflow:
         self.game = make_game(game) if isinstance(game, str) else game
         self.config = config or WorkflowConfig()
         if self.config.tool_penalty is None:
-            default = float(getattr(self.game.module, "TOOL_PENALTY", -2.0))
+            default = float(getattr(self.game.module, "TOOL_PENALTY", DEFAULT_TOOL_PENALTY))
             self.config = dataclasses.replace(self.config, tool_penalty=default)
         local_ok = hasattr(self.game.module, "local_view")
         if self.config.view not in ("grid", "local") or (self.config.view == "local" and not local_ok):
@@ -185,13 +206,14 @@ class GridWorkflow:
         self.name = f"{self.game.name}_{kind}"
         self.splits = {"valid": None, "test": None}  # generated levels: as many as asked for
         self.test_splits = ("test",)
-        self.roles = tuple(ROLES[name] for name in KINDS[kind])
-        self.agents = tuple(Agent(name, functools.partial(self._parse, ROLES[name])) for name in KINDS[kind])
-        limits = {"max_turns": 10_000, "plan_len": self.game.max_actions, "exec_len": self.game.max_actions}
-        for key, top in limits.items():
-            value = getattr(self.config, key)
+        c = self.config
+        for key, value, top in (("max_turns", c.max_turns, MAX_TURNS), ("plan_len", c.plan_len, self.game.max_actions),
+                                ("exec_len", c.exec_len, self.game.max_actions)):
             if not 1 <= value <= top:
                 raise ValueError(f"grid workflow config: {key}={value} must be in 1..{top}")
+        roles = make_roles(c)
+        self.roles = tuple(roles[name] for name in KINDS[kind])
+        self.agents = tuple(Agent(name, functools.partial(self._parse, roles[name])) for name in KINDS[kind])
         self._reset, self._step = _compiled(self.game, self.config.seed)
 
     def compiled_step_count(self) -> int:
@@ -208,7 +230,8 @@ class GridWorkflow:
         if not ok or ids.min() < 0 or ids.max() >= 2**32:
             raise ValueError("task_ids must be a non-empty 1-D sequence of integers in [0, 2**32)")
         env = self._reset[split](jnp.asarray(ids.astype(np.uint32)))
-        return GridState(env, _texts(len(ids)), _texts(len(ids)), np.zeros(len(ids), np.float32))
+        return GridState(env, _texts(len(ids)), _texts(len(ids)), np.zeros(len(ids), np.float32),
+                         _texts(len(ids), NO_MOVE))
 
     def done(self, state: GridState) -> np.ndarray:
         return np.asarray(state.env.done)
@@ -225,7 +248,7 @@ class GridWorkflow:
             env_b = jax.tree.map(lambda x: x[b], envs)
             history, handoff = str(state.history[b]), str(state.handoff[b]) if handoff_shown else ""
             if role.answer == "direct":
-                content = self._direct_prompt(role, env_b, handoff, history, handoff_shown)
+                content = self._direct_prompt(role, env_b, handoff, str(state.last_move[b]), handoff_shown)
                 out.append([{"role": "user", "content": content}])
             else:
                 out.append(self._long_prompt(role, env_b, history, handoff))
@@ -245,7 +268,7 @@ class GridWorkflow:
         else:
             actions = [[self._parse(role, t) for t in row] for row in texts]
             why = _texts((n_tasks, k), "unparsed: no '#### [actions]' line" if role.answer == "list" else
-                         f"unparsed: not {self.game.module.direct_format(getattr(self.config, role.length))}")
+                         f"unparsed: not {self.game.module.direct_format(role.max_len)}")
             if role.answer == "direct" and not role.moves_env:  # a proposal the next agent sees
                 for b in range(n_tasks):
                     for j in range(k):
@@ -259,12 +282,13 @@ class GridWorkflow:
         padded = grid.pad_actions(rows, self.game.max_actions).reshape(n_tasks, k, -1)
         new_env, reward, done, success = self._step(state.env, jnp.asarray(padded))
         reward = np.asarray(reward, np.float32) * parsed
-        penalty = np.float32(getattr(self.config, role.penalty))
+        penalty = np.float32(role.penalty)
         if role.answer == "code":  # an empty printed list [] is an answer (no moves), not a format error
             empty = np.array([[a is not None and len(a) == 0 for a in row] for row in actions]) & active[:, None]
             penalty = np.where(empty, np.float32(self.config.tool_empty_reward), penalty)
             parsed_as[empty] = "an empty action list []"
         local = np.where(parsed, reward, penalty) * active[:, None]
+        last_move = branch(state.last_move, k)
         if role.moves_env:
             team, last_reward = reward, reward
             for b in range(n_tasks):
@@ -273,11 +297,12 @@ class GridWorkflow:
                         shown = self.game.show_actions(actions[b][j]) if actions[b][j] else "nothing (unparsed)"
                         line = f"Turn {turn + 1}: played {shown}, reward {reward[b, j]:+.2f}\n"
                         history[b, j] = _clip(history[b, j] + line, _HISTORY_CHARS, keep="tail")
+                        last_move[b, j] = _last_move(actions[b][j])
         else:  # proposals are only simulated: the environment stays as it was
             new_env, last_reward = branch(state.env, k), branch(state.last_reward, k)
             team = last_reward * active[:, None]
             done, success = branch(state.env.done, k), branch(state.env.success, k)
-        return StepOut(state=GridState(new_env, history, handoff, last_reward), local_reward=local.astype(np.float32),
+        return StepOut(state=GridState(new_env, history, handoff, last_reward, last_move), local_reward=local.astype(np.float32),
                        team_reward=team.astype(np.float32), done=np.asarray(done), success=np.asarray(success),
                        info={"parsed": parsed}, parsed_as=parsed_as)
 
@@ -291,7 +316,7 @@ class GridWorkflow:
             from atgrpo_jax.envs.parsers import extract_code_block
 
             return extract_code_block(text)
-        return self._parse_direct(text, getattr(self.config, role.length))
+        return self._parse_direct(text, role.max_len)
 
     def _parse_direct(self, text: str, max_len: int) -> list[int] | None:
         """Strict: the game's direct format. Lenient (a model learning from scratch; games with
@@ -320,11 +345,11 @@ class GridWorkflow:
             actions[b][j] = actions_from_output(res.stdout, self.game)
             reasons[b, j] = ("unparsed: the program " + ("timed out" if res.timed_out else "failed") if not res.ok
                          else "unparsed: no '**Actions List**: [...]' line in the program's output")
-            output = _clip(res.stdout, 1500, keep="tail") or "(no output)"
+            output = _clip(res.stdout, _OUTPUT_CHARS, keep="tail") or "(no output)"
             if not res.ok:
                 why = "timed out" if res.timed_out else f"exit code {res.exit_code}"
-                output += f"\n[{why}] {_clip(res.stderr_tail, 400, keep='tail')}"
-            handoff[b, j] = (f"The tool agent's code:\n```python\n{_clip(codes[b][j], 3000)}\n```\n"
+                output += f"\n[{why}] {_clip(res.stderr_tail, _STDERR_CHARS, keep='tail')}"
+            handoff[b, j] = (f"The tool agent's code:\n```python\n{_clip(codes[b][j], _CODE_CHARS)}\n```\n"
                              f"Its output:\n```\n{output}\n```\n"
                              f"Actions parsed from it: {self.game.show_actions(actions[b][j])}")
         return actions, handoff, reasons
@@ -348,13 +373,12 @@ class GridWorkflow:
         return [{"role": "system", "content": role.system},
                 {"role": "user", "content": f"{game.RULES}\n\n{board}{past}\n{body}{ask}"}]
 
-    def _direct_prompt(self, role: Role, env, proposal: str, history: str, shows_proposal: bool) -> str:
+    def _direct_prompt(self, role: Role, env, proposal: str, last_move: str, shows_proposal: bool) -> str:
         if self.config.view == "local":
-            played = re.findall(r'"([UDLR])"', history.strip().splitlines()[-1]) if history.strip() else []
-            view = self.game.module.local_view(env, played[-1] if played else "-")
+            view = self.game.module.local_view(env, last_move)
             return view + (f" P:{proposal or '?'}" if shows_proposal else "")
         rows = self.game.render(env, row_sep="/")
-        want = self.game.module.direct_format(getattr(self.config, role.length))
+        want = self.game.module.direct_format(role.max_len)
         if shows_proposal:
             return f"{self.game.module.TITLE}. {rows} Plan:{proposal or '?'} Act, {want}:"
         return f"{self.game.module.TITLE}. {rows} {'Act' if role.moves_env else 'Plan'}, {want}:"

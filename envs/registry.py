@@ -1,7 +1,8 @@
 """Workflows by name, for configs: `make_workflow(name, single_agent, **kwargs)`.
 
 A name is one of:
-- a registered workflow: `math`, `code`, `plan_path_demo` (the CPU demo), or one of yours
+- a registered workflow: `math`, `code`, `prompt_reward` (a dataset of prompts scored by a reward
+  function of yours), `plan_path_demo` (the CPU demo), or one of yours
   (`@WORKFLOWS.register("my_task")` on a factory);
 - `<game>_<kind>` for every game in envs/games.py and every kind of grid workflow:
   tool_plan (the paper's tool agent + plan agent) or direct (short direct actions for tiny
@@ -34,6 +35,12 @@ def _math(single_agent: bool = False, **kwargs):
 def _code(single_agent: bool = False, **kwargs):
     from atgrpo_jax.envs.code_workflow import make_code_workflow
     return make_code_workflow(single_agent=single_agent, **kwargs)
+
+
+@WORKFLOWS.register("prompt_reward")
+def _prompt_reward(single_agent: bool = False, **kwargs):
+    from atgrpo_jax.envs.prompt_reward import make_prompt_reward
+    return make_prompt_reward(single_agent=single_agent, **kwargs)
 
 
 def _single(kind: str, single_agent: bool, alone: str) -> str:

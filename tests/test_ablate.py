@@ -84,7 +84,7 @@ if FULL:  # tiers.py: ~50 s of training; the default suite covers the single-age
         """The paper's "trained alone": the planner trains in its own one-agent environment (its proposals
         step the game), then plays beside the other role in the two-agent workflow (evaluate --policies)."""
         from atgrpo_jax.evaluate import load_policies_from, parse_policies
-        from atgrpo_jax.train import workdir as wd
+        from atgrpo_jax import workdir as wd
         from atgrpo_jax.train.checkpoint import Checkpointer
         from atgrpo_jax.train.loop import run_training
         from atgrpo_jax.train.setup import build_run

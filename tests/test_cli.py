@@ -93,16 +93,25 @@ def test_configs_are_installed_with_the_package_and_found_without_a_checkout(tmp
 
     class Installed(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if name == "atgrpo_jax.configs":  # a folder without __init__.py: a namespace package
+            if name == "atgrpo_jax.configs":
                 spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
                 spec.submodule_search_locations = [folder]
                 return spec
             return None
 
+    class NotInstalled(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "atgrpo_jax.configs":
+                raise ModuleNotFoundError(name)
+            return None
+
     monkeypatch.chdir(tmp_path)  # no configs/ here
+    monkeypatch.delitem(sys.modules, "atgrpo_jax.configs", raising=False)
+    meta_path = list(sys.meta_path)
+    monkeypatch.setattr(sys, "meta_path", [NotInstalled(), *meta_path])
     with pytest.raises(cli.UsageError, match="no such file"):
         cli.load_config("configs/demo.py")
-    monkeypatch.setattr(sys, "meta_path", [Installed(), *sys.meta_path])
+    monkeypatch.setattr(sys, "meta_path", [Installed(), *meta_path])
     assert cli.packaged_config("configs/demo.py") == os.path.join(folder, "demo.py")
     assert cli.load_config("configs/demo.py").model.preset == cli.load_config(DEMO).model.preset
     with pytest.raises(cli.UsageError, match="no such file"):

@@ -50,7 +50,7 @@ def trained_policy(workdir: str, index: int):
     from atgrpo_jax.train.config import from_saved
     from atgrpo_jax.train.setup import build_run
     from atgrpo_jax.train.step import policy_states, set_policy_states
-    from atgrpo_jax.train import workdir as wd
+    from atgrpo_jax import workdir as wd
 
     run = build_run(from_saved(wd.saved_config(workdir)))
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=0, read_only=True)
@@ -93,6 +93,9 @@ def test_a_shared_policy_loads_in_transformers_with_the_trained_weights(runs, tm
     assert tok("go R")["input_ids"] == policy_tokenizer(runs["shared"])("go R")["input_ids"]
     gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
     assert set(gen["eos_token_id"]) == {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
+    card = (tmp_path / "hf" / "README.md").read_text()  # the model card: hub front matter, this run's facts
+    assert card.startswith("---\nlibrary_name: transformers\n") and "| steps | 1 of 1 " in card
+    assert "| regime | `shared` |" in card and "No held-out evaluation" in card  # the run never evaluated
     assert not any(name.startswith(".") for name in os.listdir(tmp_path))  # no partial directory left
     mask = os.umask(0)
     os.umask(mask)
@@ -103,7 +106,7 @@ def test_a_shared_policy_loads_in_transformers_with_the_trained_weights(runs, tm
 def policy_tokenizer(workdir):
     from atgrpo_jax.train.config import from_saved
     from atgrpo_jax.train.setup import make_tokenizer
-    from atgrpo_jax.train import workdir as wd
+    from atgrpo_jax import workdir as wd
 
     c = from_saved(wd.saved_config(workdir))
     return make_tokenizer(c.tokenizer, c.model.hf_path, c.char_alphabet)
@@ -134,7 +137,7 @@ def test_lora_merged_and_as_a_peft_adapter(runs, tmp_path, index, name):
     export_policy(runs["lora"], str(tmp_path / "merged"), policy=name)
     assert_close(hf_logits(transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()), want)
     export_policy(runs["lora"], str(tmp_path / "adapter"), policy=name, lora="adapter")
-    assert sorted(os.listdir(tmp_path / "adapter"))[:2] == ["adapter_config.json", "adapter_model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "adapter"))[:3] == ["README.md", "adapter_config.json", "adapter_model.safetensors"]
     base = transformers.AutoModelForCausalLM.from_pretrained(runs["base"])
     base_logits = hf_logits(base.eval())
     adapted = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()

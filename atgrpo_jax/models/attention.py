@@ -87,6 +87,32 @@ def dense_attention(q, k, v, allowed, heads_first=False):
     return out.reshape(b, t, h, d)
 
 
+def shared_prefix_attention(q, prefix_k, prefix_v, prefix_valid, own_k, own_v, own_allowed, branches: int):
+    """Attention of K branch rows that share one prompt's keys (the sampler's decode step).
+
+    q [N,T,H,D] with N = B*K rows (prompt-major); prefix_k/v [B,KV,P,D]: prompt b's keys, read
+    in place by its K rows, never copied; prefix_valid [B,P]; own_k/v [N,KV,S,D]: each row's
+    own new tokens; own_allowed [N,T,S]. One softmax over both. Returns [N,T,H,D]."""
+    n, t, h, d = q.shape
+    b, kv, p = prefix_k.shape[0], prefix_k.shape[1], prefix_k.shape[2]
+    s = own_k.shape[2]
+    q = q.reshape(b, branches, t, kv, h // kv, d)
+    own_k = own_k.reshape(b, branches, kv, s, d)
+    own_v = own_v.reshape(b, branches, kv, s, d)
+    scale = d ** -0.5
+    low = jnp.finfo(jnp.float32).min
+    # keys/values as the first operand: 1.2x (scores) and 6x (outputs) on XLA:CPU, measured
+    on_prefix = jnp.einsum("bkpd,bjtkgd->bjkgtp", prefix_k, q, preferred_element_type=jnp.float32) * scale
+    on_prefix = jnp.where(prefix_valid[:, None, None, None, None, :], on_prefix, low)
+    on_own = jnp.einsum("bjksd,bjtkgd->bjkgts", own_k, q, preferred_element_type=jnp.float32) * scale
+    own_allowed = own_allowed.reshape(b, branches, 1, 1, t, s)
+    on_own = jnp.where(own_allowed, on_own, low)
+    probs = jax.nn.softmax(jnp.concatenate([on_prefix, on_own], axis=-1), axis=-1).astype(own_v.dtype)
+    out = (jnp.einsum("bkpd,bjkgtp->bjtkgd", prefix_v, probs[..., :p])
+           + jnp.einsum("bjksd,bjkgts->bjtkgd", own_v, probs[..., p:]))
+    return out.reshape(n, t, h, d)
+
+
 def splash_attention(q, k, v, mask: Mask, interpret: bool = False):
     """Splash attention on rows without a cache and with at most one response per row.
 

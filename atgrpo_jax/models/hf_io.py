@@ -25,6 +25,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.hub import CheckpointError, local_model_dir
 from atgrpo_jax.models.qwen3 import LAYER_PARAMS, Qwen3
 from atgrpo_jax.sharding import logical_sharding
 
@@ -56,10 +57,6 @@ _IGNORED = {"architectures", "attention_dropout", "bos_token_id", "eos_token_id"
             "dtype", "torch_dtype", "initializer_range", "layer_types", "max_window_layers",
             "sliding_window", "transformers_version", "use_cache", "head_dim", "rope_theta",
             "rope_parameters", "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings"}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not match what the model expects."""
 
 
 def config_from_hf(hf: dict, **overrides) -> Qwen3Config:
@@ -254,11 +251,13 @@ def read_config(path: str, **config_overrides) -> Qwen3Config:
 
 def load_pretrained(path: str, mesh=None, expected: Qwen3Config | None = None, expected_name: str = "",
                     **config_overrides) -> Qwen3:
-    """The Qwen3 model stored at `path`, each parameter placed on `mesh` by its logical axes.
+    """The Qwen3 model stored at `path` (a directory, or a hub id org/name[@revision]: models/hub.py), each
+    parameter placed on `mesh` by its logical axes.
 
     config_overrides set Qwen3Config fields such as param_dtype or compute_dtype; `expected`
     (named `expected_name` in errors) is the architecture the caller wants.
     """
+    path = local_model_dir(path, "model")
     cfg = read_config(path, **config_overrides)
     if expected is not None:
         check_architecture(cfg, expected, path, expected_name)

@@ -12,14 +12,13 @@ padding works: a padded slot is masked as a key and its own output is unused.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from atgrpo_jax.models.attention import Mask, attention
 from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.strategies import KVCache, cached, causal
 from atgrpo_jax.sharding import constrain
 
 # name -> (shape as a function of cfg, logical axes). One place for the layout.
@@ -43,36 +42,6 @@ LORA_TARGETS = {"wq": 1, "wk": 1, "wv": 1, "wo": 2, "w_gate": 1, "w_up": 1, "w_d
 
 class LoRAParam(nnx.Param):
     """A low-rank adapter weight: trainable while the base Params stay frozen."""
-
-
-class KVCache(NamedTuple):
-    """Keys and values of every layer; slot `index` is the next to be written.
-
-    All rows write the same slot (prompts are left-padded to one length), and
-    `valid` marks the slots that hold real tokens rather than padding. Heads
-    come before slots: decode attention then reads each head's keys as one
-    contiguous [cache_seq, head_dim] block (decode attention ~2x faster on CPU).
-    """
-
-    k: jax.Array  # [layers, batch, kv_heads, cache_seq, head_dim]
-    v: jax.Array
-    valid: jax.Array  # [batch, cache_seq] bool
-    index: jax.Array  # int32 scalar
-
-    AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
-
-    @staticmethod
-    def shape(cfg: Qwen3Config, batch: int, length: int) -> tuple[int, ...]:
-        """Shape of k and v, in the order of AXES."""
-        return (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
-
-    @classmethod
-    def init(cls, cfg: Qwen3Config, batch: int, length: int, dtype=None) -> "KVCache":
-        shape = cls.shape(cfg, batch, length)
-        dtype = dtype or cfg.dtype
-        # two buffers, not one shared: a shared buffer cannot be donated twice
-        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, length), bool),
-                   jnp.zeros((), jnp.int32))
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -104,22 +73,23 @@ def project(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend):
-    """One pre-norm block. `attend(q [B,T,H,D], k, v [B,T,KV,D]) -> [B,T,H,D]` is the
-    attention over whatever keys apply (and stores k, v in a cache if there is one)."""
+    """One pre-norm block. `attend(q [B,T,H,D], k, v [B,T,KV,D]) -> ([B,T,H,D], carry)` is the
+    attention over whatever keys apply (the carry: a cache it wrote k, v into, or None).
+    Returns the new hidden states and that carry."""
     dt = cfg.dtype
     x = rms_norm(h, w["attn_norm"], cfg.rms_norm_eps)
     q, k, v = (project(x, w[name].astype(dt)) for name in ("wq", "wk", "wv"))
     q = rope(rms_norm(q, w["q_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
     k = rope(rms_norm(k, w["k_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
     q = constrain(q, ("batch", "seq", "heads", "head_dim"))
-    a = attend(q, k, v)
+    a, carry = attend(q, k, v)
     h = h + project(a, w["wo"].astype(dt))
     h = constrain(h, ("batch", "seq", "embed"))
     x = rms_norm(h, w["mlp_norm"], cfg.rms_norm_eps)
     mlp = jax.nn.silu(project(x, w["w_gate"].astype(dt))) * project(x, w["w_up"].astype(dt))
     mlp = constrain(mlp, ("batch", "seq", "mlp"))
     h = h + project(mlp, w["w_down"].astype(dt))
-    return constrain(h, ("batch", "seq", "embed"))
+    return constrain(h, ("batch", "seq", "embed")), carry
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, ones=False) -> nnx.Param:
@@ -167,59 +137,34 @@ class Qwen3(nnx.Module):
             self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), wd)
 
     def __call__(self, tokens, positions, mask=None, cache: KVCache | None = None):
-        """Logits [B, T, V] float32 of every position, and the updated cache."""
-        h, cache = self.hidden_states(tokens, positions, mask, cache)
+        """Logits [B, T, V] float32 of every position, and the updated cache (None without one).
+        mask [B, T] bool marks real tokens (default all); with a cache, the T tokens go to slots
+        index..index+T-1."""
+        mask = jnp.ones(tokens.shape, bool) if mask is None else mask
+        h, cache = self.hidden_states(tokens, positions, causal(mask) if cache is None else cached(cache, mask))
         return self.logits(h), cache
 
-    def hidden_states(self, tokens, positions, mask=None, cache: KVCache | None = None, segments=None):
-        """Final-normed hidden states [B, T, D] and the updated cache.
+    def hidden_states(self, tokens, positions, attention=None):
+        """Final-normed hidden states [B, T, D], and what the attention strategy returns (the
+        updated cache, or None): the one forward pass of every caller (`strategies.py`).
 
-        tokens, positions [B, T] int; mask [B, T] bool marks real tokens
-        (default all). With a cache, the T tokens go to slots index..index+T-1.
-        Without one, `segments` [B, T] int (instead of mask) packs one prompt and
-        several responses to it in a row: see `Mask.packed`.
+        tokens, positions [B, T] int; attention defaults to causal over all T tokens.
         """
         cfg = self.cfg
-        b, t = tokens.shape
-        mask = jnp.ones((b, t), bool) if mask is None else mask.astype(bool)
+        attention = causal(jnp.ones(tokens.shape, bool)) if attention is None else attention
         h = self.embed[...].astype(cfg.dtype)[tokens]
         h = constrain(h, ("batch", "seq", "embed"))
-        weights = self.layers.weights()
 
-        if cache is None:
-            keys = Mask.causal(jnp.arange(t), mask) if segments is None else Mask.packed(segments)
+        def body(carry, xs):
+            h, kv = carry
+            w, i = xs
+            h, kv = decoder_layer(cfg, w, h, positions, lambda q, k, v: attention.attend(cfg, i, q, k, v, kv))
+            return (h, kv), None
 
-            def attend(q, k, v):
-                return attention(q, k, v, keys, cfg.attention, block=cfg.attention_block)
-
-            def body(h, w):
-                return decoder_layer(cfg, w, h, positions, attend), None
-
-            body = jax.checkpoint(body) if cfg.remat else body
-            h, _ = jax.lax.scan(body, h, weights)
-        else:
-            start = cache.index
-            valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, start))
-            keys = Mask.causal(start + jnp.arange(t), valid)
-
-            def body(carry, xs):
-                h, ks, vs = carry
-                w, i = xs
-
-                def attend(q, k, v):  # k, v [B, T, KV, D] -> cache layout [B, KV, T, D]
-                    nonlocal ks, vs
-                    k, v = (jnp.swapaxes(x, 1, 2)[None].astype(ks.dtype) for x in (k, v))
-                    ks = jax.lax.dynamic_update_slice(ks, k, (i, 0, 0, start, 0))
-                    vs = jax.lax.dynamic_update_slice(vs, v, (i, 0, 0, start, 0))
-                    return attention(q, ks[i].astype(cfg.dtype), vs[i].astype(cfg.dtype), keys, cfg.attention,
-                                     heads_first=True, cached=True, block=cfg.attention_block)
-
-                h = decoder_layer(cfg, w, h, positions, attend)
-                return (h, ks, vs), None
-
-            (h, ks, vs), _ = jax.lax.scan(body, (h, cache.k, cache.v), (weights, jnp.arange(cfg.num_layers)))
-            cache = KVCache(ks, vs, valid, start + t)
-        return rms_norm(h, self.final_norm[...], cfg.rms_norm_eps), cache
+        body = jax.checkpoint(body) if cfg.remat and attention.remat else body
+        xs = (self.layers.weights(), jnp.arange(cfg.num_layers))
+        (h, kv), _ = jax.lax.scan(body, (h, attention.init()), xs)
+        return rms_norm(h, self.final_norm[...], cfg.rms_norm_eps), attention.finish(kv, tokens.shape[1])
 
     def head_weight(self) -> jax.Array:
         """The output projection as [D, V] (the embedding's transpose when tied)."""

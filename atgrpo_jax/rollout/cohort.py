@@ -143,21 +143,29 @@ def _spread(out: SampleOut, rows: np.ndarray, b: int, k: int) -> SampleOut:
     return SampleOut(tokens, lengths, logps, texts)
 
 
-def run_sync(stages: Stages, c: Cohort, sample_fn, tracer=None, pool_label=None) -> Cohort:
+def run_sync(stages: Stages, c: Cohort, sample_fn, tracer=None, pool_label=None, running=None,
+             index: int = 0) -> Cohort:
     """Every stage of one cohort, one after the other (timed on `tracer`: pool_label(agent) names
-    the pool that samples for an agent)."""
+    the pool that samples for an agent). `running` (dispatch.Running), if given, is told which
+    stage runs, named as the asynchronous schedule names it (cohort `index`), for its timeout."""
     from atgrpo_jax.trace import Tracer
 
     tracer = tracer or Tracer(enabled=False)
+    label = pool_label or (lambda agent: "pool")
+    stage = running.start if running is not None else (lambda key, name: None)
+    stage(("host", index), f"start of cohort {index}")
     with tracer.span("start", track="host"):
         req = stages.next_request(c)
     while req is not None:
-        with tracer.span(f"sample agent {req.agent} turn {req.turn}", track=pool_label(req.agent) if pool_label
-                         else "pool", prompts=len(req.rows)):
+        stage(("host", index), f"sample agent {req.agent} turn {req.turn} of cohort {index} ({label(req.agent)})")
+        with tracer.span(f"sample agent {req.agent} turn {req.turn}", track=label(req.agent), prompts=len(req.rows)):
             out = sample_fn(req.agent, req.live_prompts, stages.k, req.keys)
+        stage(("host", index), f"environment step of agent {req.agent} turn {req.turn} of cohort {index}")
         with tracer.span("step", track="host"):
             stages.finish(c, req, out)
             req = stages.next_request(c)
+    if running is not None:
+        running.end(("host", index))
     return c
 
 

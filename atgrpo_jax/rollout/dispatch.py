@@ -34,7 +34,7 @@ class StageTimeout(RuntimeError):
     """A stage ran longer than its limit (system.stage_timeout_s): a hung device call or sandbox wait."""
 
 
-class _Running:
+class Running:
     """The stages in flight, {(kind, cohort): (name, start time)}, shared by the worker threads."""
 
     def __init__(self):
@@ -56,6 +56,40 @@ class _Running:
                 return None
             name, t0 = min(self._stages.values(), key=lambda v: v[1])
         return name, time.monotonic() - t0
+
+
+def check_stages(running: Running, stage_timeout_s: float) -> None:
+    """StageTimeout naming the stage that has run longer than `stage_timeout_s`, if one has."""
+    name, seconds = running.oldest() or ("", 0.0)
+    if seconds > stage_timeout_s:
+        raise StageTimeout(f"the stage '{name}' has run {seconds:.0f} s, longer than "
+                           f"system.stage_timeout_s={stage_timeout_s:g}")
+
+
+def run_watched(fn: Callable, running: Running, stage_timeout_s: float):
+    """fn() for the synchronous schedule, which reports its stages to `running`: in a daemon thread
+    watched from here, so a stage past `stage_timeout_s` (0: no limit, fn runs here) raises StageTimeout
+    instead of hanging the run; the stuck thread is not waited for."""
+    if stage_timeout_s <= 0:
+        return fn()
+    done: queue.Queue = queue.Queue()
+
+    def target():
+        try:
+            done.put((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - re-raised here
+            done.put((False, e))
+
+    threading.Thread(target=target, name="stages", daemon=True).start()
+    while True:
+        try:
+            ok, value = done.get(timeout=min(1.0, stage_timeout_s / 4))
+        except queue.Empty:
+            check_stages(running, stage_timeout_s)
+            continue
+        if ok:
+            return value
+        raise value
 
 
 def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, pool_of_agent: Sequence[int],
@@ -86,7 +120,7 @@ def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, po
     requests = {p: queue.Queue() for p in pools}
     host_jobs: queue.Queue = queue.Queue()
     events: queue.Queue = queue.Queue()
-    running = _Running()
+    running = Running()
 
     def pool_worker(p: int):
         held: list = []  # requests taken from the queue but left for the next call (another agent's)
@@ -153,10 +187,7 @@ def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, po
             try:
                 event = events.get(timeout=poll)
             except queue.Empty:
-                name, seconds = running.oldest() or ("", 0.0)
-                if seconds > stage_timeout_s:
-                    raise StageTimeout(f"the stage '{name}' has run {seconds:.0f} s, longer than "
-                                       f"system.stage_timeout_s={stage_timeout_s:g}") from None
+                check_stages(running, stage_timeout_s)
                 continue
             if event[0] == "error":
                 raise event[1]

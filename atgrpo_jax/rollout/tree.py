@@ -21,7 +21,7 @@ import numpy as np
 from atgrpo_jax.envs.text_state import obj_array
 from atgrpo_jax.envs.workflow import Workflow
 from atgrpo_jax.rollout.cohort import Record, Stages, combine, run_sync
-from atgrpo_jax.rollout.dispatch import run_async, split_cohorts
+from atgrpo_jax.rollout.dispatch import Running, run_async, run_watched, split_cohorts
 from atgrpo_jax.rollout.samples import SampleOut, Samples, concat
 from atgrpo_jax.trace import Tracer
 
@@ -53,7 +53,7 @@ class Schedule:
     pool_of_agent: tuple = ()  # the pool (policy) that samples for each agent
     pool_names: tuple = ()
     tracer: Tracer | None = None
-    stage_timeout_s: float = 0.0  # asynchronous: a stage running longer raises StageTimeout (0: no limit)
+    stage_timeout_s: float = 0.0  # a stage running longer raises StageTimeout (0: no limit)
     # asynchronous tree rollouts: on_pool_done(pool, samples) as soon as a pool's agents have acted in
     # every stage, with their groups (Samples in the order the whole rollout gives them), while other
     # pools may still sample: that pool's update can start then
@@ -83,8 +83,10 @@ def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, sp
     else:
         names = schedule.pool_names
         label = (lambda agent: f"pool {names[schedule.pool_of_agent[agent]]}") if names else None  # noqa: E731
-        for c in cohorts:
-            run_sync(stages, c, sample_fn, schedule.tracer, label)
+        running = Running()  # a hung stage is named after system.stage_timeout_s, as the dispatcher's are
+        for i, c in enumerate(cohorts):
+            run_watched(lambda: run_sync(stages, c, sample_fn, schedule.tracer, label, running, i), running,
+                        schedule.stage_timeout_s)
     success, turns = np.zeros(len(task_ids), bool), np.zeros(len(task_ids), np.int32)
     for c in cohorts:
         success[c.rows], turns[c.rows] = np.asarray(workflow.success(c.state)), c.turns

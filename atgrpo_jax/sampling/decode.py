@@ -45,6 +45,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from atgrpo_jax.models.qwen3 import KVCache
+from atgrpo_jax.models.strategies import cached
 from atgrpo_jax.sampling.branches import branch_step, init_branch_cache
 from atgrpo_jax.sampling.cache import constrain_cache, init_cache
 from atgrpo_jax.sampling.sample import row_uniforms, select
@@ -126,8 +127,8 @@ def _prefill(graphdef, weights, prompt_ids, prompt_mask, *, cache_dtype: str | N
     prompt_ids = constrain(prompt_ids, ("batch", "seq"))
     prompt_mask = constrain(prompt_mask.astype(bool), ("batch", "seq"))
     positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0).astype(jnp.int32)
-    h, cache = model.hidden_states(prompt_ids, positions, prompt_mask,
-                                   init_cache(model.cfg, b, p, cache_dtype))
+    h, cache = model.hidden_states(prompt_ids, positions,
+                                   cached(init_cache(model.cfg, b, p, cache_dtype), prompt_mask))
     logits = model.logits(h[:, -1])  # left padding: the last column is every prompt's last token
     present = None
     if presence:

@@ -6,35 +6,37 @@ The loop itself is `atgrpo_jax.train.loop.run_training`.
 """
 from __future__ import annotations
 
-import sys
+import types
 
-from absl import app, flags, logging
+from absl import flags
 
 from atgrpo_jax import cli
 
-_CONFIG = flags.DEFINE_string("config", None, "config file configs/X.py[:ARG]; set its keys with --config.KEY=VALUE")
-_WORKDIR = flags.DEFINE_string("workdir", None, "directory or gs:// URL for checkpoints, metrics and TensorBoard")
-_ALLOW = flags.DEFINE_bool("allow_config_change", False, "resume a run with a config that differs from its own "
-                           "(its config.json is kept as config.step<N>.json)")
-_FRESH = flags.DEFINE_bool("fresh_if_unreadable", False, "when no checkpoint of the workdir restores, start again "
-                           "from step 0 (they are moved to checkpoints.unreadable/) instead of stopping")
 
-
-def main(argv, overrides=()):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def main(f, overrides=()):
+    """The command (run by `cli.command`: flags parsed, errors as one line)."""
     from atgrpo_jax.train.loop import run_training
 
-    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    with cli.fail():
-        if not _WORKDIR.value:
-            raise cli.UsageError("--workdir is required")
-        config = cli.config_from_args(_CONFIG.value, overrides)
-        run_training(config, _WORKDIR.value, allow_config_change=_ALLOW.value,
-                     fresh_if_unreadable=_FRESH.value)
+    if not f.workdir.value:
+        raise cli.UsageError("--workdir is required")
+    config = cli.config_from_args(f.config.value, overrides)
+    run_training(config, f.workdir.value, allow_config_change=f.allow_config_change.value,
+                 fresh_if_unreadable=f.fresh_if_unreadable.value)
+
+
+def _flags() -> types.SimpleNamespace:
+    """The command's flags (defined when it runs, so importing this module defines none)."""
+    return types.SimpleNamespace(
+        config=flags.DEFINE_string("config", None, "config file configs/X.py[:ARG]; set its keys with "
+                                   "--config.KEY=VALUE"),
+        workdir=flags.DEFINE_string("workdir", None, "directory or gs:// URL for checkpoints, metrics and "
+                                    "TensorBoard"),
+        allow_config_change=flags.DEFINE_bool("allow_config_change", False, "resume a run with a config that "
+                                              "differs from its own (its config.json is kept as config.step<N>.json)"),
+        fresh_if_unreadable=flags.DEFINE_bool("fresh_if_unreadable", False, "when no checkpoint of the workdir "
+                                              "restores, start again from step 0 (they are moved to "
+                                              "checkpoints.unreadable/) instead of stopping"))
 
 
 if __name__ == "__main__":
-    with cli.fail():
-        _overrides, _argv = cli.pop_overrides(sys.argv)
-    app.run(lambda argv: main(argv, _overrides), argv=_argv)
+    cli.command(main, _flags)

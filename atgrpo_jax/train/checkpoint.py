@@ -40,6 +40,7 @@ import math
 import os
 import re
 import shutil
+import sys
 from typing import Any, Mapping
 
 import jax
@@ -47,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,8 @@ class _QuietOrbax(logging.Filter):
         if record.levelno >= logging.ERROR and (record.exc_info or "raised an exception" in record.getMessage()
                                                  or "failed" in record.getMessage().lower()):
             return False
-        return "did not provide metrics" not in record.getMessage()
+        message = record.getMessage()  # and what a read-only manager (evaluate, export) says it is, every time
+        return not any(m in message for m in ("did not provide metrics", "read_only=True", "directory is read only"))
 
 
 _QUIET = _QuietOrbax()
@@ -175,6 +177,35 @@ def _quiet_orbax():
     for name in ("absl", "orbax"):
         if _QUIET not in logging.getLogger(name).filters:
             logging.getLogger(name).addFilter(_QUIET)
+
+
+def _called_from_c(tb) -> bool:
+    """Whether a traceback starts in asyncio's call_soon_threadsafe: a call from another library's
+    native thread (tensorstore completing orbax's I/O), not from any Python code."""
+    return tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe"
+
+
+def quiet_orbax_leftovers() -> None:
+    """When a save or a restore fails, orbax closes its event loop while tensorstore still completes
+    its other reads and writes from native threads: each prints a traceback ('Event loop is closed'
+    through sys.excepthook, a coroutine never awaited, a task exception never retrieved), after the
+    failure was reported in one line. Drop exactly those, from the first Checkpointer on (they can
+    come before the error reaches the caller)."""
+    if getattr(sys.excepthook, "quiet_orbax", False):
+        return
+    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+
+    def quiet_excepthook(kind, value, tb):
+        if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed" and _called_from_c(tb)):
+            excepthook(kind, value, tb)
+
+    def quiet_unraisablehook(u):
+        if not (repr(u.object).startswith("<coroutine") and "orbax" in str(getattr(u.object, "cr_code", ""))):
+            unraisablehook(u)
+
+    quiet_excepthook.quiet_orbax = True
+    sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
+    logging.getLogger("asyncio").addFilter(lambda r: "exception was never retrieved" not in r.getMessage())
 
 
 class SaveError(Exception):
@@ -205,6 +236,7 @@ class Checkpointer:
             raise ValueError(f"save_every must be >= 1, got {save_every}")
         wd.require_support(directory, checkpoints=True)
         _quiet_orbax()
+        quiet_orbax_leftovers()
         self.directory = wd.absolute(directory)
         self.best_metric = best_metric
         self.best_mode = best_mode

@@ -20,8 +20,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()  # the policy model (Qwen3)
     c.model.preset = "qwen3-1.7b"  # architecture, a name in atgrpo_jax.models.config.PRESETS; a checkpoint in
     # model.hf_path must match it ("" = whatever the checkpoint's config.json says)
-    c.model.hf_path = ""  # directory of a Hugging Face Qwen3 checkpoint (config.json, *.safetensors, tokenizer) to
-    # start from
+    c.model.hf_path = ""  # the Qwen3 checkpoint to start from: a Hugging Face directory (config.json, *.safetensors,
+    # tokenizer) or a hub id org/name[@revision] (downloaded into the Hugging Face cache; offline: from it)
     c.model.init = "auto"  # "auto": the weights of model.hf_path (random only for presets under 250M parameters);
     # "random": random on purpose
     c.model.param_dtype = "float32"  # storage dtype of the weights: float32, bfloat16 or float16
@@ -32,7 +32,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.attention_block = 512  # query/key block of the chunked backend
     c.model.init_seed = 0  # seed of random weights and of LoRA adapters
     c.model.vocab_size = 0  # embedding rows of a random model; 0 = the preset's
-    c.tokenizer = "qwen3"  # "qwen3" (offline, or model.hf_path's own), "char", or a directory with tokenizer files
+    c.tokenizer = "qwen3"  # "qwen3" (offline, or model.hf_path's own), "char", or a directory (or hub id) with
+    # tokenizer files
     c.char_alphabet = ""  # the char tokenizer's characters ("" = printable ASCII and newline)
     c.mesh = ml_collections.ConfigDict()  # device mesh (see atgrpo_jax/sharding.py); -1 = all remaining devices
     c.mesh.data = 1  # data-parallel axis: spans hosts; each data row holds a whole copy of each policy
@@ -118,7 +119,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.system.staleness = 0  # 1: step n+1's rollout runs on the weights from before step n's update while it runs
     # (the importance ratio is then taken against the sampler's log-probs); 0: exactly on-policy
     c.system.trace_every = 0  # write trace/step_N.json (Chrome/Perfetto timeline) every this many steps
-    c.system.stage_timeout_s = 1800.0  # async: stop the run when one stage (a sampling call, an environment step)
+    c.system.stage_timeout_s = 1800.0  # stop the run when one stage (a sampling call, an environment step)
     # runs longer than this many seconds, naming it (a hung device call or sandbox wait; 0 = no limit)
     c.lora = ml_collections.ConfigDict()  # adapters (policy.sharing = "lora")
     c.lora.rank = 16  # adapter rank r
@@ -138,11 +139,17 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.time_budget_s = 0.0  # stop (evaluate, checkpoint) after this many seconds (0 = no limit)
     c.train.max_skipped_updates = 4  # stop the run when a policy's updates are skipped (non-finite loss or
     # gradient) this many times in a row: it diverged (0 = never stop)
+    c.train.loggers = ("console", "tensorboard", "jsonl")  # where metrics go: console (the progress line),
+    # tensorboard (tb/), jsonl (metrics.jsonl, episodes.jsonl), wandb (Weights & Biases: pip install -e ".[wandb]";
+    # a resume continues the same W&B run)
+    c.train.wandb_project = ""  # W&B project ("" = $WANDB_PROJECT, else "atgrpo-jax")
+    c.train.wandb_entity = ""  # W&B entity, a user or team ("" = your default)
     c.distributed = ml_collections.ConfigDict()  # several processes (hosts); see atgrpo_jax/distributed.py
     c.distributed.coordinator_address = ""  # host:port of process 0 (or ATGRPO_COORDINATOR)
     c.distributed.num_processes = 0  # processes in the run (0: from ATGRPO_NUM_PROCESSES, else 1)
     c.distributed.process_id = -1  # this process (-1: from ATGRPO_PROCESS_ID)
-    c.distributed.auto = False  # let jax.distributed find the hosts itself (TPU pods; tpu_scripts/launch.sh sets it)
+    c.distributed.auto = False  # let jax.distributed find the hosts itself (TPU pods, SLURM; tpu_scripts/launch.sh,
+    # slurm.sh and gke.sh set it: docs/clusters.md)
     return c
 
 
@@ -279,7 +286,7 @@ def flat(c) -> dict:
 # rollout.decode_slots changes how many rows decode at once, never what they sample.
 RESUMABLE = ("train.steps", "train.time_budget_s", "train.eval_every", "train.eval_tasks", "train.eval_k",
              "train.log_every", "train.log_episodes", "train.checkpoint_every", "train.keep_last",
-             "train.max_skipped_updates", "mesh.", "distributed.", "rollout.decode_slots", "system.schedule", "system.cohorts", "system.host_workers",
+             "train.max_skipped_updates", "train.loggers", "train.wandb_", "mesh.", "distributed.", "rollout.decode_slots", "system.schedule", "system.cohorts", "system.host_workers",
              "system.trace_every", "system.stage_timeout_s")
 
 

@@ -7,7 +7,7 @@ the newest checkpoint that restores (older ones in turn), and writes nothing bef
 
 A run stops early, with one line and an exit code (cli.RunStopped), on SIGTERM/SIGINT (after
 saving its last completed step: guard.StopSignals), on divergence (guard.skip_streaks), when a
-checkpoint cannot be saved (checkpoint.SaveError) and when an asynchronous stage hangs.
+checkpoint cannot be saved (checkpoint.SaveError) and when a stage hangs (system.stage_timeout_s).
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ import jax
 
 from atgrpo_jax import cli
 from atgrpo_jax.rollout.dispatch import StageTimeout
-from atgrpo_jax.train import checkpoint, guard, setup
+from atgrpo_jax.train import checkpoint, guard, setup, wandb_log
 from atgrpo_jax.train.prefetch import Prefetch
 from atgrpo_jax.train.resume import restore_or_start
-from atgrpo_jax.train import workdir as wd
-from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, from_saved
+from atgrpo_jax import workdir as wd
+from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, flat, from_saved
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.episodes import as_markdown, training_records
 from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
@@ -71,6 +71,8 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     wd.require_support(workdir, checkpoints=True)  # a gs:// workdir without its packages fails here
     wd.check_workdir(workdir)
     wd.check_writable(workdir, "--workdir")
+    if "wandb" in t.loggers and wandb_log.missing():
+        raise ConfigError(f"config.train.loggers: 'wandb' needs {wandb_log.missing()}")
     resumed = bool(wd.exists(wd.checkpoint_dir(workdir)))
     changed = check_resume(config, workdir, allow_config_change) if resumed else {}
     run = setup.build_run(config)
@@ -88,8 +90,11 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
         if start:
             changes = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changed.items())
             print(f"resuming at step {start}" + (f" with changed settings: {changes}" if changes else ""), flush=True)
-    writer = MetricsWriter(workdir, enabled=lead, resume_step=start if states is not None else -1)
-    bar = ProgressBar(t.steps, enabled=lead, start_step=start,
+    extra = [wandb_log.WandbLogger(workdir, flat(config), project=t.wandb_project, entity=t.wandb_entity,
+                                   resumed=states is not None)] if lead and "wandb" in t.loggers else []
+    writer = MetricsWriter(workdir, enabled=lead, resume_step=start if states is not None else -1,
+                           tensorboard="tensorboard" in t.loggers, jsonl="jsonl" in t.loggers, extra=extra)
+    bar = ProgressBar(t.steps, enabled=lead and "console" in t.loggers, start_step=start,
                       keys=("success", "reward", "loss", "grad_norm", "skipped"))
     names = [a.name for a in run.workflow.agents]
     policy_names = [p.name for p in run.policies]

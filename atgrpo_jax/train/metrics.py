@@ -24,7 +24,7 @@ Only the TensorBoard package is used (no TensorFlow): events are built with
 `tensorboard.plugins.scalar.summary_v2.scalar_pb` and written by
 `tensorboard.summary.writer.event_file_writer.EventFileWriter`.
 
-Object-store workdirs (`gs://bucket/run`; see `workdir.py`): both files are
+Object-store workdirs (`gs://bucket/run`; see `atgrpo_jax/workdir.py`): both files are
 written exactly as above in a local staging directory, and the changed ones
 are uploaded whole (an atomic object write) at most every `sync_every_s`
 seconds, at `sync()` (the trainer calls it before each checkpoint, so the
@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence, TextIO
 
 import numpy as np
 
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +188,8 @@ class MetricsWriter:
     """Appends scalars to metrics.jsonl and TensorBoard; see the module docstring."""
 
     def __init__(self, workdir: str, *, enabled: bool = True, resume_step: int | None = None,
-                 tensorboard: bool = True, sync_every_s: float = SYNC_EVERY_S,
-                 clock: Callable[[], float] = time.monotonic):
+                 tensorboard: bool = True, jsonl: bool = True, extra: Sequence[Any] = (),
+                 sync_every_s: float = SYNC_EVERY_S, clock: Callable[[], float] = time.monotonic):
         self.workdir = workdir = os.fspath(workdir)
         self.enabled = enabled
         self.path = wd.join(workdir, METRICS_FILE)
@@ -199,6 +199,9 @@ class MetricsWriter:
         self._file: TextIO | None = None
         self._events = None
         self._mirror: wd.Mirror | None = None
+        self._open_now = enabled
+        self.jsonl = jsonl
+        self.extra = list(extra)  # other loggers (wandb_log.WandbLogger): scalars(), rows(), close()
         if not enabled:  # e.g. processes other than 0 in a multi-host run
             return
         local = workdir
@@ -221,7 +224,7 @@ class MetricsWriter:
             if dropped or dropped_events:
                 log.info("run resumed at step %d: dropped %d jsonl lines and %d events written after it",
                          resume_step, dropped, dropped_events)
-        self._file = self._open(METRICS_FILE)
+        self._file = self._open(METRICS_FILE) if jsonl else None
         self._extra: dict[str, TextIO] = {}  # other JSONL files, opened when first written
         if tensorboard:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -244,6 +247,10 @@ class MetricsWriter:
             return
         if name not in JSONL_FILES or name == METRICS_FILE:
             raise ValueError(f"write_rows: {name!r} is not one of {JSONL_FILES[1:]}")
+        for logger in self.extra:
+            logger.rows(name, rows)
+        if not self.jsonl:
+            return
         f = self._extra.get(name) or self._extra.setdefault(name, self._open(name))
         for row in rows:
             f.write(json.dumps(row, allow_nan=False, default=float) + "\n")
@@ -265,14 +272,17 @@ class MetricsWriter:
         """One jsonl line and one TensorBoard event for `step` (flushed before returning)."""
         if not self.enabled:
             return
-        if self._file is None:
+        if not self._open_now:
             raise RuntimeError("MetricsWriter is closed")
         if "step" in scalars:
             raise ValueError("'step' is reserved: pass it as the step argument")
         values = {str(k): _scalar(str(k), v) for k, v in scalars.items()}
         step = int(step)
-        self._file.write(json.dumps({"step": step, **values}, allow_nan=False) + "\n")
-        self._file.flush()
+        if self._file is not None:
+            self._file.write(json.dumps({"step": step, **values}, allow_nan=False) + "\n")
+            self._file.flush()
+        for logger in self.extra:
+            logger.scalars(step, values)
         if self._events is not None:
             from tensorboard.compat.proto import event_pb2
             from tensorboard.plugins.scalar.summary_v2 import scalar_pb
@@ -292,9 +302,10 @@ class MetricsWriter:
 
         Returns the uploaded paths relative to the workdir.
         """
-        if self._mirror is None or self._file is None:
+        if self._mirror is None or not self._open_now:
             return []
-        self._file.flush()
+        if self._file is not None:
+            self._file.flush()
         for f in self._extra.values():
             f.flush()
         if self._events is not None:
@@ -304,10 +315,14 @@ class MetricsWriter:
 
     def close(self):
         """Close both files and, for an object-store workdir, upload them a last time."""
-        if self._file is None:  # disabled, or closed already
+        if not self._open_now:  # disabled, or closed already
             return
-        self._file.close()
-        self._file = None
+        self._open_now = False
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        for logger in self.extra:
+            logger.close()
         for f in self._extra.values():
             f.close()
         self._extra = {}

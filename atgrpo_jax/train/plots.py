@@ -6,7 +6,7 @@ import math
 import os
 from typing import Mapping, Sequence
 
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 
 AXIS_LABELS = {"step": "training step", "time_s": "wall-clock time (s)", "eval_success": "success rate (held out)"}
 

@@ -3,11 +3,10 @@
 
 A failed restore is one line (`checkpoint N in DIR does not restore (why); trying checkpoint M`);
 orbax's other reads of that checkpoint end later in background threads, and the tracebacks they
-would print are dropped (`_quiet_failed_restore_leftovers`).
+would print are dropped (`checkpoint.quiet_orbax_leftovers`).
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
@@ -17,7 +16,7 @@ import jax
 
 from atgrpo_jax import cli
 from atgrpo_jax.train import checkpoint
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 from atgrpo_jax.train.step import policy_states
 
 
@@ -29,25 +28,19 @@ def step_dirs(directory: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
 
 
-def _quiet_failed_restore_leftovers() -> None:
-    """Once a restore failed, orbax's other reads of it end later in background threads, each printing
-    a traceback (an unretrieved task, a coroutine never awaited, a callback into the closed event loop).
-    The failure was already reported in one line: drop exactly those messages from now on."""
-    if getattr(sys.excepthook, "quiet_restore", False):
-        return
-    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
-
-    def quiet_excepthook(kind, value, tb):
-        if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
-            excepthook(kind, value, tb)
-
-    def quiet_unraisablehook(u):
-        if not (repr(u.object).startswith("<coroutine") and "orbax" in str(getattr(u.object, "cr_code", ""))):
-            unraisablehook(u)
-
-    quiet_excepthook.quiet_restore = True
-    sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
-    logging.getLogger("asyncio").addFilter(lambda r: "exception was never retrieved" not in r.getMessage())
+def restore_given(ckpt: checkpoint.Checkpointer, step: int | None, target, how: str) -> tuple[Any, dict]:
+    """(state, meta) of the checkpoint a command was given (evaluate, export; None: the latest). One that
+    does not restore is a one-line error naming it, its cause and the others, with `how` to choose one."""
+    try:
+        return ckpt.restore(step, target=target)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many kinds
+        step = ckpt.latest_step() if step is None else step
+        others = [s for s in ckpt.all_steps() if s != step]
+        choose = f"; choose another with {how} (saved: {', '.join(map(str, others))})" if others else ""
+        raise cli.UsageError(f"checkpoint {step} in {ckpt.directory} does not restore "
+                             f"({checkpoint.short_cause(e)}){choose}") from None
 
 
 def restore_newest_readable(directory: str, target, say) -> tuple[int | None, Any, dict, list[int]]:
@@ -74,7 +67,6 @@ def restore_newest_readable(directory: str, target, say) -> tuple[int | None, An
                     raise ValueError("it holds a NaN or inf")
                 int(meta["step"])
             except Exception as e:  # noqa: BLE001 - any failure means: not this one
-                _quiet_failed_restore_leftovers()
                 bad.append(step)
                 older = [s for s in steps if s < step]
                 then = f"trying checkpoint {older[-1]}" if older else "no older checkpoint"

@@ -16,6 +16,7 @@ from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.attention import configured_backend
 from atgrpo_jax.models.hf_io import load_pretrained
+from atgrpo_jax.models.hub import local_model_dir
 from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
 from atgrpo_jax.sampling import shard_model
 from atgrpo_jax.sharding import make_mesh, sub_meshes
@@ -73,10 +74,11 @@ def make_tokenizer(name: str, hf_path: str = "", alphabet: str = ""):
     if name == "char":
         return char_tokenizer(alphabet) if alphabet else char_tokenizer()
     if name == "qwen3":
-        return qwen3_tokenizer(hf_path or None)
+        return qwen3_tokenizer(local_model_dir(hf_path) if hf_path else None)
+    name = local_model_dir(name, "tokenizer")
     if os.path.isdir(name):
         return qwen3_tokenizer(name)
-    raise ConfigError(f"config.tokenizer: {name!r} is not 'char', 'qwen3' or a checkpoint directory")
+    raise ConfigError(f"config.tokenizer: {name!r} is not 'char', 'qwen3', a checkpoint directory or a hub id")
 
 
 def build_model(config, mesh) -> Qwen3:
@@ -86,7 +88,7 @@ def build_model(config, mesh) -> Qwen3:
               attention_block=m.attention_block)
     if m.hf_path:
         expected = get_preset(m.preset) if m.preset else None
-        return load_pretrained(m.hf_path, mesh=mesh, expected=expected, expected_name=f"model.preset={m.preset!r}", **kw)
+        return load_pretrained(local_model_dir(m.hf_path), mesh=mesh, expected=expected, expected_name=f"model.preset={m.preset!r}", **kw)
     if m.vocab_size:
         kw["vocab_size"] = m.vocab_size
     return shard_model(Qwen3(get_preset(m.preset, **kw), rngs=nnx.Rngs(m.init_seed)), mesh)

@@ -25,6 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from atgrpo_jax.algo.logprobs import Repeats, SampledFrom, first_seen, fused_head_loss, token_logprobs
 from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, token_loss_terms, weighted_policy_loss
+from atgrpo_jax.models.strategies import causal, packed
 
 
 class TrainState(NamedTuple):
@@ -53,6 +54,9 @@ class Packed(NamedTuple):
     def placed(self, place: Callable = jnp.asarray) -> "Packed":
         """Every array `place`d (e.g. onto a policy's mesh); the fields that are None stay None."""
         return jax.tree.map(place, self)
+
+
+SCHEDULES = ("constant", "cosine")  # optim.schedule: see lr_factor
 
 
 def lr_factor(step: int, optim, total_steps: int) -> float:
@@ -92,7 +96,7 @@ def with_lr(state: "TrainState", lr: float) -> "TrainState":
 def sequence_logprobs(model, tokens, valid, chunk: int):
     """Log-prob and entropy of every token given its prefix: [N, L] (column 0 is 0)."""
     positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
-    h, _ = model.hidden_states(tokens[:, :-1], positions[:, :-1], valid[:, :-1])
+    h, _ = model.hidden_states(tokens[:, :-1], positions[:, :-1], causal(valid[:, :-1]))
     logp, ent = token_logprobs(h, model.head_weight(), tokens[:, 1:], chunk)
     pad = jnp.zeros((tokens.shape[0], 1), logp.dtype)
     return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
@@ -101,7 +105,7 @@ def sequence_logprobs(model, tokens, valid, chunk: int):
 def scoring_states(model, p: Packed) -> jax.Array:
     """[R, M, D]: the hidden state that predicts each scored token (a gather
     within each row, so rows sharded over devices stay where they are)."""
-    h, _ = model.hidden_states(p.tokens, p.positions, segments=p.segment)
+    h, _ = model.hidden_states(p.tokens, p.positions, packed(p.segment))
     return jnp.take_along_axis(h, p.pred[..., None], axis=1)
 
 

@@ -8,9 +8,9 @@ from atgrpo_jax.registry import closest
 from atgrpo_jax.train.config import (AGENT_KEYS, REGIMES, SHARINGS, ConfigError, agent_sampling, base_config,
                                      loss_config)
 
-SCHEDULES = ("constant", "cosine")
 FILTER_SCOPES = ("policy", "agent", "batch")
 MODEL_INITS = ("auto", "random")
+LOGGERS = ("console", "tensorboard", "jsonl", "wandb")
 # Presets small enough to train from random weights without saying so (the CPU demo, tests,
 # benchmarks); a larger one needs model.hf_path or model.init="random".
 RANDOM_INIT_MAX_PARAMS = 250_000_000
@@ -56,7 +56,11 @@ def _require(ok: bool, key: str, msg: str):
 def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collections.ConfigDict:
     """Check every field that can be wrong before anything compiles (after `resolve`)."""
     from atgrpo_jax.algo.advantages import ADVANTAGES
+    from atgrpo_jax.models.attention import BACKENDS
     from atgrpo_jax.models.config import DTYPES, PRESETS
+    from atgrpo_jax.rollout.tree import PLAIN_GROUPINGS
+    from atgrpo_jax.train.policies import MASTER_DTYPES
+    from atgrpo_jax.train.update import SCHEDULES
 
     m = c.model
     _require(m.preset in PRESETS or (m.preset == "" and bool(m.hf_path)), "model.preset",
@@ -71,11 +75,9 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
                  "model.init='random' to train from random weights on purpose")
     for key in ("param_dtype", "compute_dtype"):
         _require(m[key] in DTYPES, f"model.{key}", f"must be one of {sorted(DTYPES)}")
-    from atgrpo_jax.train.policies import MASTER_DTYPES
     _require(c.optim.master_dtype in MASTER_DTYPES, "optim.master_dtype",
              f"must be one of {MASTER_DTYPES}, got {c.optim.master_dtype!r}")
     _require(m.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = the preset's)")
-    from atgrpo_jax.models.attention import BACKENDS
     _require(m.attention in BACKENDS, "model.attention",
              f"unknown {m.attention!r}{closest(m.attention, BACKENDS)}; known: {', '.join(BACKENDS)}")
     _require(m.attention != "splash" or not c.optim.share_prompts, "model.attention",
@@ -98,8 +100,8 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     _require(r.k >= 2 or not r.tree, "rollout.k", "tree sampling needs k >= 2 branches")
     _require(isinstance(r.decode_slots, int) and r.decode_slots >= 0, "rollout.decode_slots",
              f"must be an int >= 0 (0 = all rows at once), got {r.decode_slots!r}")
-    _require(r.plain_grouping in ("task", "task_agent"), "rollout.plain_grouping",
-             f"must be 'task' or 'task_agent', got {r.plain_grouping!r}")
+    _require(r.plain_grouping in PLAIN_GROUPINGS, "rollout.plain_grouping",
+             f"must be one of {PLAIN_GROUPINGS}, got {r.plain_grouping!r}")
     for pre in ("", "eval_"):  # training, then evaluation
         _require(r[pre + "temperature"] >= 0, f"rollout.{pre}temperature",
                  f"must be >= 0, got {r[pre + 'temperature']}")
@@ -153,4 +155,10 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
                 "max_skipped_updates"):
         _require(t[key] >= 0, f"train.{key}", "must be >= 0")
     _require(t.log_every >= 1, "train.log_every", "must be >= 1")
+    loggers = t.loggers
+    _require(isinstance(loggers, (tuple, list)) and all(isinstance(x, str) for x in loggers), "train.loggers",
+             f"must be a tuple of names from {LOGGERS}, e.g. ('console', 'wandb'), got {loggers!r}")
+    unknown = [x for x in loggers if x not in LOGGERS]
+    _require(not unknown, "train.loggers", f"unknown {unknown[0]!r}{closest(unknown[0], LOGGERS)}; known: "
+             f"{', '.join(LOGGERS)}" if unknown else "")
     return c

@@ -2,14 +2,8 @@
 import ast
 
 import pytest
-from atgrpo_jax.envs.code_mutants import (
-    MAX_MUTANTS,
-    degenerate,
-    entry_point,
-    mutants,
-    real_tests,
-)
-from atgrpo_jax.envs.code_problems import load_problems, run_tests
+from atgrpo_jax.envs.code_mutants import MAX_MUTANTS, degenerate, entry_point, mutants
+from atgrpo_jax.envs.code_problems import load_problems, real_tests, run_tests
 from atgrpo_jax.envs.sandbox import Limits
 
 FAST = Limits(wall_s=2.0, cpu_s=2.0, memory_mb=512)

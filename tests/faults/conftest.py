@@ -1,19 +1,19 @@
-"""The fault tests' fixtures: one small finished run (4 steps, a checkpoint after each) that tests
-copy and then damage."""
+"""The fault tests' fixtures: one small finished run (4 steps, a checkpoint after each, held-out
+evaluations at steps 0, 2 and 4) that tests copy and then damage, or repeat with faults."""
 import os
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # faults_util, by plain name under importlib mode
-from faults_util import run, train_args  # noqa: E402
+from faults_util import FINISHED, run, train_args  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory):
     """A 4-step run with checkpoints 1..4 and its metrics (the uninterrupted reference)."""
     workdir = tmp_path_factory.mktemp("finished") / "run"
-    proc = run(train_args(workdir, "--config.train.checkpoint_every=1"))
+    proc = run(train_args(workdir, *FINISHED))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(os.listdir(workdir / "checkpoints")) == ["1", "2", "3", "4"]
     return workdir

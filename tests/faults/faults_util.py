@@ -10,6 +10,10 @@ CONFIG = os.path.join(ROOT, "tests", "train", "tiny_config.py")
 NOISE = ("PyTorch was not found",)  # transformers' import-time notice, not ours
 
 
+# the reference run's settings (conftest.finished_run): a checkpoint after every step, evaluations at 0, 2, 4
+FINISHED = ("--config.train.checkpoint_every=1", "--config.train.eval_every=2", "--config.train.eval_tasks=2")
+
+
 def train_args(workdir, *extra, steps=4):
     return [sys.executable, "-m", "atgrpo_jax.train", f"--config={CONFIG}", f"--workdir={workdir}",
             f"--config.train.steps={steps}", "--config.train.eval_every=0", "--config.train.keep_last=0",

@@ -1,25 +1,30 @@
-"""The demo's workflow with an environment step that hangs (a stuck sandbox wait): for the CLI test of
-system.stage_timeout_s. Named by import path: --config.env.workflow=hanging_workflow:make."""
+"""The demo's workflow with an environment step that hangs from training step 2 on (a stuck sandbox
+wait): for the CLI test of system.stage_timeout_s. Named by import path:
+--config.env.workflow=hanging_workflow:make."""
 import time
 
-from atgrpo_jax.envs.registry import make_workflow
+import numpy as np
 
-CALLS_PER_STEP = 8  # tiny config: 2 turns x 2 agents x 2 cohorts (of one task each)
+from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.train.step import TRAIN_TASK_STRIDE
 
 
 class Hanging:
     def __init__(self, wf):
         self.wf = wf
         self.agents, self.max_turns, self.name, self.splits = wf.agents, wf.max_turns, wf.name, wf.splits
+        self.hang = False
 
     def __getattr__(self, name):
         return getattr(self.wf, name)
 
-    calls = 0
+    def reset(self, task_ids, split):
+        # step 2's tasks: step 1 compiled everything, so no stage but this one is slow
+        self.hang = split == "train" and int(np.min(task_ids)) >= 2 * TRAIN_TASK_STRIDE
+        return self.wf.reset(task_ids, split)
 
     def step(self, state, agent, turn, responses):
-        Hanging.calls += 1
-        if Hanging.calls > CALLS_PER_STEP:  # step 2: step 1 compiled everything, so no stage is slow but this
+        if self.hang:
             time.sleep(600)
         return self.wf.step(state, agent, turn, responses)
 

@@ -4,7 +4,7 @@ import os
 import re
 import shutil
 
-from faults_util import (assert_no_traceback, copy_run, metrics_rows, run, snapshot, stderr_lines,
+from faults_util import (FINISHED, assert_no_traceback, copy_run, metrics_rows, run, snapshot, stderr_lines,
                          train_args)
 
 
@@ -21,7 +21,7 @@ def test_damaged_newest_checkpoints_fall_back_and_resume_exactly(finished_run, t
     truncate_largest_data_file(ckpts / "4")  # a data file cut short (disk full, a killed copy)
     (ckpts / "3" / "state" / "_METADATA").write_text("garbage")
     shutil.rmtree(ckpts / "2" / "state")  # the arrays are gone
-    proc = run(train_args(work))
+    proc = run(train_args(work, *FINISHED))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_no_traceback(proc)
     lines = stderr_lines(proc)
@@ -38,15 +38,43 @@ def test_no_readable_checkpoint_changes_nothing_unless_asked(finished_run, tmp_p
     for step in "1234":
         (work / "checkpoints" / step / "state" / "_METADATA").write_text("{")
     before = snapshot(work)
-    proc = run(train_args(work, "--config.train.steps=6"))  # a changed config: config.json must stay as it was
+    proc = run(train_args(work, *FINISHED, "--config.train.steps=6"))  # changed: config.json must stay
     assert proc.returncode == 1
     assert_no_traceback(proc)
     assert re.match(r"error: no checkpoint in .* restores \(tried 4, 3, 2, 1\); nothing was changed\. "
                     r"Pass --fresh_if_unreadable", stderr_lines(proc)[-1])
     assert snapshot(work) == before
-    proc = run(train_args(work, "--fresh_if_unreadable", steps=1))
+    proc = run(train_args(work, *FINISHED, "--fresh_if_unreadable", steps=1))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "starting again from step 0" in proc.stderr
     assert sorted(os.listdir(work / "checkpoints")) == ["1"]
-    assert [r["step"] for r in metrics_rows(work)] == [1]  # the old run's rows are gone with its checkpoints
-    assert metrics_rows(work) == metrics_rows(finished_run)[:1]
+    assert [r["step"] for r in metrics_rows(work)] == [0, 1]  # the old run's rows are gone with its checkpoints
+    assert metrics_rows(work)[0] == metrics_rows(finished_run)[0]  # step 1 evaluates too: its last step
+
+
+def test_evaluate_and_export_of_a_checkpoint_that_does_not_restore_say_so_in_one_line(finished_run, tmp_path):
+    """No fallback here (the user chose the checkpoint, the latest by default): one line naming it, its
+    cause and the others, exit 2; orbax's leftovers of the failed read (tracebacks of its background
+    reads, 'Exception ignored in <coroutine>') do not reach stderr."""
+    import subprocess
+    import sys
+
+    from faults_util import ROOT
+
+    work = copy_run(finished_run, tmp_path / "run")
+    truncate_largest_data_file(work / "checkpoints" / "4")
+    commands = {"evaluate": ["--out=" + str(tmp_path / "eval")], "export": ["--out=" + str(tmp_path / "hf")]}
+    procs = {name: subprocess.Popen([sys.executable, "-m", f"atgrpo_jax.{name}", f"--checkpoint={work}", *args],
+                                    cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for name, args in commands.items()}
+    how = {"evaluate": f"--checkpoint={work}/checkpoints/STEP", "export": "--step"}
+    for name, p in procs.items():
+        out, err = p.communicate(timeout=300)
+        proc = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+        assert proc.returncode == 2, (name, err[-3000:])
+        assert_no_traceback(proc)
+        lines = stderr_lines(proc)
+        assert len(lines) == 1 and re.fullmatch(
+            rf"error: checkpoint 4 in {work}/checkpoints does not restore \(.+\); choose another with "
+            rf"{re.escape(how[name])} \(saved: 1, 2, 3\)", lines[0]), (name, lines)
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # nothing written

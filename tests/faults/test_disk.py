@@ -1,5 +1,6 @@
 """A full disk and places that cannot be written: one line naming the path and the cause, before any
 work where it can be known before (a read-only workdir or --out), and earlier checkpoints kept."""
+import json
 import os
 import re
 import shlex
@@ -9,17 +10,29 @@ from faults_util import ROOT, assert_no_traceback, in_tmpfs, run, stderr_lines, 
 
 
 def test_a_full_disk_stops_the_run_at_the_save_that_does_not_fit(tmp_path):
+    """First the disk fills during a save (the free-space check bypassed: another writer took the
+    space after it), then the same command resumes and the check finds the disk still full."""
     disk = tmp_path / "disk"
-    train = " ".join(map(shlex.quote, train_args(disk / "run", steps=5)))
+    args = train_args(disk / "run", steps=5)
+    unchecked = " ".join(map(shlex.quote, [args[0], os.path.join(os.path.dirname(__file__), "unchecked_train.py"),
+                                           *args[3:]]))
+    train = " ".join(map(shlex.quote, args))
     # 10 MiB: config, metrics and two 4.4 MiB checkpoints fit, the third does not
-    proc = in_tmpfs(f"cd {ROOT} && {train}; echo rc=$?; ls {disk}/run/checkpoints", str(disk), "10m")
-    assert "rc=1" in proc.stdout, proc.stderr[-3000:]
+    proc = in_tmpfs(f"cd {ROOT} && {unchecked}; echo rc=$?; echo ---; {train}; echo rc=$?; "
+                    f"ls {disk}/run/checkpoints; echo ---; cat {disk}/run/metrics.jsonl", str(disk), "10m")
+    out = proc.stdout.split("---\n")
+    assert "rc=1" in out[0] and "rc=1" in out[1], proc.stderr[-3000:]
     assert_no_traceback(proc)
-    assert len(stderr_lines(proc)) == 1, proc.stderr[-3000:]
+    lines = stderr_lines(proc)
+    assert len(lines) == 2, proc.stderr[-3000:]  # no orbax noise from the save that failed midway
+    assert lines[0] == (f"error: cannot save checkpoint 3 to {disk}/run/checkpoints: No space left on device; "
+                        "the run stopped (earlier checkpoints are kept)")
     assert re.fullmatch(rf"error: cannot save checkpoint 3 to {disk}/run/checkpoints: No space left on device "
                         r"\(the checkpoint needs [\d.]+ MiB, [\d.]+ MiB free\); the run stopped "
-                        r"\(earlier checkpoints are kept\)", stderr_lines(proc)[0])
-    assert proc.stdout.split("rc=1\n")[1].split() == ["1", "2"]
+                        r"\(earlier checkpoints are kept\)", lines[1])
+    assert "resuming at step 2" in out[1]
+    assert out[1].split("rc=1\n")[1].split() == ["1", "2"]  # the partial save is gone, 1 and 2 kept
+    assert [json.loads(line)["step"] for line in out[2].splitlines()] == [1, 2, 3]  # step 3's row once
 
 
 def read_only(tmp_path, command: str):
@@ -51,3 +64,23 @@ def test_a_workdir_under_a_file_is_one_line(tmp_path):
     proc = run(train_args(tmp_path / "file" / "run"))
     assert proc.returncode == 2
     assert stderr_lines(proc) == [f"error: --workdir {tmp_path}/file/run: {tmp_path}/file is a file, not a directory"]
+
+
+def test_only_closed_loop_callbacks_from_native_threads_are_dropped(capsys):
+    """What a failed save leaves (tensorstore calling into orbax's closed event loop) is dropped;
+    the same error raised by Python code is still printed."""
+    import asyncio
+
+    from atgrpo_jax.train.checkpoint import quiet_orbax_leftovers
+
+    quiet_orbax_leftovers()
+    loop = asyncio.new_event_loop()
+    loop.close()
+    try:
+        loop.call_soon_threadsafe(print)
+    except RuntimeError as e:
+        error = e
+    sys.excepthook(RuntimeError, error, error.__traceback__.tb_next)  # as a native thread's call reports it
+    assert capsys.readouterr().err == ""
+    sys.excepthook(RuntimeError, error, error.__traceback__)  # called from Python: a real error
+    assert "Event loop is closed" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """The asynchronous dispatcher cannot hang silently: a stage past system.stage_timeout_s is named
 in the error, and the first error ends the rollout at once, not when a stuck stage returns."""
+import re
 import threading
 import time
 
@@ -55,19 +56,23 @@ class Env:
         return self.wf.step(state, *args)
 
 
-def rollout(env, fn, timeout_s, cohorts=2):
-    schedule = Schedule(cohorts=cohorts, asynchronous=True, host_workers=2, pool_of_agent=(0, 1),
+def rollout(env, fn, timeout_s, cohorts=2, asynchronous=True):
+    schedule = Schedule(cohorts=cohorts, asynchronous=asynchronous, host_workers=2, pool_of_agent=(0, 1),
                         pool_names=("A", "B"), stage_timeout_s=timeout_s)
     return tree_rollout(env, fn, lambda m, a: [1, 2, 3], np.arange(4), "train", k=2, max_turns=2, alpha=1.0,
                         key=jax.random.key(0), schedule=schedule)
 
 
-def test_a_hung_stage_is_named_after_the_timeout():
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_a_hung_stage_is_named_after_the_timeout(asynchronous):
+    """Either schedule: the synchronous one (system.schedule=sync, the default) runs its stages in a
+    watched thread, so a hung device call or sandbox wait is reported, not waited for."""
     rollout(Env(), sample_fn(), timeout_s=0.0)  # compiles the environment's functions: no stage is slow later
     t0 = time.monotonic()
-    with pytest.raises(StageTimeout, match=r"the stage 'sample agent 1 turn 0 of cohort \d \(pool B\)' has run "
-                                           r"\d+ s, longer than system.stage_timeout_s=3"):
-        rollout(Env(), sample_fn(hang_agent=1), timeout_s=3.0)
+    cohort = r"\d" if asynchronous else "0"
+    with pytest.raises(StageTimeout, match=rf"the stage 'sample agent 1 turn 0 of cohort {cohort} \(pool B\)' has "
+                                           r"run \d+ s, longer than system.stage_timeout_s=3"):
+        rollout(Env(), sample_fn(hang_agent=1), timeout_s=3.0, asynchronous=asynchronous)
     assert time.monotonic() - t0 < 30
 
 
@@ -83,10 +88,18 @@ def test_the_first_error_is_raised_at_once_while_another_stage_hangs():
 def test_without_faults_the_timeout_changes_nothing():
     a = rollout(Env(), sample_fn(), timeout_s=30.0)
     b = rollout(Env(), sample_fn(), timeout_s=0.0)
-    assert np.array_equal(a[0].reward, b[0].reward) and np.array_equal(a[1].success, b[1].success)
+    c = rollout(Env(), sample_fn(), timeout_s=30.0, asynchronous=False)  # the watched synchronous schedule
+    for x in (b, c):
+        assert np.array_equal(a[0].reward, x[0].reward) and np.array_equal(a[1].success, x[1].success)
+
+
+def test_an_error_in_the_watched_synchronous_schedule_is_raised_as_is():
+    with pytest.raises(RuntimeError, match="the environment broke"):
+        rollout(Env(fail_task=0), sample_fn(), timeout_s=30.0, cohorts=1, asynchronous=False)
 
 
 def test_a_hung_environment_step_stops_the_cli_run_with_one_line(tmp_path):
+    """The default synchronous schedule as a user runs it (the asynchronous one: the tests above)."""
     import os
 
     from faults_util import assert_no_traceback, run, stderr_lines, train_args
@@ -94,12 +107,27 @@ def test_a_hung_environment_step_stops_the_cli_run_with_one_line(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.monotonic()
     proc = run(train_args(tmp_path / "run", "--config.env.workflow=hanging_workflow:make",
-                          "--config.system.schedule=async", "--config.system.stage_timeout_s=20",
-                          "--config.train.checkpoint_every=1"), env=env)
+                          "--config.system.stage_timeout_s=20", "--config.train.checkpoint_every=1"), env=env)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert_no_traceback(proc)
     line = stderr_lines(proc)[-1]
-    assert line.startswith("error: at step 2: the stage 'environment step of agent 0 turn 0 of cohort ") and \
-        line.endswith("longer than system.stage_timeout_s=20; the run stopped (last checkpoint: 1)"), line
+    assert re.fullmatch(r"error: at step 2: the stage 'environment step of agent 0 turn 0 of cohort 0' has run "
+                        r"2\d s, longer than system.stage_timeout_s=20; the run stopped \(last checkpoint: 1\)", line)
     assert len(stderr_lines(proc)) == 1, proc.stderr[-3000:]  # no abort of the stuck thread at exit
     assert time.monotonic() - t0 < 200  # not the 600 s of the hung step
+
+
+def test_a_stage_timeout_outside_training_is_one_line_and_exits_at_once():
+    """evaluate: cli.fail ends the process without waiting on the stuck thread (nor printing a traceback)."""
+    import sys
+
+    from faults_util import run, stderr_lines
+
+    code = ("import threading, time\nfrom atgrpo_jax import cli\nfrom atgrpo_jax.rollout.dispatch import StageTimeout\n"
+            "threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: exit would wait on it\n"
+            "with cli.fail():\n    raise StageTimeout('the stage s has run 4 s, longer than system.stage_timeout_s=3')\n")
+    t0 = time.monotonic()
+    proc = run([sys.executable, "-c", code], timeout=120)
+    assert (proc.returncode, stderr_lines(proc)) == (
+        1, ["error: the stage s has run 4 s, longer than system.stage_timeout_s=3"]), proc.stderr[-2000:]
+    assert time.monotonic() - t0 < 100

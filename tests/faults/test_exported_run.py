@@ -15,7 +15,7 @@ def test_an_exported_demo_policy_evaluates_with_the_demo_config(finished_run, tm
     os.umask(mask)
     assert os.stat(out).st_mode & 0o777 == 0o777 & ~mask  # not mkdtemp's 0700: a server may run as another user
     assert all(os.stat(out / f).st_mode & 0o777 == 0o666 & ~mask for f in os.listdir(out))
-    proc = run([sys.executable, "-m", "atgrpo_jax.evaluate", f"--config={ROOT}/tests/train/tiny_config.py",
+    proc = run([sys.executable, "-m", "atgrpo_jax.evaluate", f"--config={ROOT}/configs/demo.py",
                 f"--hf_path={out}", f"--out={tmp_path / 'eval'}", "--tasks=4"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "eval" / "eval.json").read_text())

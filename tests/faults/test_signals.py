@@ -60,14 +60,6 @@ def test_sigterm_saves_the_last_step_and_the_resumed_run_equals_an_uninterrupted
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def test_sigint_stops_with_130(tmp_path):
-    proc = start_and_signal(tmp_path / "run", signal.SIGINT, 1)
-    assert proc.returncode == 130, proc.stderr[-3000:]
-    assert_no_traceback(proc)
-    assert re.fullmatch(r"stopped by SIGINT at step (\d+); checkpoint \1 saved; run the same command to resume",
-                        stderr_lines(proc)[-1])
-
-
 SECOND_SIGNAL = textwrap.dedent("""
     import os, signal, time
     from atgrpo_jax.train.guard import StopSignals

@@ -14,7 +14,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from atgrpo_jax.evaluate import write_eval_outputs
-from atgrpo_jax.train import workdir as wd
+from atgrpo_jax import workdir as wd
 from atgrpo_jax.train.metrics import MetricsWriter, read_metrics, read_tb_scalars
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,80 @@
+"""Models by Hugging Face Hub id: `org/name[@revision]` wherever a checkpoint directory is taken.
+
+`local_model_dir(spec)` returns a local directory for `spec`: an existing directory (or a gs://
+URL) as it is; a hub id through `huggingface_hub.snapshot_download` into the standard cache
+(`HF_HUB_CACHE`, by default ~/.cache/huggingface/hub), the weights, config and tokenizer files only.
+Offline (`HF_HUB_OFFLINE=1`) the cache must hold the revision already; otherwise the error is one
+line saying what to download. Anything else is returned unchanged (a missing directory is then
+reported by whoever reads it).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match what the model expects, or one that cannot be found."""
+
+
+# What a Qwen3 checkpoint needs: config, safetensors (+ index), tokenizer and generation config.
+PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "tokenizer*")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+(@[A-Za-z0-9_./-]+)?$")
+
+
+def parse_hub_id(spec: str) -> tuple[str, str | None] | None:
+    """(repo id, revision or None) when `spec` is a hub id and no local path; else None."""
+    spec = str(spec)
+    if not spec or os.path.exists(spec) or "://" in spec or spec.startswith((".", "/", "~")):
+        return None
+    if not _HUB_ID.match(spec):
+        return None
+    repo, _, revision = spec.partition("@")
+    return repo, revision or None
+
+
+def is_repo_id(name: str) -> bool:
+    """`org/name` (no revision): where a model may be pushed."""
+    return bool(_HUB_ID.match(str(name))) and "@" not in str(name)
+
+
+def offline() -> bool:
+    from huggingface_hub import constants
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def local_model_dir(spec: str, what: str = "model.hf_path") -> str:
+    """A local directory for `spec` (see the module docstring); errors are CheckpointError naming `what`."""
+    parsed = parse_hub_id(spec)
+    if parsed is None:
+        return spec
+    from huggingface_hub import constants
+    return _download(parsed[0], parsed[1], constants.HF_HUB_CACHE, offline(), what)
+
+
+@functools.lru_cache(maxsize=None)  # one look-up per process and model, however many callers
+def _download(repo: str, revision: str | None, cache_dir: str, is_offline: bool, what: str) -> str:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    spec = repo + (f"@{revision}" if revision else "")
+    command = f"huggingface-cli download {repo}" + (f" --revision {revision}" if revision else "")
+    try:
+        path = snapshot_download(repo, revision=revision, cache_dir=cache_dir, allow_patterns=list(PATTERNS),
+                                 local_files_only=is_offline)
+    except (RepositoryNotFoundError, RevisionNotFoundError) as e:
+        raise CheckpointError(f"{what}={spec!r}: {type(e).__name__} on the Hugging Face Hub (a private or gated "
+                              "repository needs `huggingface-cli login`)") from None
+    except (LocalEntryNotFoundError, FileNotFoundError):
+        why = "HF_HUB_OFFLINE=1 and it is not in the cache" if is_offline else "the Hub cannot be reached and it " \
+              "is not in the cache"
+        raise CheckpointError(f"{what}={spec!r}: no such directory, and as a hub id: {why} ({cache_dir}); "
+                              f"download it first on a machine with internet: `{command}` (same HF_HUB_CACHE), "
+                              "or give an existing directory") from None
+    except HfHubHTTPError as e:
+        raise CheckpointError(f"{what}={spec!r}: the Hugging Face Hub refused: {str(e).splitlines()[0]}") from None
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise CheckpointError(f"{what}={spec!r}: {path} has no config.json: not a Hugging Face model checkpoint")
+    return path

@@ -1,0 +1,184 @@
+"""`prompt_reward`: a dataset of prompts plus one reward function is a task (plain GRPO on any data).
+
+    --config.env.workflow=prompt_reward
+    --config.env.kwargs.train_path=train.jsonl --config.env.kwargs.test_path=test.jsonl
+    --config.env.kwargs.reward_fn=my_rewards:score
+
+Each record of a data source (a jsonl/json/parquet/arrow/csv file, a saved Hugging Face dataset or
+`hf:org/name[:config][:split]`: atgrpo_jax.data) has a "prompt" string (`fields={"prompt": COLUMN}`
+maps another column); every other field (an answer, test cases, ...) is passed to the reward
+function untouched. An agent sees the
+record's prompt as a chat (`system_prompt` first, if any) and answers; the reward function scores
+every response of a turn in one call:
+
+    def score(completions: list[str], records: list[dict]) -> list[float]:
+        # completions[i] answers records[i] (the dataset row, "prompt" included); one float each.
+        # Optionally return (scores, feedback): feedback[i] is the next turn's user message.
+
+`max_turns` > 1 plays up to that many turns: after a response scoring below `success_at`, the
+agent sees its answer and the feedback (by default "Your answer scored S. Try again.") and answers
+again; a response scoring >= `success_at` succeeds and ends the episode. Subclasses add roles
+(`roles`, `messages`): every role's responses are scored the same way, and the last role of a turn
+decides success (README "A reward function is enough" has a two-role example).
+
+A reward function that raises, or returns the wrong number of values or a non-number, stops the
+run with one line naming it (RewardError), not a traceback.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from atgrpo_jax.cli import UsageError
+from atgrpo_jax.envs.text_state import obj_array, response_grid
+from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, branch
+
+
+class RewardError(UsageError):
+    """The user's reward function failed; the message names it and what went wrong."""
+
+
+def read_records(source: str, fields=None) -> list[dict]:
+    """The records of a data source (jsonl, json, parquet, arrow, csv, a saved HF dataset, hf:org/name;
+    atgrpo_jax.data), each with a "prompt" (`fields` maps it to another column)."""
+    from atgrpo_jax.data import load_records
+    return list(load_records(source, ("prompt",), dict(fields or {})))
+
+
+def import_function(spec: str, key: str) -> Callable:
+    """`package.module:function` -> the function; a bad spec is a ValueError naming `key`."""
+    module_name, colon, attr = str(spec).partition(":")
+    if not colon or not module_name or not attr:
+        raise ValueError(f"{key}={spec!r}: give it as 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{key}={spec!r}: cannot import {module_name!r}: {e}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"{key}={spec!r}: {module_name} has no function {attr!r}")
+    return fn
+
+
+def first_line(text: Any) -> str:
+    return str(text).strip().splitlines()[0] if str(text).strip() else ""
+
+
+class PromptReward:
+    """The workflow; see the module docstring. Constructed by the `prompt_reward` factory."""
+
+    name = "prompt_reward"
+    roles: tuple[str, ...] = ("assistant",)
+
+    def __init__(self, train_path: str = "", test_path: str = "", reward_fn: str = "", system_prompt: str = "",
+                 max_turns: int = 1, success_at: float = 1.0, fields=None, single_agent=False):
+        for key, value in (("train_path", train_path), ("test_path", test_path), ("reward_fn", reward_fn)):
+            if not value:
+                raise ValueError(f"env.kwargs.{key}: prompt_reward needs it (see envs/prompt_reward.py)")
+        if not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"env.kwargs.max_turns: must be an int >= 1, got {max_turns!r}")
+        self.reward_spec = reward_fn
+        self.reward_fn = import_function(reward_fn, "env.kwargs.reward_fn")
+        self.system_prompt, self.max_turns, self.success_at = system_prompt, max_turns, float(success_at)
+        self.data = {}
+        for split, path in (("train", train_path), ("test", test_path)):
+            try:
+                records = read_records(path, fields)
+            except ValueError as e:
+                raise ValueError(f"env.kwargs.{split}_path: {e}") from None
+            bad = [i for i, r in enumerate(records) if not isinstance(r["prompt"], str)]
+            if bad:
+                raise ValueError(f"env.kwargs.{split}_path: {path}: the prompt of record {bad[0] + 1} is not a string")
+            self.data[split] = records
+        roles = self.roles[:1] if single_agent else self.roles
+        self.agents = tuple(Agent(role, first_line) for role in roles)
+        self.splits = {"test": len(self.data["test"])}
+        self.test_splits = ("test",)
+
+    # ------------------------------------------------------------ state
+    def reset(self, task_ids: Sequence[int], split: str) -> dict[str, np.ndarray]:
+        """Training ids are taken modulo the training set; test ids index the test set."""
+        records = self.data["train" if split == "train" else split]
+        if split != "train" and any(int(i) >= len(records) for i in task_ids):
+            raise ValueError(f"split {split!r} has {len(records)} records; task ids must be below that")
+        n = len(task_ids)
+        return {"row": np.array([int(i) % len(records) for i in task_ids]), "split": obj_array([split] * n),
+                "history": obj_array([()] * n), "score": np.zeros(n, np.float32), "done": np.zeros(n, bool),
+                "success": np.zeros(n, bool)}
+
+    def record(self, state, b: int) -> dict:
+        split = state["split"][b]
+        return self.data["train" if split == "train" else split][int(state["row"][b])]
+
+    def done(self, state) -> np.ndarray:
+        return np.asarray(state["done"], bool)
+
+    def success(self, state) -> np.ndarray:
+        return np.asarray(state["success"], bool)
+
+    # ------------------------------------------------------------ prompts
+    def messages(self, agent: int, record: dict, history: tuple) -> Messages:
+        """The chat agent `agent` sees: the system prompt, the record's prompt, then each earlier
+        (role, response, feedback) of this episode as an assistant turn and a user turn."""
+        out = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        out.append({"role": "user", "content": record["prompt"]})
+        for role, response, feedback in history:
+            if role == self.agents[agent].name:
+                out += [{"role": "assistant", "content": response}, {"role": "user", "content": feedback}]
+        return out
+
+    def prompts(self, state, agent: int, turn: int) -> list[Messages]:
+        return [self.messages(agent, self.record(state, b), state["history"][b]) for b in range(len(state["done"]))]
+
+    # ------------------------------------------------------------ step
+    def score(self, completions: list[str], records: list[dict]) -> tuple[np.ndarray, list[str]]:
+        """The reward function on one batch, checked: (scores [N], feedback [N])."""
+        who = f"env.kwargs.reward_fn={self.reward_spec!r}"
+        try:
+            out = self.reward_fn(completions, records)
+        except Exception as e:  # noqa: BLE001 - the user's code: one line naming it
+            raise RewardError(f"{who} raised {type(e).__name__}: {first_line(e) or '(no message)'} "
+                              f"(on a batch of {len(completions)} responses)") from None
+        feedback = None
+        if isinstance(out, tuple) and len(out) == 2:
+            out, feedback = out
+        try:
+            scores = [float(x) for x in out]
+        except (TypeError, ValueError) as e:
+            raise RewardError(f"{who} must return a list of floats (or (floats, feedback strings)): {e}") from None
+        if len(scores) != len(completions) or (feedback is not None and len(feedback) != len(completions)):
+            raise RewardError(f"{who} returned {len(scores)} scores for {len(completions)} responses")
+        if not all(math.isfinite(s) for s in scores):
+            raise RewardError(f"{who} returned a non-finite score ({[s for s in scores if not math.isfinite(s)][0]})")
+        if feedback is None:
+            feedback = [f"Your answer scored {s:.3g}. Try again." for s in scores]
+        return np.asarray(scores, np.float32), [str(f) for f in feedback]
+
+    def step(self, state, agent: int, turn: int, responses: Sequence[Sequence[str]]) -> StepOut:
+        batch = len(state["done"])
+        grid = response_grid(responses, batch)
+        k = len(grid[0])
+        records = [self.record(state, b) for b in range(batch)]
+        scores, feedback = self.score([r for row in grid for r in row], [records[b] for b in range(batch)
+                                                                          for _ in range(k)])
+        scores = scores.reshape(batch, k)
+        out = branch(state, k)
+        role = self.agents[agent].name
+        last = agent == len(self.agents) - 1
+        for b in range(batch):
+            for j in range(k):
+                out["history"][b, j] = state["history"][b] + ((role, grid[b][j], feedback[b * k + j]),)
+        success = scores >= self.success_at
+        out["score"] = scores
+        if last:
+            out["success"] = success
+            out["done"] = success | (turn + 1 >= self.max_turns)
+        return StepOut(state=out, local_reward=scores, team_reward=scores, done=out["done"], success=out["success"],
+                       parsed_as=obj_array([f"score {s:.3g}" for s in scores.ravel()]).reshape(batch, k))
+
+
+def make_prompt_reward(single_agent: bool = False, **kwargs) -> PromptReward:
+    return PromptReward(single_agent=single_agent, **kwargs)

@@ -1,0 +1,26 @@
+"""Reward functions for tests/envs/test_prompt_reward.py (importable as `prompt_reward_fns:NAME`)."""
+
+
+def exact(completions, records):
+    return [1.0 if c.strip() == str(r["answer"]) else 0.0 for c, r in zip(completions, records)]
+
+
+def with_feedback(completions, records):
+    scores = exact(completions, records)
+    return scores, ["right" if s else f"no, not {c}" for s, c in zip(scores, completions)]
+
+
+def raises(completions, records):
+    return [1 / 0 for _ in completions]
+
+
+def too_few(completions, records):
+    return [0.0]
+
+
+def not_numbers(completions, records):
+    return ["high"] * len(completions)
+
+
+def nan(completions, records):
+    return [float("nan")] * len(completions)
