@@ -6,7 +6,7 @@ import types
 import pytest
 import yaml
 
-from atgrpo_jax import export
+from atgrpo_jax import cli, export
 from atgrpo_jax.model_card import model_card
 from atgrpo_jax.train.config import base_config, flat
 from atgrpo_jax.train.validate import resolve
@@ -58,8 +58,8 @@ def flags(**values):
 ])
 def test_push_is_refused_in_one_line_before_any_work(tmp_path, capsys, repo, message):
     # (the checkpoint does not exist: the refusal comes first)
-    with pytest.raises(SystemExit) as e:
-        export.main(["export"], flags(checkpoint=str(tmp_path / "no_run"), out=str(tmp_path / "o"), push_to_hub=repo))
+    with pytest.raises(SystemExit) as e, cli.fail():  # as cli.command runs it
+        export.main(flags(checkpoint=str(tmp_path / "no_run"), out=str(tmp_path / "o"), push_to_hub=repo))
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and re.search(message, err), err
     assert not (tmp_path / "o").exists()
