@@ -77,7 +77,7 @@ def load_policies_from(run, sources: dict) -> None:
         except ValueError as e:
             raise cli.UsageError(f"--policies: {workdir}'s policies are not shaped like {agent!r}'s: "
                                  f"{str(e).splitlines()[0][:200]}") from None
-        mine.state = states[name]
+        mine.load(states[name])
 
 
 def check_flags(config, tasks: int | None, k: int | None, temperature: float | None) -> None:
@@ -105,7 +105,8 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
     from atgrpo_jax.train.validate import resolve
     from atgrpo_jax.train.episodes import evaluation_records
     from atgrpo_jax.train.setup import build_run
-    from atgrpo_jax.train.step import evaluation, policy_states, set_policy_states
+    from atgrpo_jax.train.evaluation import evaluation
+    from atgrpo_jax.train.step import policy_states, set_policy_states
 
     if (checkpoint is None) == (hf_path is None):
         raise cli.UsageError("give exactly one of --checkpoint and --hf_path")

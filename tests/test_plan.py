@@ -23,7 +23,8 @@ from atgrpo_jax.sampling.cache import init_cache
 from atgrpo_jax.sharding import MeshConfig, logical_sharding, make_mesh, sub_meshes
 from atgrpo_jax.train.config import base_config
 from atgrpo_jax.train.validate import validate
-from atgrpo_jax.train.update import Batch, TrainState, make_optimizer, make_update_fns
+from atgrpo_jax.train.batch import rows_update
+from atgrpo_jax.train.update import TrainState, make_optimizer, make_update_fns
 
 TOLERANCE = 0.25
 
@@ -202,7 +203,7 @@ def test_trainer_update_step_within_25_percent_of_compiled(preset, batch, width,
     arr = lambda dtype: jax.ShapeDtypeStruct((batch, width), dtype, sharding=rows)  # noqa: E731
     adv = jax.ShapeDtypeStruct((batch,), jnp.float32, sharding=logical_sharding(mesh, ("batch",), (batch,)))
     with jax.set_mesh(mesh):
-        m = update_fn.lower(state, Batch(arr(jnp.int32), arr(bool), arr(bool), arr(jnp.float32), adv)).compile()
+        m = rows_update(update_fn).lower(state, (arr(jnp.int32), arr(bool), arr(bool), arr(jnp.float32), adv)).compile()
     compiled = memory_total(m.memory_analysis())
     amesh = abstract_mesh(dict(mesh.shape))
     params = model_params(cfg)

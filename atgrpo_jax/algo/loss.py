@@ -77,7 +77,7 @@ def k3_kl(ref_logp, logp):
 
 
 def token_loss_terms(cfg: LossConfig, logp, entropy, x: dict):
-    """Per-token terms whose sum is policy_loss's loss. x holds, per token,
+    """Per-token terms whose sum is weighted_policy_loss's loss. x holds, per token,
     "old" (old log-prob), "adv", "w" (aggregation_weights) and "ref" if kl_coef."""
     pg, _ = clipped_surrogate(cfg, logp, x["old"], x["adv"])
     if cfg.kl_coef:
@@ -87,20 +87,10 @@ def token_loss_terms(cfg: LossConfig, logp, entropy, x: dict):
     return x["w"] * pg
 
 
-def policy_loss(cfg: LossConfig, logp, old_logp, advantages, mask, ref_logp=None, entropy=None):
-    """Clipped surrogate (+ k3 KL, - entropy bonus); returns (loss, metrics).
-
-    logp, old_logp, ref_logp, entropy, mask: [B, T]; advantages: [B] (one per
-    sample, spread over its tokens) or [B, T].
-    """
-    adv = advantages[:, None] if advantages.ndim == 1 else advantages
-    return weighted_policy_loss(cfg, aggregation_weights(mask, cfg.aggregation), logp, old_logp,
-                                jnp.broadcast_to(adv, logp.shape), ref_logp, entropy)
-
-
 def weighted_policy_loss(cfg: LossConfig, w, logp, old_logp, adv, ref_logp=None, entropy=None):
-    """policy_loss with its aggregation given as per-token weights w (`aggregation_weights`);
-    every argument has one shape (any layout of the tokens)."""
+    """Clipped surrogate (+ k3 KL, - entropy bonus) with its aggregation given as per-token weights w
+    (`aggregation_weights`); returns (loss, metrics). Every argument has one shape (any layout of the
+    tokens: [B, T] rows, or the packed [R, M] entries)."""
     log_ratio = logp - old_logp
     pg, is_clipped = clipped_surrogate(cfg, logp, old_logp, adv)
     f = lambda x: (w * x).sum()

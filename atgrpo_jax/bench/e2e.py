@@ -7,9 +7,9 @@ epoch of mini-batched clipped updates over every sample (no group filter).
 
 - Ours: the trainer's pieces, built by `train.setup.build_run`: the sample function
   of `train.step.sample_fn_for` (jitted prefill once per prompt, K-branch decode in one
-  `while_loop`) and `train.step.update_policy` (jitted chunked log-probs and update).
+  `while_loop`) and `train.step.start_update` (jitted chunked log-probs and update).
 - PyTorch: the same rollout driver (`rollout.tree.tree_rollout`), workflow, tokenizer,
-  advantages and batching (`train.batch.policy_batches`), with `transformers`
+  advantages and batching (`train.batch.policy_batch`, packed one sample per row), with `transformers`
   `Qwen3ForCausalLM.generate` as the sample function (K branches as K copies of each
   prompt, same max_new_tokens, temperature, stop tokens and vocabulary limit) and the
   eager update of `bench.torch_baseline` (full log_softmax, clipped token-mean,
@@ -55,10 +55,10 @@ from atgrpo_jax.models import get_preset
 from atgrpo_jax.models.hf_io import save_pretrained
 from atgrpo_jax.models.tokenizer import QWEN3_TOKENIZER_SIZE
 from atgrpo_jax.rollout.tree import SampleFn, tree_rollout
-from atgrpo_jax.train.batch import fine_bucket, policy_batches
+from atgrpo_jax.train.batch import as_rows, fine_bucket, pack, policy_batch
 from atgrpo_jax.train.config import base_config
 from atgrpo_jax.train.validate import resolve
-from atgrpo_jax.train.step import TRAIN_TASK_STRIDE, packed_minibatches, sample_fn_for, update_policy
+from atgrpo_jax.train.step import TRAIN_TASK_STRIDE, finish_update, packed_minibatches, sample_fn_for, start_update
 from atgrpo_jax.train.setup import Run, build_run
 
 TARGET_SPEEDUP = 3.0
@@ -104,7 +104,7 @@ def our_side(run: Run, temperature: float | None = None, max_prompts: int | None
     defaults to the step's B tasks."""
     t = run.config.rollout.temperature if temperature is None else temperature
     return Side("ours", sample_fn_for(run, t, max_prompts or run.config.rollout.num_tasks),
-                lambda p, batch: update_policy(run, run.policies[p], batch))
+                lambda p, batch: finish_update(start_update(run, run.policies[p], batch)))
 
 
 def torch_side(run: Run, temperature: float | None = None) -> Side:
@@ -124,9 +124,10 @@ def torch_side(run: Run, temperature: float | None = None) -> Side:
                           stop_ids=run.stop_ids, pad_id=run.tokenizer.pad_token_id or 0,
                           vocab_limit=len(run.tokenizer))  # as the trainer's sampler (rollout.router)
 
-    def update(p: int, batch: dict) -> dict:
+    def update(p: int, batch) -> dict:
         limit = len(run.tokenizer) if len(run.tokenizer) < run.policies[0].model().cfg.vocab_size else None
-        return torch_update_policy(model, opt, loss_cfg, batch, c.optim.mini_batch_size, c.optim.grad_clip,
+        rows = [as_rows(pack(mb, slots=1, share_prompts=False)) for mb in batch.minibatches(c.optim.mini_batch_size)]
+        return torch_update_policy(model, opt, loss_cfg, rows, c.optim.grad_clip,
                                    limit, t if t > 0 else 1.0)  # the distribution sampled from, as ours
 
     return Side("pytorch", sample, update)
@@ -157,8 +158,9 @@ def run_step(run: Run, side: Side, step: int) -> dict:
     adv = np.asarray(group_advantages(rewards, mask, c.algo.advantage))
     keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance,
                                    run.policy_of_agent[np.maximum(samples.agent, 0)]))
-    batches = policy_batches(samples, adv, keep, run.policy_of_agent, len(run.policies),
-                             c.optim.mini_batch_size, np.random.default_rng([c.train.seed, step]))
+    rng = np.random.default_rng([c.train.seed, step])
+    batches = [policy_batch(samples, adv, keep, run.policy_of_agent, p, c.optim.mini_batch_size, rng)
+               for p in range(len(run.policies))]
     model_s, metrics = 0.0, {}
     for p, batch in enumerate(batches):
         if batch is not None:
@@ -171,7 +173,7 @@ def run_step(run: Run, side: Side, step: int) -> dict:
     real = [b for b in batches if b is not None]
     return {"total": t2 - t0, "rollout": t1 - t0, "sample": sample_s[0], "update": t2 - t1, "model_update": model_s,
             "cpu": cpu, "sampled_tokens": int(samples.response_len[live].sum()),
-            "samples": int(live.sum()), "update_tokens": int(sum(b["valid"].sum() for b in real)),
+            "samples": int(live.sum()), "update_tokens": int(sum(sum(b.lengths()).sum() for b in real)),
             **packed_token_counts(run, batches),
             "loss": float(metrics.get("loss", np.nan)),
             "groups": [[int(samples.task[g]), int(samples.agent[g]), int(samples.turn[g]), int(samples.mask[g].sum())]
@@ -182,8 +184,8 @@ def packed_token_counts(run: Run, batches: list) -> dict:
     """Tokens our update runs the model on: each group's prompt once (real and padded)."""
     packed = [mb for p, b in enumerate(batches) if b is not None
               for mb in packed_minibatches(run, run.policies[p], b)]
-    return {"update_packed_tokens": int(sum((mb["segment"] >= 0).sum() for mb in packed)),
-            "update_packed_padded_tokens": int(sum(mb["segment"].size for mb in packed))}
+    return {"update_packed_tokens": int(sum((mb.packed.segment >= 0).sum() for mb in packed)),
+            "update_packed_padded_tokens": int(sum(mb.packed.segment.size for mb in packed))}
 
 
 @contextlib.contextmanager

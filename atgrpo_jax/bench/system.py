@@ -116,7 +116,7 @@ def make_workflow(name: str, turns: int, sandbox_workers: int):
 
 def pool_tokens(samples, a: int) -> int:
     """Tokens of agent a's samples: what its pool's update runs."""
-    return int((samples.prompt_len + samples.response_len)[samples.mask & (samples.sample_agent == a)].sum())
+    return int((samples.sample_prompt_len() + samples.response_len)[samples.mask & (samples.sample_agent == a)].sum())
 
 
 def run_step(args, model: LatencyModel, asynchronous: bool, encode) -> dict:

@@ -82,15 +82,14 @@ def trim_padding(mb: dict) -> dict:
     return {k: (v[rows, :width] if np.ndim(v) == 2 else v[rows]) for k, v in mb.items()}
 
 
-def torch_update_policy(model, opt, loss_cfg: LossConfig, batch: dict, mini_batch: int,
-                        clip: float, vocab_limit: int | None = None, temperature: float = 1.0) -> dict:
-    """The trainer's update of one policy (`train.step.update_policy`) in PyTorch: old
+def torch_update_policy(model, opt, loss_cfg: LossConfig, minibatches: list[dict], clip: float,
+                        vocab_limit: int | None = None, temperature: float = 1.0) -> dict:
+    """The trainer's update of one policy (`train.step.start_update`) in PyTorch: old
     log-probs of every mini-batch under the current weights, then one clipped step per
-    mini-batch. batch: the trainer's arrays (`train.batch.policy_batches`)."""
+    mini-batch. minibatches: the trainer's, one sample per row (`train.batch.as_rows`)."""
     import torch
     fields = ("tokens", "valid", "is_resp", "adv")
-    mbs = [trim_padding({k: batch[k][i:i + mini_batch] for k in fields})
-           for i in range(0, len(batch["adv"]), mini_batch)]
+    mbs = [trim_padding({k: mb[k] for k in fields}) for mb in minibatches]
     mbs = [mb for mb in mbs if len(mb["adv"])]
     with torch.no_grad():
         olds = []

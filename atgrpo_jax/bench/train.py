@@ -46,7 +46,8 @@ from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.config import Qwen3Config
 from atgrpo_jax.models.hf_io import save_pretrained
 from atgrpo_jax.train.config import base_config
-from atgrpo_jax.train.update import Batch, init_state, make_optimizer, make_update_fns
+from atgrpo_jax.train.batch import rows_from_packed, rows_packed, rows_update
+from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns
 
 TARGET_SPEEDUP = 1.5
 TARGET_MEMORY_RATIO = 4.0
@@ -99,24 +100,32 @@ def optim_config(lr: float | None = None):
 # ---------------------------------------------------------------- the two updates
 
 def jax_update(model, optim, loss_cfg: LossConfig, chunk: int):
-    """(logprobs_fn, update_fn, state) of the trainer's update on `model`'s weights."""
+    """(logprobs_fn, update_fn, state) of the trainer's update on `model`'s weights; update_fn takes rows."""
     graphdef, params = nnx.split(model)
     params = jax.tree.map(jnp.copy, params)  # the update donates its state
     tx, _ = make_optimizer(optim, total_steps=1000)
     logprobs_fn, update_fn = make_update_fns(graphdef, nnx.State({}), tx, loss_cfg, chunk)
-    return logprobs_fn, update_fn, init_state(params, tx)
+    return logprobs_fn, rows_update(update_fn), init_state(params, tx)
+
+
+def rows_logprobs(logprobs_fn, params, tokens, valid) -> np.ndarray:
+    """[N, L] log-prob of every token of the rows given its prefix (column 0: 0)."""
+    valid = jnp.asarray(valid)
+    rows = rows_packed(jnp.asarray(tokens), valid, valid, None, jnp.zeros(len(valid)))
+    return np.asarray(rows_from_packed(logprobs_fn(params, rows)))
 
 
 def old_logprobs(logprobs_fn, params, data: dict, noise: float = 0.3, seed: int = 1) -> np.ndarray:
     """Current log-probs plus noise on response tokens, so some ratios leave the clip range."""
-    logp = np.asarray(logprobs_fn(params, jnp.asarray(data["tokens"]), jnp.asarray(data["valid"])))
+    logp = rows_logprobs(logprobs_fn, params, data["tokens"], data["valid"])
     jitter = np.random.RandomState(seed).randn(*logp.shape).astype(np.float32)
     return np.where(data["is_resp"], logp + noise * jitter, 0.0).astype(np.float32)
 
 
-def jax_batch(data: dict, old_logp: np.ndarray) -> Batch:
-    return Batch(jnp.asarray(data["tokens"]), jnp.asarray(data["valid"]), jnp.asarray(data["is_resp"]),
-                 jnp.asarray(old_logp), jnp.asarray(data["adv"]))
+def jax_batch(data: dict, old_logp: np.ndarray) -> tuple:
+    """The rows for `train.batch.rows_update` (packed one sample per row inside the jitted update)."""
+    return (jnp.asarray(data["tokens"]), jnp.asarray(data["valid"]), jnp.asarray(data["is_resp"]),
+            jnp.asarray(old_logp), jnp.asarray(data["adv"]))
 
 
 # ---------------------------------------------------------------- the benchmark

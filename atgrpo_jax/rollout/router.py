@@ -8,9 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from atgrpo_jax.distributed import local_model
 from atgrpo_jax.rollout.samples import SampleOut
-from atgrpo_jax.sampling import generate
 
 
 def batch_buckets(max_rows: int) -> tuple[int, ...]:
@@ -30,8 +28,8 @@ def make_sample_fn(policies, policy_of_agent: np.ndarray, tokenizer, *, sampling
                    stop_ids: Sequence[int], prompt_buckets: Sequence[int], max_tasks: int,
                    temperature: float | None = None, decode_slots: int = 0):
     """SampleFn(agent, prompts, k, keys) for the rollout; `policies` may be updated in place.
-    A policy samples where its weights live: on its pool, and with several
-    processes on this process's part of it (`policy.local_mesh`). sampling[agent]
+    A policy samples (`policy.generate`, sampling.generate's arguments) where its weights live: on
+    its pool, and with several processes on this process's part of it. sampling[agent]
     (train.config.AgentSampling) sets the agent's temperature (unless `temperature`
     overrides it for all, as `evaluate --temperature` does), top-k, top-p, repetition penalty
     and response length.
@@ -42,17 +40,16 @@ def make_sample_fn(policies, policy_of_agent: np.ndarray, tokenizer, *, sampling
 
     def sample_fn(agent: int, prompts, k: int, keys: jax.Array) -> SampleOut:
         policy = policies[int(policy_of_agent[agent])]
-        model = local_model(policy.sampler_model(), policy.local_mesh)
         s = sampling[agent]
         if not jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
             keys = jax.random.wrap_key_data(keys)  # raw uint32 [n, 2] keys
-        gen = generate(model, [list(map(int, p)) for p in prompts], max_new_tokens=s.max_new_tokens,
-                       row_keys=branch_keys(keys, k), top_k=s.top_k, top_p=s.top_p,
-                       repetition_penalty=s.repetition_penalty,
-                       temperature=s.temperature if temperature is None else temperature,
-                       stop_ids=tuple(stops), num_branches=k, pad_id=pad_id, buckets=prompt_buckets,
-                       batch_buckets=rows, vocab_limit=len(tokenizer),  # never ids the tokenizer lacks
-                       slots=decode_slots or None)
+        gen = policy.generate([list(map(int, p)) for p in prompts], max_new_tokens=s.max_new_tokens,
+                              row_keys=branch_keys(keys, k), top_k=s.top_k, top_p=s.top_p,
+                              repetition_penalty=s.repetition_penalty,
+                              temperature=s.temperature if temperature is None else temperature,
+                              stop_ids=tuple(stops), num_branches=k, pad_id=pad_id, buckets=prompt_buckets,
+                              batch_buckets=rows, vocab_limit=len(tokenizer),  # never ids the tokenizer lacks
+                              slots=decode_slots or None)
         texts = [tokenizer.decode([int(t) for t in row[:n] if int(t) not in stops])
                  for row, n in zip(gen.tokens, gen.lengths)]
         return SampleOut.from_rows(gen.tokens, gen.lengths, gen.logprobs, texts, s.max_new_tokens)

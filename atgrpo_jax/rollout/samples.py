@@ -1,10 +1,11 @@
-"""What a rollout produces: dense arrays of samples, grouped, with their group ids.
+"""What a rollout produces and the update consumes: dense arrays of samples, grouped, with their ids.
 
 A sample is one agent's response at one turn of one task, on one branch. G groups of
 K samples each (group g = (task[g], agent[g], turn[g]) in tree sampling) are stored as
 padded arrays, as the sampler returns them: token ids right-padded with 0, lengths
-beside them. The group index travels with every sample (as verl's `index`), so the
-trainer never has to find groups again.
+beside them. Each prompt is stored once and each sample names its prompt (`prompt_of`): a
+tree group's K samples name one, plain GRPO's samples one each. The group and prompt ids
+travel with every sample (as verl's `index`), so the trainer never has to find them again.
 """
 from __future__ import annotations
 
@@ -48,8 +49,9 @@ def _fit(x, width: int, dtype) -> np.ndarray:
 class Samples:
     """G groups of K samples (dense); `mask` marks the samples that exist (their task was live)."""
 
-    prompt: np.ndarray  # [G, K, P] int32, right-padded with 0
-    prompt_len: np.ndarray  # [G, K] int32
+    prompt: np.ndarray  # [Q, P] int32, right-padded with 0: every prompt once
+    prompt_len: np.ndarray  # [Q] int32
+    prompt_of: np.ndarray  # [G, K] int: the prompt (row of `prompt`) each sample answers
     response: np.ndarray  # [G, K, R] int32, right-padded with 0
     response_len: np.ndarray  # [G, K] int32
     sampler_logp: np.ndarray  # [G, K, R] float32, 0 past each response
@@ -64,29 +66,36 @@ class Samples:
     text: np.ndarray  # [G, K] object: the decoded responses
     parsed_as: np.ndarray  # [G, K] object: what the environment read from each response (or why nothing)
     selected: np.ndarray  # [G] the branch the episode continued from (-1: none, plain GRPO)
-    shared_prompt: bool = True  # a group's K samples answer one prompt (tree sampling)
 
     @classmethod
-    def empty(cls, k: int, shared_prompt: bool = True) -> "Samples":
+    def empty(cls, k: int) -> "Samples":
         z = lambda *shape, dtype=np.int32: np.zeros(shape, dtype)
         f = lambda: z(0, k, dtype=np.float32)
-        return cls(z(0, k, 0), z(0, k), z(0, k, 0), z(0, k), z(0, k, 0, dtype=np.float32), f(), f(), f(),
-                   z(0, k, dtype=bool), z(0), z(0), z(0, k), z(0), z(0, k, dtype=object), z(0, k, dtype=object), z(0),
-                   shared_prompt)
+        return cls(z(0, 0), z(0), z(0, k), z(0, k, 0), z(0, k), z(0, k, 0, dtype=np.float32), f(), f(), f(),
+                   z(0, k, dtype=bool), z(0), z(0), z(0, k), z(0), z(0, k, dtype=object), z(0, k, dtype=object), z(0))
 
     @property
     def num_groups(self) -> int:
         return len(self.task)
+
+    def sample_prompt_len(self) -> np.ndarray:
+        """[G, K]: the length of each sample's prompt."""
+        return self.prompt_len[self.prompt_of]
+
+    def prompt_ids(self, g: int, k: int) -> np.ndarray:
+        """The prompt token ids of sample (g, k)."""
+        q = self.prompt_of[g, k]
+        return self.prompt[q, :self.prompt_len[q]]
 
     def live(self) -> tuple[np.ndarray, np.ndarray]:
         """(group, branch) indices of the samples that exist and have a response, group-major."""
         return np.nonzero(self.mask & (self.response_len > 0))
 
     def take(self, groups: np.ndarray) -> "Samples":
-        """The given groups, in the given order."""
+        """The given groups, in the given order (the prompts stay: the samples name them)."""
         groups = np.asarray(groups, np.int64)
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return Samples(**{k: (v[groups] if isinstance(v, np.ndarray) else v) for k, v in fields.items()})
+        return Samples(**{k: (v if k in PROMPT_FIELDS else v[groups]) for k, v in fields.items()})
 
 
 def pad_to(x: np.ndarray, width: int, axis: int = -1) -> np.ndarray:
@@ -106,35 +115,20 @@ def right_padded(seqs: Sequence[np.ndarray], width: int | None = None) -> tuple[
     return out, lengths
 
 
+PROMPT_FIELDS = ("prompt", "prompt_len")  # indexed by prompt, not by group
+
+
 def concat(parts: Sequence[Samples]) -> Samples:
     """Groups of several `Samples` one after another (prompts and responses padded to the widest)."""
     if not parts:
         raise ValueError("nothing to concatenate")
-    p = max(s.prompt.shape[2] for s in parts)
+    p = max(s.prompt.shape[1] for s in parts)
     r = max(s.response.shape[2] for s in parts)
     cat = lambda name, width=None: np.concatenate(
         [getattr(s, name) if width is None else pad_to(getattr(s, name), width) for s in parts])
-    return Samples(cat("prompt", p), cat("prompt_len"), cat("response", r), cat("response_len"),
+    first = np.cumsum([0] + [len(s.prompt) for s in parts[:-1]])  # each part's prompts follow the earlier ones'
+    prompt_of = np.concatenate([s.prompt_of + q for s, q in zip(parts, first)])
+    return Samples(cat("prompt", p), cat("prompt_len"), prompt_of, cat("response", r), cat("response_len"),
                    cat("sampler_logp", r), cat("reward"), cat("local_reward"), cat("team_reward"), cat("mask"),
                    cat("task"), cat("agent"), cat("sample_agent"), cat("turn"), cat("text"), cat("parsed_as"),
-                   cat("selected"), all(s.shared_prompt for s in parts))
-
-
-def sequences(samples: Samples, groups: np.ndarray, branches: np.ndarray, width: int):
-    """The samples (groups[i], branches[i]) as rows of [N, width]: prompt then response.
-
-    Returns tokens [N, width] int32, is_resp [N, width] bool (the response tokens), valid
-    [N, width] bool (prompt and response), sampler_logp [N, width] (at response columns).
-    """
-    plen = samples.prompt_len[groups, branches][:, None]
-    rlen = samples.response_len[groups, branches][:, None]
-    cols = np.arange(width)[None, :]
-    prompt = samples.prompt[groups, branches]
-    response = samples.response[groups, branches]
-    in_prompt = cols < plen
-    is_resp = (cols >= plen) & (cols < plen + rlen)
-    at_resp = np.clip(cols - plen, 0, response.shape[1] - 1)
-    tokens = np.where(in_prompt, np.take_along_axis(prompt, np.minimum(cols, prompt.shape[1] - 1), axis=1),
-                      np.where(is_resp, np.take_along_axis(response, at_resp, axis=1), 0))
-    logp = np.where(is_resp, np.take_along_axis(samples.sampler_logp[groups, branches], at_resp, axis=1), 0.0)
-    return tokens.astype(np.int32), is_resp, in_prompt | is_resp, logp.astype(np.float32)
+                   cat("selected"))

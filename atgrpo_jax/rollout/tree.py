@@ -98,7 +98,7 @@ def _record_samples(r: Record, k: int, streams: np.ndarray) -> Samples:
     b = len(streams)
     width = r.out.tokens.shape[1]
     return Samples(
-        prompt=np.repeat(r.prompt[:, None], k, axis=1), prompt_len=np.repeat(r.prompt_len[:, None], k, axis=1),
+        prompt=r.prompt, prompt_len=r.prompt_len, prompt_of=np.repeat(np.arange(b)[:, None], k, axis=1),
         response=r.out.tokens.reshape(b, k, width), response_len=r.out.lengths.reshape(b, k),
         sampler_logp=r.out.logprobs.reshape(b, k, width), reward=r.reward, local_reward=r.local,
         team_reward=r.team, mask=r.mask, task=np.asarray(streams), agent=np.full(b, r.agent),
@@ -141,7 +141,7 @@ def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, tas
     records, success, turns = _run(workflow, sample_fn, encode, episode_tasks, split, 1, max_turns, alpha, key,
                                    streams, schedule)
     one = concat([_record_samples(r, 1, streams) for r in records]) if records else None  # [R * B*K] of 1
-    samples = Samples.empty(k if grouping == "task_agent" else k * num_agents, shared_prompt=False)
+    samples = Samples.empty(k if grouping == "task_agent" else k * num_agents)
     if records:
         n = b * k
         live = one.mask[:, 0].reshape(len(records), n)  # [R, B*K]: episode e took part in record r
@@ -175,17 +175,48 @@ def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, tas
 PLAIN_GROUPINGS = ("task", "task_agent")
 
 
+@dataclasses.dataclass(frozen=True)
+class TreeRollout:
+    """AT-GRPO's tree sampling (`tree_rollout`): one prompt per task and stage, K branches."""
+
+    k: int
+
+    def prompts(self, tasks: int) -> int:
+        """The most prompts one sample call gets for `tasks` tasks."""
+        return tasks
+
+    def __call__(self, workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
+                 split: str, **kw):
+        return tree_rollout(workflow, sample_fn, encode, task_ids, split, k=self.k, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainRollout:
+    """Plain GRPO (`plain_rollout`): K independent episodes per task, grouped by `grouping`."""
+
+    k: int
+    grouping: str = "task"
+
+    def prompts(self, tasks: int) -> int:
+        return tasks * self.k  # every episode prompts on its own
+
+    def __call__(self, workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
+                 split: str, **kw):
+        return plain_rollout(workflow, sample_fn, encode, task_ids, split, k=self.k, grouping=self.grouping, **kw)
+
+
 def _gather(one: Samples, idx: np.ndarray, has: np.ndarray, **group) -> Samples:
     """Groups [G, W] made of `one`'s one-sample groups idx[g, w] (samples where `has`)."""
     g, w = idx.shape
     flat = one.take(idx.ravel())
     shaped = lambda x: x.reshape(g, w, *x.shape[2:])  # noqa: E731
     zero = lambda x: np.where(has, shaped(x), 0).astype(x.dtype)  # noqa: E731
-    return Samples(prompt=shaped(flat.prompt), prompt_len=shaped(flat.prompt_len), response=shaped(flat.response),
+    return Samples(prompt=flat.prompt, prompt_len=flat.prompt_len, prompt_of=shaped(flat.prompt_of),
+                   response=shaped(flat.response),
                    response_len=zero(flat.response_len), sampler_logp=shaped(flat.sampler_logp),
                    reward=zero(flat.reward), local_reward=zero(flat.local_reward), team_reward=zero(flat.team_reward),
                    mask=has, sample_agent=shaped(flat.sample_agent), text=shaped(flat.text),
-                   parsed_as=shaped(flat.parsed_as), selected=np.full(g, -1), shared_prompt=False, **group)
+                   parsed_as=shaped(flat.parsed_as), selected=np.full(g, -1), **group)
 
 
 def _agent_reward(samples: Samples, num_agents: int) -> np.ndarray:

@@ -1,18 +1,24 @@
-"""From rollout samples to fixed-shape training batches, one set per policy.
+"""From a step's samples to the update's packed mini-batches, one policy at a time.
 
-`policy_batches` lays samples out one per row (the PyTorch baseline eats that);
-`pack_minibatch` turns a mini-batch of those rows into the trainer's `Packed`
-layout (train/update.py), where the samples that share a prompt (a tree group's
-K branches) share one copy of it. Which rows share a prompt is carried by the
-rows' `share` ids (the group index of a tree group), not found by comparing tokens.
+`policy_batch` picks a policy's kept samples by their (group, branch) ids, a group's samples
+together and the groups shuffled (as verl's mini-batches); `pack` lays a mini-batch of them out
+in the update's `Packed` layout straight from the samples: each prompt once (found by the samples'
+prompt ids, not by comparing tokens), then the responses to it. `pack(..., slots=1,
+share_prompts=False)` is the one-sample-per-row layout (`as_rows` gives it the PyTorch baseline's
+form); `rows_packed` makes a Packed batch of hand-made rows (tests and benchmarks).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from atgrpo_jax.rollout.samples import Samples, sequences
+from atgrpo_jax.rollout.samples import Samples
+from atgrpo_jax.train.update import Packed
 
 
 def length_bucket(n: int, multiple: int = 32) -> int:
@@ -32,50 +38,62 @@ def fine_bucket(n: int, minimum: int = 8, per_octave: int = 8) -> int:
     return -(-n // step) * step
 
 
-def policy_batches(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_of_agent: np.ndarray,
-                   num_policies: int, mini_batch: int, rng: np.random.Generator,
-                   inv_temp_of_agent: np.ndarray | None = None,
-                   top_p_of_agent: np.ndarray | None = None,
-                   penalty_of_agent: np.ndarray | None = None, only: int | None = None) -> list[dict | None]:
-    """Per policy, its kept samples (keep: [G] groups or [G, K] samples) as arrays tokens/valid/
-    is_resp/sampler_logp [N, L], adv [N], share [N] (rows with one share id >= 0 answer one
-    prompt; -1: an empty row) and the sampling settings of each row's agent, inv_temp and
-    top_p [N] (default 1: temperature 1, no top-p) and, if penalty_of_agent is given, its
-    repetition penalty `penalty` [N], with N a multiple of `mini_batch` (the
-    last mini-batch padded with empty rows); `only`: that policy's alone (the others None, and
-    `rng` not drawn from for them). Groups are shuffled and each
-    group's samples stay together, so a mini-batch holds whole groups (as verl's, and so
-    `pack_minibatch` can share their prompt). A policy with no kept sample gets None.
-    """
+@dataclasses.dataclass(frozen=True)
+class PolicyBatch:
+    """One policy's samples of a step, in update order: N slots naming (group, branch) of `samples`,
+    a group's samples together, N a multiple of the mini-batch size (the last one padded with empty
+    slots, group -1), and the sampling settings each sample was drawn with."""
+
+    samples: Samples
+    group: np.ndarray  # [N] int (-1: an empty slot)
+    branch: np.ndarray  # [N] int
+    adv: np.ndarray  # [N] float32
+    inv_temp: np.ndarray  # [N] float32: 1 / its agent's temperature (1: temperature 1)
+    top_p: np.ndarray  # [N] float32 (1: no top-p)
+    penalty: np.ndarray | None  # [N] float32 repetition penalty (None: no agent has one)
+    width: int  # the longest sample (prompt + response), length_bucket-ed: an unshared row's width
+
+    @property
+    def num_samples(self) -> int:
+        return int((self.group >= 0).sum())
+
+    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """([N] prompt, [N] response) length of each slot's sample (0, 0 for an empty slot)."""
+        live, g = self.group >= 0, np.maximum(self.group, 0)
+        plen = self.samples.prompt_len[self.samples.prompt_of[g, self.branch]]
+        return np.where(live, plen, 0), np.where(live, self.samples.response_len[g, self.branch], 0)
+
+    def minibatches(self, size: int) -> list["PolicyBatch"]:
+        cut = lambda x, i: None if x is None else x[i:i + size]  # noqa: E731
+        return [dataclasses.replace(self, group=cut(self.group, i), branch=cut(self.branch, i), adv=cut(self.adv, i),
+                                    inv_temp=cut(self.inv_temp, i), top_p=cut(self.top_p, i),
+                                    penalty=cut(self.penalty, i)) for i in range(0, len(self.group), size)]
+
+
+def policy_batch(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_of_agent: np.ndarray, policy: int,
+                 mini_batch: int, rng: np.random.Generator, inv_temp_of_agent: np.ndarray | None = None,
+                 top_p_of_agent: np.ndarray | None = None,
+                 penalty_of_agent: np.ndarray | None = None) -> PolicyBatch | None:
+    """Policy `policy`'s kept samples (keep: [G] groups or [G, K] samples) with a response, in a
+    shuffled group order (`rng`), each group's samples together (so a mini-batch holds whole groups,
+    as verl's, and `pack` can share their prompt); each sample's agent's inverse temperature and top-p
+    (default 1) and, if penalty_of_agent is given, repetition penalty. None: no such sample."""
     keep = keep[:, None] if keep.ndim == 1 else keep  # groups kept, or samples kept
-    has_response = samples.mask & (samples.response_len > 0) & keep
-    policy = policy_of_agent[samples.sample_agent]  # [G, K]: a sample goes to its agent's policy
-    out: list[dict | None] = []
-    for p in range(num_policies):
-        if only is not None and p != only:
-            out.append(None)
-            continue
-        groups = np.flatnonzero((has_response & (policy == p)).any(1))
-        groups = groups[rng.permutation(len(groups))]
-        g, k = np.nonzero((has_response & (policy == p))[groups])  # group-major: a group's samples together
-        g = groups[g]
-        if not len(g):
-            out.append(None)
-            continue
-        n = -(-len(g) // mini_batch) * mini_batch
-        width = length_bucket(int((samples.prompt_len[g, k] + samples.response_len[g, k]).max()))
-        tokens, is_resp, valid, logp = sequences(samples, g, k, width)
-        share = g if samples.shared_prompt else g * samples.mask.shape[1] + k
-        pad = lambda x, fill=0: np.concatenate([x, np.full((n - len(x),) + x.shape[1:], fill, x.dtype)])
-        per_agent = lambda values: pad(np.ones(len(g), np.float32) if values is None else  # noqa: E731
-                                       np.asarray(values, np.float32)[samples.sample_agent[g, k]], 1.0)
-        out.append(dict(tokens=pad(tokens), valid=pad(valid), is_resp=pad(is_resp), sampler_logp=pad(logp),
-                        adv=pad(adv[g, k].astype(np.float32)), share=pad(share.astype(np.int64), -1),
-                        inv_temp=per_agent(inv_temp_of_agent), top_p=per_agent(top_p_of_agent),
-                        num_samples=len(g)))
-        if penalty_of_agent is not None:
-            out[-1]["penalty"] = per_agent(penalty_of_agent)
-    return out
+    mine = samples.mask & (samples.response_len > 0) & keep & (policy_of_agent[samples.sample_agent] == policy)
+    groups = np.flatnonzero(mine.any(1))
+    groups = groups[rng.permutation(len(groups))]
+    g, k = np.nonzero(mine[groups])  # group-major: a group's samples together
+    g = groups[g]
+    if not len(g):
+        return None
+    n = -(-len(g) // mini_batch) * mini_batch
+    pad = lambda x, fill=0: np.concatenate([x, np.full((n - len(x),) + x.shape[1:], fill, x.dtype)])  # noqa: E731
+    per_agent = lambda values: pad(np.ones(len(g), np.float32) if values is None else  # noqa: E731
+                                   np.asarray(values, np.float32)[samples.sample_agent[g, k]], 1.0)
+    width = length_bucket(int((samples.sample_prompt_len()[g, k] + samples.response_len[g, k]).max()))
+    return PolicyBatch(samples, pad(g, -1), pad(k), pad(adv[g, k].astype(np.float32)), per_agent(inv_temp_of_agent),
+                       per_agent(top_p_of_agent), None if penalty_of_agent is None else per_agent(penalty_of_agent),
+                       width)
 
 
 def _rows_of_shared_prompts(share: np.ndarray, start: np.ndarray, end: np.ndarray, slots: int | None,
@@ -97,26 +115,36 @@ def _rows_of_shared_prompts(share: np.ndarray, start: np.ndarray, end: np.ndarra
     return rows
 
 
-def pack_minibatch(mb: dict, shards: int = 1, share_prompts: bool = True, slots: int | None = None,
-                   max_width: int | None = None) -> dict:
-    """A mini-batch of `policy_batches` rows in the `Packed` layout (train/update.py), as
-    NumPy arrays, plus `sampler_logp` [R, M] and `sample` [R, M] (the mini-batch row of
-    each scored token, -1 if none). Consecutive samples with one `share` id share a row
-    (unless not `share_prompts`), at most `slots` per row (the trainer passes K) and as many
-    as fit in `max_width` tokens (default: the rows' width; the trainer passes the widest a
-    row can be under its config, so a packed mini-batch never needs more memory than one
-    sample per row, which is what the planner assumes); R is padded to a power of two and
-    a multiple of `shards` (the devices the batch is split over), W to `fine_bucket` and M
-    (the most response tokens in a row) to `fine_bucket` at 4 sizes per octave. With a
-    `penalty` per sample, also `penalty` [R, M] and `sample_row` [S] (the packed row of each
-    mini-batch row's sample, -1 if none): the update rebuilds the ids each token had seen.
+class Minibatch(NamedTuple):
+    """A packed mini-batch, on the host."""
+
+    packed: Packed  # NumPy arrays; old_logp and ref_logp None
+    sampler_logp: np.ndarray  # [R, M] float32: the sampler's log-prob of each scored entry
+    sample: np.ndarray  # [R, M] int32: the mini-batch slot of each scored entry (-1: none)
+
+
+def pack(mb: PolicyBatch, shards: int = 1, share_prompts: bool = True, slots: int | None = None,
+         max_width: int | None = None) -> Minibatch:
+    """A mini-batch in the `Packed` layout (train/update.py). Consecutive samples that answer one
+    prompt (one prompt id) share a row (unless not `share_prompts`), at most `slots` per row (the
+    trainer passes K) and as many as fit in `max_width` tokens (default: the batch's `width`; the
+    trainer passes the widest a row can be under its config, so a packed mini-batch never needs more
+    memory than one sample per row, which is what the planner assumes); R is padded to a power of
+    two and a multiple of `shards` (the devices the batch is split over), W to `fine_bucket` and M
+    (the most response tokens in a row) to `fine_bucket` at 4 sizes per octave. With a repetition
+    penalty, also `penalty` [R, M], `sample` [R, M] and `sample_row` [S] (the packed row of each
+    slot's sample, -1 if none): the update rebuilds the ids each token had seen.
     """
-    max_width = max(max_width or 0, mb["tokens"].shape[1])  # a single sample always fits
-    start, end = mb["is_resp"].argmax(1), mb["valid"].sum(1)
-    live = mb["is_resp"].any(1)
+    s = mb.samples
+    max_width = max(max_width or 0, mb.width)  # a single sample always fits
+    plen, rlen = mb.lengths()
+    start, end = plen, plen + rlen  # each slot's first response column and the column after its last token
+    live = rlen > 0
     if np.any(start[live] == 0):
         raise ValueError("a sample has an empty prompt: its first response token has nothing to be scored from")
-    share = np.where(live, mb["share"] if share_prompts else np.arange(len(live)), -1)
+    gs, ks = np.maximum(mb.group, 0), mb.branch
+    prompt_id = s.prompt_of[gs, ks]
+    share = np.where(live, prompt_id if share_prompts else np.arange(len(live)), -1)
     rows = _rows_of_shared_prompts(share, start, end, slots, max_width)
     # Per sample (in row order): its packed row, slot in the row, first scored entry and first column.
     sample = np.concatenate(rows)
@@ -139,35 +167,72 @@ def pack_minibatch(mb: dict, shards: int = 1, share_prompts: bool = True, slots:
                segment=np.full((r, w), -1, np.int32), pred=np.zeros((r, m), np.int32),
                target=np.zeros((r, m), np.int32), scored=np.zeros((r, m), bool),
                sample_len=np.zeros((r, m), np.int32), adv=np.zeros((r, m), np.float32),
-               inv_temp=np.ones((r, m), np.float32), top_p=np.ones((r, m), np.float32),
-               sampler_logp=np.zeros((r, m), np.float32), sample=np.full((r, m), -1, np.int32))
+               inv_temp=np.ones((r, m), np.float32), top_p=np.ones((r, m), np.float32))
+    sampler_logp, slot_of = np.zeros((r, m), np.float32), np.full((r, m), -1, np.int32)
     # Prompts: columns [0, p) of each row.
     cols = np.arange(w)
     in_prompt = cols[None, :] < start[lead][:, None]
-    prompt_cols = np.minimum(cols, mb["tokens"].shape[1] - 1)  # a packed row may be wider than a sample's
-    out["tokens"][:len(rows)] = np.where(in_prompt, mb["tokens"][lead][:, prompt_cols], 0)
+    prompts = s.prompt[prompt_id[lead]]
+    out["tokens"][:len(rows)] = np.where(in_prompt, prompts[:, np.minimum(cols, prompts.shape[1] - 1)], 0)
     out["positions"][:len(rows)] = np.where(in_prompt, cols, 0)
     out["segment"][:len(rows)] = np.where(in_prompt, 0, -1)
     # Responses: token j of sample i (j < n_resp[i]) goes to column col0 + j, entry first + j.
     owner = np.repeat(np.arange(len(sample)), n_resp)
     tok = np.arange(len(owner)) - before[owner]
     i, rr = sample[owner], row_of[owner]
-    col, entry, src = col0[owner] + tok, first[owner] + tok, start[sample][owner] + tok
-    out["tokens"][rr, col] = mb["tokens"][i, src]
-    out["positions"][rr, col] = src
+    col, entry = col0[owner] + tok, first[owner] + tok
+    ids = s.response[gs[i], ks[i], tok]
+    out["tokens"][rr, col] = ids
+    out["positions"][rr, col] = start[i] + tok
     out["segment"][rr, col] = slot[owner] + 1
     out["pred"][rr, entry] = np.where(tok == 0, prompt_len[owner] - 1, col - 1)
-    out["target"][rr, entry] = mb["tokens"][i, src]
+    out["target"][rr, entry] = ids
     out["scored"][rr, entry] = True
     out["sample_len"][rr, entry] = n_resp[owner]
-    out["adv"][rr, entry] = mb["adv"][i]
-    if "penalty" in mb:
+    out["adv"][rr, entry] = mb.adv[i]
+    out["inv_temp"][rr, entry] = mb.inv_temp[i]  # the distribution each token was drawn from
+    out["top_p"][rr, entry] = mb.top_p[i]
+    sampler_logp[rr, entry] = s.sampler_logp[gs[i], ks[i], tok]
+    slot_of[rr, entry] = i
+    if mb.penalty is not None:
         out["penalty"] = np.ones((r, m), np.float32)
-        out["sample_row"] = np.full(len(mb["adv"]), -1, np.int32)
+        out["penalty"][rr, entry] = mb.penalty[i]
+        out["sample"] = slot_of
+        out["sample_row"] = np.full(len(mb.group), -1, np.int32)
         out["sample_row"][sample] = row_of
-    for name in ("inv_temp", "top_p", "penalty"):  # the distribution each token was drawn from
-        if name in mb:
-            out[name][rr, entry] = mb[name][i]
-    out["sampler_logp"][rr, entry] = mb["sampler_logp"][i, src]
-    out["sample"][rr, entry] = i
-    return out
+    return Minibatch(Packed(**out), sampler_logp, slot_of)
+
+
+def as_rows(mb: Minibatch) -> dict:
+    """A mini-batch packed one sample per row (`pack(..., slots=1, share_prompts=False)`) as the
+    PyTorch baseline's rows: tokens, valid, is_resp [R, W] and adv [R] (empty rows: all False)."""
+    segment = mb.packed.segment
+    if (segment > 1).any():
+        raise ValueError("as_rows: the mini-batch holds several samples in a row (pack it with slots=1)")
+    return dict(tokens=mb.packed.tokens, valid=segment >= 0, is_resp=segment > 0, adv=mb.packed.adv[:, 0])
+
+
+def rows_packed(tokens, valid, is_resp, old_logp, adv, ref_logp=None) -> Packed:
+    """Hand-made rows [N, L] (prompt then response, right-padded; log-probs at column j score token j,
+    old_logp None: none yet; adv [N] or [N, L]) as a Packed batch of one sample per row (column j + 1
+    scored from column j)."""
+    n, l = tokens.shape
+    scored_cols = lambda x: None if x is None else x[:, 1:]  # noqa: E731
+    adv = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, (n, l))
+    ones = jnp.ones((n, l - 1), jnp.float32)  # sampled at temperature 1, no top-p
+    return Packed(tokens, jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0), jnp.where(valid, 0, -1),
+                  jnp.broadcast_to(jnp.arange(l - 1, dtype=jnp.int32), (n, l - 1)), tokens[:, 1:],
+                  is_resp[:, 1:], jnp.broadcast_to(is_resp.sum(1, keepdims=True), (n, l - 1)),
+                  adv[:, 1:], ones, ones, scored_cols(old_logp), scored_cols(ref_logp))
+
+
+def rows_from_packed(x):
+    """[N, L - 1] scored values of `rows_packed` back to [N, L] (column 0 is 0)."""
+    return jnp.concatenate([jnp.zeros((x.shape[0], 1), x.dtype), x], axis=1)
+
+
+def rows_update(update_fn):
+    """update_fn over hand-made rows, packed inside the jitted step (tests and benchmarks compile the
+    update of rows this way): (state, (tokens, valid, is_resp, old_logp, adv[, ref_logp])) -> (state,
+    metrics), the state donated."""
+    return jax.jit(lambda state, rows: update_fn(state, rows_packed(*rows)), donate_argnums=0)

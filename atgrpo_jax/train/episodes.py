@@ -22,7 +22,7 @@ def _clip(text) -> str:
 
 
 def _prompt(tokenizer, samples: Samples, g: int, k: int) -> str:
-    return _clip(tokenizer.decode([int(t) for t in samples.prompt[g, k, :samples.prompt_len[g, k]]]))
+    return _clip(tokenizer.decode([int(t) for t in samples.prompt_ids(g, k)]))
 
 
 def _branch(samples: Samples, g: int, k: int, adv: np.ndarray | None, agent_names=None) -> dict:

@@ -19,7 +19,8 @@ import jax
 from atgrpo_jax import cli
 from atgrpo_jax.rollout.dispatch import StageTimeout
 from atgrpo_jax.train import checkpoint, guard, setup, wandb_log
-from atgrpo_jax.train.resume import restore_or_start, rollout_ahead_again
+from atgrpo_jax.train.prefetch import Prefetch
+from atgrpo_jax.train.resume import restore_or_start
 from atgrpo_jax import workdir as wd
 from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, flat, from_saved
 from atgrpo_jax.train.validate import resolve
@@ -27,8 +28,8 @@ from atgrpo_jax.train.episodes import as_markdown, training_records
 from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
 from atgrpo_jax.train.progress import ProgressBar
 from atgrpo_jax.trace import Tracer
-from atgrpo_jax.train.step import (evaluation, evaluation_splits, policy_states, rollout_step, set_policy_states,
-                                   train_step)
+from atgrpo_jax.train.evaluation import evaluation, evaluation_splits
+from atgrpo_jax.train.step import policy_states, set_policy_states, train_step
 
 
 def check_resume(config, workdir: str, allow_config_change: bool) -> dict:
@@ -110,23 +111,14 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
                 writer.write_text(step, "episodes", as_markdown(records[0]))
         return write if t.log_episodes_every and step % t.log_episodes_every == 0 else None
 
-    stale = bool(config.system.staleness)
-    ahead = {}  # staleness 1: the next step's rollout, made while this step's update ran
-    held = {}  # staleness 1: {policy: (params, optimizer step)} that sampled the rollout in `ahead`
-    if stale and states is not None and start < t.steps:
-        held = rollout_ahead_again(run, ckpt, start, meta, ahead)
-
-    def next_rollout(step, tracer):
-        def go():  # runs while this step's updates are on the devices, with the weights from before them
-            ahead["rollout"] = rollout_step(run, step + 1, tracer, stale=True)
-        return go if stale and step < t.steps else None
+    prefetch = Prefetch(run, t.steps) if config.system.staleness else None  # the next rollout during an update
+    if prefetch is not None and states is not None:
+        prefetch.restore(ckpt, start, meta)
 
     def save(step, metrics, force=False):
         writer.sync()  # an object store then holds every row a resume from this checkpoint keeps
-        extra, behind = None, {}
-        if held and step < t.steps:  # the weights that sample step + 1: a resume redoes that rollout exactly
-            extra = {name: params for name, (params, _) in held.items()}
-            behind = {"behavior_steps": {name: n for name, (_, n) in held.items()}}
+        # the weights that sample step + 1 (staleness): a resume redoes that rollout exactly
+        extra, behind = prefetch.checkpoint_extra() if prefetch is not None else (None, {})
         ckpt.save(step, policy_states(run), meta={"step": step, **behind}, metrics=metrics, force=force, extra=extra)
         if force:
             ckpt.wait()
@@ -156,15 +148,10 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
             tracer = Tracer()
             step_began = time.perf_counter()
             try:
-                metrics = train_step(run, step, on_rollout=log_episodes(step), tracer=tracer,
-                                     ro=ahead.pop("rollout", None), then=next_rollout(step, tracer),
+                metrics = train_step(run, step, on_rollout=log_episodes(step), tracer=tracer, prefetch=prefetch,
                                      abandon=stop.requested)
             except guard.StepAbandoned:
                 raise stopped(step - 1) from None
-            if stale:
-                held = {p.name: (p.behavior, p.behavior_step) for p in run.policies if p.behavior is not None}
-            for p in run.policies:
-                p.behavior = None
             metrics.update(pool_busy(tracer, run, time.perf_counter() - step_began))
             streaks = guard.skip_streaks(streaks, metrics, policy_names)
             if lead and config.system.trace_every and step % config.system.trace_every == 0:

@@ -8,49 +8,62 @@ The router (`Sharing.route`) says which policy acts for, and learns from, each a
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from atgrpo_jax.algo.logprobs import SampledFrom
+from atgrpo_jax.distributed import local_model
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models.lora import attach_lora, merge_lora, split_lora
 from atgrpo_jax.models.qwen3 import Qwen3
+from atgrpo_jax.sampling import generate
 from atgrpo_jax.sampling.cache import shard_model
 from atgrpo_jax.train.config import Sharing
-from atgrpo_jax.train.update import TrainState, init_state, make_update_fns
+from atgrpo_jax.train.update import Packed, TrainState, init_state, make_update_fns, with_lr
 
 
-@dataclasses.dataclass
+class Snapshot(NamedTuple):
+    """A copy of a policy's params and the optimizer step they are from (what a stale rollout samples with)."""
+
+    params: Any
+    step: int
+
+
 class Policy:
-    name: str
-    graphdef: Any
-    frozen: Any  # non-trainable state (the LoRA base), or an empty State
-    state: TrainState
-    logprobs_fn: Callable
-    update_fn: Callable
-    is_lora: bool = False
-    mesh: Any = None  # where its weights live and its update runs
-    local_mesh: Any = None  # with several processes: this process's part of `mesh` (it samples there)
-    # system.staleness = 1: the weights the sampler uses while an update runs (a copy of the params
-    # from before it) and the optimizer step they are from; None: the sampler uses `state`.
-    behavior: Any = None
-    behavior_step: int = 0
-    # Mixed precision: the trained params are float32 masters and the sampler runs a copy cast to the
-    # model's param_dtype (bf16 updates of lr x grad vanish below a bf16 weight's last bit); None: as trained.
-    sample_dtype: Any = None
-    _merged: Any = dataclasses.field(default=None, repr=False)  # (params, sampler model) cache
+    """One sharing unit: its model (graphdef, frozen part), train state, the devices it lives on and its
+    jitted functions. The methods are thin: `update` is the pure `state, batch -> state, metrics` of
+    train.update, applied to the state this object keeps. Nothing outside assigns its fields."""
+
+    def __init__(self, name: str, graphdef, frozen, state: TrainState, fns: tuple[Callable, Callable], *,
+                 is_lora: bool = False, mesh=None, local_mesh=None, sample_dtype=None):
+        self.name, self.graphdef, self.frozen, self.is_lora = name, graphdef, frozen, is_lora
+        self.mesh = mesh  # where its weights live and its update runs
+        self.local_mesh = local_mesh  # with several processes: this process's part of `mesh` (it samples there)
+        # Mixed precision: the trained params are float32 masters and the sampler runs a copy cast to the
+        # model's param_dtype (bf16 updates of lr x grad vanish below a bf16 weight's last bit); None: as trained.
+        self.sample_dtype = sample_dtype
+        self._state = state
+        self._logprobs_fn, self._update_fn = fns
+        self._sampling: Snapshot | None = None  # the weights the sampler uses instead of the state's
+        self._merged = None  # (params, sampler model) cache
+
+    @property
+    def state(self) -> TrainState:
+        return self._state
 
     def model(self, params=None) -> Qwen3:
-        return nnx.merge(self.graphdef, self.state.params if params is None else params, self.frozen)
+        return nnx.merge(self.graphdef, self._state.params if params is None else params, self.frozen)
 
     def sampler_model(self) -> Qwen3:
-        """The model the sampler runs (its behavior weights if set): adapters merged into the
-        weights once per update (the merge is cached until the params change)."""
-        params = self.state.params if self.behavior is None else self.behavior
+        """The model the sampler runs (a snapshot's weights inside `sampling_with`): adapters merged into
+        the weights once per update (the merge is cached until the params change)."""
+        return self._runnable(self._state.params if self._sampling is None else self._sampling.params)
+
+    def _runnable(self, params) -> Qwen3:
         if not self.is_lora and self.sample_dtype is None:
             return self.model(params)
         if self._merged is None or self._merged[0] is not params:
@@ -62,12 +75,41 @@ class Policy:
     def export_model(self) -> Qwen3:
         """The weights a checkpoint of this policy should hold: what the sampler runs (LoRA
         adapters merged; masters cast to the model's param_dtype)."""
-        return self.sampler_model() if self.behavior is None else \
-            dataclasses.replace(self, behavior=None, _merged=None).sampler_model()
+        return self._runnable(self._state.params)
 
-    def hold_behavior(self):
-        """Keep a copy of the current params for the sampler (the update then replaces `state`)."""
-        self.behavior, self.behavior_step = jax.tree.map(jax.numpy.copy, self.state.params), int(self.state.step)
+    def generate(self, prompts, **kw):
+        """sampling.generate on the sampler's model, where this process samples (its part of the pool)."""
+        return generate(local_model(self.sampler_model(), self.local_mesh), prompts, **kw)
+
+    def logprobs(self, batch: Packed, params=None) -> jax.Array:
+        """log p [R, M] of a packed batch's scored tokens under `params` (default: the current ones)."""
+        return self._logprobs_fn(self._state.params if params is None else params, batch)
+
+    def update(self, batch: Packed) -> dict:
+        """One optimizer step on `batch` (dispatched, not waited for); returns its metrics (device arrays)."""
+        self._state, metrics = self._update_fn(self._state, batch)
+        return metrics
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next optimizer steps (the schedule moves once per training step)."""
+        self._state = with_lr(self._state, lr)
+
+    def load(self, state) -> None:
+        """Take a restored train state (a checkpoint's, as a TrainState or its fields)."""
+        self._state = state if isinstance(state, TrainState) else TrainState(*state)
+
+    def snapshot(self) -> Snapshot:
+        """A copy of the current params (an update then replaces, and donates, the state's)."""
+        return Snapshot(jax.tree.map(jnp.copy, self._state.params), int(self._state.step))
+
+    @contextlib.contextmanager
+    def sampling_with(self, snapshot: Snapshot | None):
+        """Inside: the sampler runs `snapshot`'s weights (None: the current ones)."""
+        before, self._sampling = self._sampling, snapshot
+        try:
+            yield
+        finally:
+            self._sampling = before
 
 
 MASTER_DTYPES = ("float32", "param_dtype")  # optim.master_dtype
@@ -81,28 +123,30 @@ def cast_floats(tree, dtype):
 def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: LossConfig, chunk: int,
                    lora_rank: int = 16, lora_alpha: float = 32.0, seed: int = 0,
                    model_copy: Callable[[int], Qwen3] | None = None,
-                   how: SampledFrom = SampledFrom(), master_dtype: str = "float32") -> list[Policy]:
+                   how: SampledFrom = SampledFrom(), master_dtype: str = "float32",
+                   meshes: Callable[[int], tuple] = lambda i: (None, None)) -> list[Policy]:
     """The policies of a sharing layout, all starting from `base`'s weights.
 
     One full model per agent calls `model_copy(i)` for every agent i after the
     first (a fresh load of the same weights, possibly on another device pool).
     master_dtype: "float32" trains full models in float32 (AdamW's moments too) when the model's
     param_dtype is lower, the sampler running a copy in param_dtype; "param_dtype" trains in it.
-    LoRA adapters are float32 whatever the base's dtype.
+    LoRA adapters are float32 whatever the base's dtype. meshes(i): (mesh, local mesh) of policy i.
     """
     lower = master_dtype == "float32" and base.cfg.param_dtype != "float32"
 
-    def plain(model, name):
+    def plain(model, name, i):
         graphdef, params = nnx.split(model)
         frozen = nnx.State({})
         params = cast_floats(params, jnp.float32) if lower else params
-        lp, up = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk, how)
-        return Policy(name, graphdef, frozen, init_state(params, tx), lp, up,
+        fns = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk, how)
+        mesh, local = meshes(i)
+        return Policy(name, graphdef, frozen, init_state(params, tx), fns, mesh=mesh, local_mesh=local,
                       sample_dtype=base.cfg.weight_dtype if lower else None)
 
     if sharing.per_agent and not sharing.lora:
         models = [base] + [model_copy(i) for i in range(1, len(agent_names))]
-        return [plain(m, f"policy_{name}") for m, name in zip(models, agent_names)]
+        return [plain(m, f"policy_{name}", i) for i, (m, name) in enumerate(zip(models, agent_names))]
     if sharing.lora:
         mesh = getattr(base.embed[...].sharding, "mesh", None)  # the adapters live where the base does
         out = []
@@ -110,7 +154,9 @@ def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: Los
             adapted = attach_lora(base, lora_rank, lora_alpha, seed + i)
             adapted = shard_model(adapted, mesh) if isinstance(mesh, jax.sharding.Mesh) else adapted
             graphdef, adapters, frozen = split_lora(adapted)
-            lp, up = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk, how)
-            out.append(Policy(f"lora_{name}", graphdef, frozen, init_state(adapters, tx), lp, up, True))
+            fns = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk, how)
+            mesh_i, local = meshes(i)
+            out.append(Policy(f"lora_{name}", graphdef, frozen, init_state(adapters, tx), fns, is_lora=True,
+                              mesh=mesh_i, local_mesh=local))
         return out
-    return [plain(base, "policy")]
+    return [plain(base, "policy", 0)]

@@ -1,5 +1,5 @@
-"""Resuming a run: the newest checkpoint that restores, found without changing anything on disk,
-and (system.staleness = 1) the run-ahead rollout made again from the weights a checkpoint keeps.
+"""Resuming a run: the newest checkpoint that restores, found without changing anything on disk
+(system.staleness = 1: train.prefetch makes the run-ahead rollout again from the weights it keeps).
 
 A failed restore is one line (`checkpoint N in DIR does not restore (why); trying checkpoint M`);
 orbax's other reads of that checkpoint end later in background threads, and the tracebacks they
@@ -15,10 +15,9 @@ from typing import Any
 import jax
 
 from atgrpo_jax import cli
-from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train import checkpoint
 from atgrpo_jax import workdir as wd
-from atgrpo_jax.train.step import policy_states, rollout_step
+from atgrpo_jax.train.step import policy_states
 
 
 def step_dirs(directory: str) -> list[int]:
@@ -108,21 +107,3 @@ def restore_or_start(config, run, workdir: str, fresh_if_unreadable: bool) -> tu
         say("starting again from step 0: no checkpoint restored")
         return 0, None, {}
     return int(meta["step"]), states, meta
-
-
-def rollout_ahead_again(run, ckpt, start: int, meta: dict, ahead: dict) -> dict:
-    """system.staleness = 1 on resume: step start+1's rollout ran on the weights from before step
-    start's update; the checkpoint keeps them (its `extra`), so the same rollout is made again and
-    the resumed run equals an uninterrupted one. Returns them as `held`; {} when the checkpoint has
-    none (saved at a run's last step): then step start+1 samples on-policy."""
-    saved = ckpt.restore_extra(start, {p.name: p.state.params for p in run.policies})
-    steps = meta.get("behavior_steps") or {}
-    if saved is None or set(saved) != set(steps):
-        return {}
-    for p in run.policies:
-        p.behavior, p.behavior_step = saved[p.name], int(steps[p.name])
-    ahead["rollout"] = rollout_step(run, start + 1, Tracer(), stale=True)
-    held = {p.name: (p.behavior, p.behavior_step) for p in run.policies}
-    for p in run.policies:
-        p.behavior = None
-    return held

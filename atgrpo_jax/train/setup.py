@@ -128,15 +128,16 @@ def build_run(config) -> Run:
     limit = len(tokenizer) if len(tokenizer) < base.cfg.vocab_size else None  # as the sampler's (rollout.router)
     how = SampledFrom(vocab_limit=limit, top_k=config.rollout.top_k, top_p=any(s.top_p < 1 for s in sampling),
                       repetition_penalty=any(s.repetition_penalty != 1 for s in sampling))
+    route = layout.route(len(names))
+    per_agent_pool = int(route.max()) + 1 == len(names)  # one policy per agent: each on its agent's pool
     policies = build_policies(layout, base, names, tx, loss_config(config), config.loss.logprob_chunk,
                               config.lora.rank, config.lora.alpha, config.model.init_seed,
                               model_copy=lambda i: build_model(config, pools[i]), how=how,
-                              master_dtype=config.optim.master_dtype)
-    per_agent_pool = len(policies) == len(names)
-    for i, p in enumerate(policies):
-        p.mesh, p.local_mesh = (pools[i], local_meshes[i]) if per_agent_pool else (mesh, local_meshes[0])
+                              master_dtype=config.optim.master_dtype,
+                              meshes=lambda i: (pools[i], local_meshes[i]) if per_agent_pool else
+                              (mesh, local_meshes[0]))
     stops = tuple(sorted({tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}))
     # The KL reference is the starting policy; nothing is kept when the KL is off.
     ref = {p.name: jax.tree.map(jnp.copy, p.state.params) for p in policies} if config.loss.kl_coef else {}
-    return Run(config, mesh, tokenizer, workflow, policies, layout.route(len(names)), stops, lr, sampling,
+    return Run(config, mesh, tokenizer, workflow, policies, route, stops, lr, sampling,
                [agent_sampling(config, n, evaluation=True) for n in names], ref)

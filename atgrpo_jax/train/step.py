@@ -1,4 +1,4 @@
-"""One training step: rollout -> advantages -> filters -> per-policy update; and evaluation.
+"""One training step: rollout -> advantages -> filters -> per-policy update.
 
 Every random choice of step s derives from (train.seed, s), so a run resumed
 from the checkpoint of step s continues exactly as an uninterrupted one.
@@ -17,14 +17,13 @@ import numpy as np
 from atgrpo_jax.algo.advantages import group_advantages, group_filter
 from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_host
 from atgrpo_jax.rollout.router import make_sample_fn
-from atgrpo_jax.rollout.tree import Schedule, merge_rollouts, plain_rollout, tree_rollout
+from atgrpo_jax.rollout.tree import PlainRollout, Schedule, TreeRollout, merge_rollouts
 from atgrpo_jax.sharding import batch_shards
-from atgrpo_jax.train.batch import length_bucket, pack_minibatch, policy_batches
+from atgrpo_jax.train.batch import Minibatch, PolicyBatch, length_bucket, pack, policy_batch
 from atgrpo_jax.train.config import max_new_tokens
 from atgrpo_jax.train.guard import StepAbandoned
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.trace import Tracer
-from atgrpo_jax.train.update import Packed, TrainState, with_lr
 
 TRAIN_TASK_STRIDE = 1_000_003  # task ids of step s: s * stride + [0, B); test ids are another split
 
@@ -48,37 +47,26 @@ def schedule_for(run: Run, tracer: Tracer | None, on_pool_done=None) -> Schedule
                     on_pool_done=on_pool_done)
 
 
-def rollout(run: Run, fn, task_ids: np.ndarray, split: str, temperature: float | None, k: int, key, tracer=None,
+def rollout(run: Run, strategy, task_ids: np.ndarray, split: str, temperature: float | None, key, tracer=None,
             evaluation: bool = False, on_pool_done=None):
-    """`fn` (tree_rollout or plain_rollout) over this process's slice of task_ids, with the agents'
-    training (or `evaluation`) sampling, then the slices of all processes merged (every process gets
-    the whole step). on_pool_done(policy, samples): see `early_updates`."""
+    """`strategy` (rollout.tree.TreeRollout or PlainRollout) over this process's slice of task_ids, with
+    the agents' training (or `evaluation`) sampling, then the slices of all processes merged (every
+    process gets the whole step). on_pool_done(policy, samples): see `early_updates`."""
     mine = task_slice(len(task_ids))
-    prompts = (mine.stop - mine.start) * (k if fn is plain_rollout else 1)
     r = run.config.rollout
-    extra = {"grouping": r.plain_grouping} if fn is plain_rollout else {}
-    part = fn(run.workflow, sample_fn_for(run, temperature, prompts, evaluation), run.encode, task_ids[mine], split,
-              k=k, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key, first_task=mine.start,
-              schedule=schedule_for(run, tracer, on_pool_done), **extra)
+    part = strategy(run.workflow, sample_fn_for(run, temperature, strategy.prompts(mine.stop - mine.start),
+                                                evaluation),
+                    run.encode, task_ids[mine], split, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key,
+                    first_task=mine.start, schedule=schedule_for(run, tracer, on_pool_done))
     return merge_rollouts(gather_objects(part), len(run.workflow.agents))
 
 
-def evaluation_splits(run: Run) -> list[str]:
-    """What the trainer evaluates: the validation split (if the workflow has one), then its test splits."""
-    return [s for s in ("valid",) if s in run.workflow.splits] + list(run.workflow.test_splits)
-
-
-def _minibatches(batch: dict, size: int):
-    for i in range(0, len(batch["adv"]), size):
-        yield {k: v[i:i + size] for k, v in batch.items() if k != "num_samples"}
-
-
-def packed_minibatches(run: Run, policy, batch: dict) -> list[dict]:
+def packed_minibatches(run: Run, policy, batch: PolicyBatch) -> list[Minibatch]:
     """The policy batch's mini-batches in the update's packed layout (a group's prompt once)."""
     o, r = run.config.optim, run.config.rollout
     widest = length_bucket(r.max_prompt_len + max_new_tokens(run.config))  # an unshared row's, as the planner's
-    return [pack_minibatch(mb, batch_shards(policy.mesh), o.share_prompts, r.k, widest)
-            for mb in _minibatches(batch, o.mini_batch_size)]
+    return [pack(mb, batch_shards(policy.mesh), o.share_prompts, r.k, widest)
+            for mb in batch.minibatches(o.mini_batch_size)]
 
 
 @dataclasses.dataclass
@@ -88,12 +76,12 @@ class PendingUpdate:
     policy: Any
     metrics: list  # per mini-batch step: device arrays
     old: list | None  # recomputed old log-probs per mini-batch (None: the sampler's were used)
-    packed: list[dict]
+    packed: list[Minibatch]
     samples: int
     tokens: int  # response tokens trained on (per epoch)
 
 
-def start_update(run: Run, policy, batch: dict, behavior_logprobs: bool = False) -> PendingUpdate:
+def start_update(run: Run, policy, batch: PolicyBatch, behavior_logprobs: bool = False) -> PendingUpdate:
     """Old log-probs, then epochs x mini-batches of clipped updates, all dispatched to the policy's
     devices without waiting (so the updates of policies on other devices run at the same time).
     behavior_logprobs: the importance ratio is taken against the sampler's log-probs (a rollout
@@ -102,10 +90,10 @@ def start_update(run: Run, policy, batch: dict, behavior_logprobs: bool = False)
     # Each mini-batch is packed (a group's prompt once) and placed on the policy's mesh
     # once (every process holds the same batch); old and reference log-probs stay there.
     packed = packed_minibatches(run, policy, batch)
-    placed = [Packed.from_arrays(mb, lambda x: global_array(x, policy.mesh)) for mb in packed]
-    logprobs = lambda params: [policy.logprobs_fn(params, mb) for mb in placed]  # noqa: E731
+    placed = [mb.packed.placed(lambda x: global_array(x, policy.mesh)) for mb in packed]
+    logprobs = lambda params: [policy.logprobs(mb, params) for mb in placed]  # noqa: E731
     if behavior_logprobs:
-        old, recomputed = [global_array(mb["sampler_logp"], policy.mesh) for mb in packed], None
+        old, recomputed = [global_array(mb.sampler_logp, policy.mesh) for mb in packed], None
     else:
         old = recomputed = logprobs(policy.state.params)
     ref = run.ref_params.get(policy.name)  # the KL reference's log-probs, once per batch like old
@@ -113,9 +101,8 @@ def start_update(run: Run, policy, batch: dict, behavior_logprobs: bool = False)
     metrics = []
     for _ in range(o.epochs):
         for mb, old_mb, ref_mb in zip(placed, old, ref_logp):
-            policy.state, m = policy.update_fn(policy.state, mb._replace(old_logp=old_mb, ref_logp=ref_mb))
-            metrics.append(m)
-    return PendingUpdate(policy, metrics, recomputed, packed, int(batch["num_samples"]), int(batch["is_resp"].sum()))
+            metrics.append(policy.update(mb._replace(old_logp=old_mb, ref_logp=ref_mb)))
+    return PendingUpdate(policy, metrics, recomputed, packed, batch.num_samples, int(batch.lengths()[1].sum()))
 
 
 def finish_update(p: PendingUpdate) -> dict:
@@ -129,17 +116,12 @@ def finish_update(p: PendingUpdate) -> dict:
     last_applied = max((i + 1 for i, s in enumerate(skipped) if not s), default=0)
     out["skipped_tail"] = float(len(skipped) - last_applied)  # skipped after the last applied update
     if p.old is not None:
-        scored = np.concatenate([mb["scored"].ravel() for mb in p.packed])
+        scored = np.concatenate([mb.packed.scored.ravel() for mb in p.packed])
         old = np.concatenate([to_host(x).ravel() for x in p.old])
-        sampler = np.concatenate([mb["sampler_logp"].ravel() for mb in p.packed])
+        sampler = np.concatenate([mb.sampler_logp.ravel() for mb in p.packed])
         out["logprob_gap"] = float(np.abs(old - sampler)[scored].mean()) if scored.any() else 0.0
     out["samples"] = float(p.samples)
     return out
-
-
-def update_policy(run: Run, policy, batch: dict) -> dict:
-    """Old log-probs, then epochs x mini-batches of clipped updates. Returns mean metrics."""
-    return finish_update(start_update(run, policy, batch))
 
 
 def finish_updates(pending: list[PendingUpdate], tracer: Tracer) -> list[dict]:
@@ -166,19 +148,25 @@ class Rollout:
     samples: Any
     episodes: Any
     seconds: float
-    stale: bool = False  # sampled with the weights before the previous step's update (system.staleness)
+    # system.staleness: sampled with the weights from before the previous step's update, at these
+    # optimizer steps (one per policy); None: with the step's own weights
+    sampled_at: tuple[int, ...] | None = None
+
+    @property
+    def stale(self) -> bool:
+        return self.sampled_at is not None
 
 
-def rollout_step(run: Run, step: int, tracer: Tracer | None = None, stale: bool = False,
+def rollout_step(run: Run, step: int, tracer: Tracer | None = None, sampled_at: tuple[int, ...] | None = None,
                  on_pool_done=None) -> Rollout:
     """The step's tree (or plain) rollout of its training tasks, with each agent's sampling settings."""
     c, r = run.config, run.config.rollout
     key = jax.random.fold_in(jax.random.key(c.train.seed), step)
     t0 = time.perf_counter()
-    fn = tree_rollout if r.tree else plain_rollout
-    samples, episodes = rollout(run, fn, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", None, r.k, key,
+    strategy = TreeRollout(r.k) if r.tree else PlainRollout(r.k, r.plain_grouping)
+    samples, episodes = rollout(run, strategy, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", None, key,
                                 tracer, on_pool_done=on_pool_done)
-    return Rollout(step, samples, episodes, time.perf_counter() - t0, stale)
+    return Rollout(step, samples, episodes, time.perf_counter() - t0, sampled_at)
 
 
 @dataclasses.dataclass
@@ -207,14 +195,14 @@ def score_groups(run: Run, samples) -> Groups:
     return Groups(adv, keep, keep[:, None] & ~np.isin(samples.sample_agent, frozen))
 
 
-def policy_batch(run: Run, step: int, samples, groups: Groups, policy: int) -> dict | None:
+def batch_of(run: Run, step: int, samples, groups: Groups, policy: int) -> PolicyBatch | None:
     """One policy's batch of the step (None: nothing of it kept). Its mini-batch order comes from
     (seed, step, policy) alone, so it is the same whether built with the others or on its own."""
     c = run.config
     rng = np.random.default_rng([c.train.seed, step] + ([policy] if policy else []))
-    return policy_batches(samples, groups.adv, groups.trained, run.policy_of_agent, len(run.policies),
-                          c.optim.mini_batch_size, rng, np.array([s.inv_temp for s in run.sampling], np.float32),
-                          np.array([s.top_p for s in run.sampling], np.float32), penalties(run), only=policy)[policy]
+    return policy_batch(samples, groups.adv, groups.trained, run.policy_of_agent, policy, c.optim.mini_batch_size,
+                        rng, np.array([s.inv_temp for s in run.sampling], np.float32),
+                        np.array([s.top_p for s in run.sampling], np.float32), penalties(run))
 
 
 NOT_STARTED = object()  # an early update that a stop request held back
@@ -238,69 +226,83 @@ def early_updates(run: Run, step: int, tracer: Tracer, worker: ThreadPoolExecuto
         if abandon is not None and abandon():
             return NOT_STARTED
         with tracer.span("start update", track=f"pool {p.name}"):
-            batch = policy_batch(run, step, samples, score_groups(run, samples), policy)
+            batch = batch_of(run, step, samples, score_groups(run, samples), policy)
             if batch is None:
                 return None
-            p.state = with_lr(p.state, run.lr_schedule(step))  # as train_step sets it for the others
+            p.set_lr(run.lr_schedule(step))  # as train_step sets it for the others
             return start_update(run, p, batch)
 
     return lambda policy, samples: started.__setitem__(policy, worker.submit(start, policy, samples))
 
 
-def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = None, ro: Rollout | None = None,
-               then=None, abandon=None) -> dict:
-    """One AT-GRPO step on every policy; returns scalar metrics. on_rollout(samples, episodes, adv),
-    if given, sees the step's rollout (episode logs). ro: the step's rollout if it was made already
-    (system.staleness = 1); then(), if given, runs while the updates are on the devices (the next
-    step's rollout, made with the weights from before this update). abandon(), if given, is asked
-    once the rollout is done: True raises StepAbandoned and leaves every policy as it was (unless a
-    policy's update began during the rollout: then the step is finished, the next safe point)."""
+def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = None, prefetch=None,
+               abandon=None) -> dict:
+    """One AT-GRPO step on every policy: rollout -> advantages and filters -> each policy's update;
+    returns scalar metrics. on_rollout(samples, episodes, adv), if given, sees the step's rollout
+    (episode logs). prefetch (train.prefetch.Prefetch, system.staleness = 1): the step's rollout may
+    have been made ahead, and the next step's is made while this step's updates are on the devices,
+    with the weights from before them. abandon(), if given, is asked once the rollout is done: True
+    raises StepAbandoned and leaves every policy as it was (unless a policy's update began during the
+    rollout: then the step is finished, the next safe point)."""
     tracer = tracer or Tracer()
-    started: dict = {}  # policies whose update began during the rollout (early_updates)
-    if ro is None:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="early-update") as worker:
-            early = early_updates(run, step, tracer, worker, started, abandon) if then is None else None
-            ro = rollout_step(run, step, tracer, on_pool_done=early)  # (staleness: behavior weights first)
-        started = {policy: future.result() for policy, future in started.items()}
-        started = {policy: u for policy, u in started.items() if u is not NOT_STARTED}
+    ahead = prefetch is not None and prefetch.covers(step + 1)  # the next rollout overlaps this update
+    ro, started = prefetch.take(step) if prefetch is not None else None, {}
+    if ro is None:  # started: policies whose update began during the rollout (early_updates)
+        ro, started = rollout_with_early_updates(run, step, tracer, abandon, early=not ahead)
     if abandon is not None and not any(started.values()) and abandon():  # a stop was asked for: drop the
         raise StepAbandoned(step)  # step before its update starts
     samples, episodes = ro.samples, ro.episodes
     t1 = time.perf_counter()
     groups = score_groups(run, samples)
-    adv, keep = groups.adv, groups.keep
-    batches = [None if p in started else policy_batch(run, step, samples, groups, p) for p in range(len(run.policies))]
+    batches = [None if p in started else batch_of(run, step, samples, groups, p) for p in range(len(run.policies))]
     if on_rollout is not None:
-        on_rollout(samples, episodes, adv)
+        on_rollout(samples, episodes, groups.adv)
+    metrics = rollout_metrics(run, ro, groups)
+    if prefetch is not None:
+        prefetch.start(step + 1)  # the weights the next rollout samples with, before this update
+    lr = run.lr_schedule(step)
+    for i, p in enumerate(run.policies):  # the schedule moves once per training step (verl's), whatever the
+        if i not in started:  # optimizer steps (an early update set it before it started)
+            p.set_lr(lr)
+    pending = [started[i] if i in started else start_update(run, p, b, behavior_logprobs=ro.stale)
+               for i, (p, b) in enumerate(zip(run.policies, batches)) if started.get(i) is not None or b is not None]
+    tokens = sum(p.tokens for p in pending)
+    if prefetch is not None:
+        prefetch.make(tracer)
+    for p, out in zip(pending, finish_updates(pending, tracer)):
+        for k, v in out.items():
+            metrics[f"{p.policy.name}/{k}" if len(run.policies) > 1 else k] = v
+    metrics["samples"] = float(sum(p.samples for p in pending))  # every policy's, for per-step comparisons
+    t2 = time.perf_counter()
+    metrics.update(rollout_s=ro.seconds, update_s=t2 - t1,
+                   lr=float(lr), tokens_per_s=tokens / max(t2 - t1, 1e-9),
+                   rollout_tokens_per_s=float(samples.response_len[samples.mask].sum()) / max(ro.seconds, 1e-9))
+    return metrics
+
+
+def rollout_with_early_updates(run: Run, step: int, tracer: Tracer, abandon, early: bool):
+    """(the step's rollout, {policy: its PendingUpdate, or None}) with, if `early`, each policy's
+    update started as soon as its groups are complete (`early_updates`)."""
+    started: dict = {}
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="early-update") as worker:
+        on_pool_done = early_updates(run, step, tracer, worker, started, abandon) if early else None
+        ro = rollout_step(run, step, tracer, on_pool_done=on_pool_done)
+    started = {policy: future.result() for policy, future in started.items()}
+    return ro, {policy: u for policy, u in started.items() if u is not NOT_STARTED}
+
+
+def rollout_metrics(run: Run, ro: Rollout, groups: Groups) -> dict:
+    """Success, turns, kept groups, advantages and rewards of the step's rollout; with a stale one, the
+    optimizer steps between the weights that sampled it and those its update starts from."""
+    samples, episodes, adv, keep = ro.samples, ro.episodes, groups.adv, groups.keep
     metrics = {"success": float(np.mean(episodes.success)), "turns": float(np.mean(episodes.turns)),
                "groups_kept": float(keep.sum()), "groups": float(len(keep)),
                "adv_abs_mean": float(np.abs(adv[samples.mask]).mean()) if samples.mask.any() else 0.0,
                "reward_mean": float(samples.reward[samples.mask].mean()) if samples.mask.any() else 0.0}
     for a, agent in enumerate(run.workflow.agents):
         metrics[f"reward/{agent.name}"] = float(episodes.agent_reward[a])
-    lags = [int(p.state.step) - p.behavior_step for p in run.policies] if ro.stale else []
-    if then is not None:  # the next rollout samples with the weights from before this update
-        for p in run.policies:
-            p.hold_behavior()
-    lr = run.lr_schedule(step)
-    for i, p in enumerate(run.policies):  # the schedule moves once per training step (verl's), whatever the
-        if i not in started:  # optimizer steps (an early update set it before it started)
-            p.state = with_lr(p.state, lr)
-    pending = [started[i] if i in started else start_update(run, p, b, behavior_logprobs=ro.stale)
-               for i, (p, b) in enumerate(zip(run.policies, batches)) if started.get(i) is not None or b is not None]
-    tokens = sum(p.tokens for p in pending)
-    if then is not None:
-        then()
-    for p, out in zip(pending, finish_updates(pending, tracer)):
-        for k, v in out.items():
-            metrics[f"{p.policy.name}/{k}" if len(run.policies) > 1 else k] = v
-    metrics["samples"] = float(sum(p.samples for p in pending))  # every policy's, for per-step comparisons
-    t2 = time.perf_counter()
-    if ro.stale:  # optimizer steps between the weights that sampled and those this update started from
-        metrics["lag_updates"] = float(np.mean(lags))
-    metrics.update(rollout_s=ro.seconds, update_s=t2 - t1,
-                   lr=float(lr), tokens_per_s=tokens / max(t2 - t1, 1e-9),
-                   rollout_tokens_per_s=float(samples.response_len[samples.mask].sum()) / max(ro.seconds, 1e-9))
+    if ro.stale:
+        metrics["lag_updates"] = float(np.mean([int(p.state.step) - n for p, n in zip(run.policies, ro.sampled_at)]))
     return metrics
 
 
@@ -310,43 +312,10 @@ def penalties(run: Run) -> np.ndarray | None:
     return values if (values != 1).any() else None
 
 
-def evaluate(run: Run, split: str, num_tasks: int, k: int = 1, temperature: float | None = None):
-    """(metrics, episodes) of k independent (no-tree) episodes per task of `split`: every problem
-    of a finite split once, else `num_tasks` generated tasks. avg@k: mean success over all
-    episodes; pass@k: the fraction of tasks with a success among their k."""
-    size = run.workflow.splits.get(split, "unknown")
-    if size == "unknown":
-        raise ValueError(f"split {split!r}: the workflow has {', '.join(run.workflow.splits)}")
-    n = num_tasks if size is None else size
-    per = -(-n // jax.process_count()) * jax.process_count()  # every process gets as many tasks
-    ids = np.minimum(np.arange(per), n - 1)  # (the padding repeats the last task; it is dropped below)
-    _, episodes = rollout(run, plain_rollout, ids, split, temperature, k, jax.random.key(run.config.train.seed + 1),
-                          evaluation=True)
-    wins = episodes.episode_success[:n]
-    return {f"eval/{split}/avg@{k}": float(wins.mean()), f"eval/{split}/pass@{k}": float(wins.any(1).mean()),
-            f"eval/{split}/turns": float(np.mean(episodes.turns[:n]))}, episodes
-
-
-def evaluation(run: Run, splits, num_tasks: int, k: int = 1, temperature: float | None = None):
-    """(metrics, {split: episodes}) over several splits; `eval_success` is the mean avg@k of the
-    test splits among them, `valid_success` the validation split's (which chooses the best checkpoint)."""
-    metrics, episodes = {}, {}
-    for split in splits:
-        m, episodes[split] = evaluate(run, split, num_tasks, k, temperature)
-        metrics.update(m)
-    tests = [s for s in splits if s in run.workflow.test_splits]
-    if tests:
-        metrics["eval_success"] = float(np.mean([metrics[f"eval/{s}/avg@{k}"] for s in tests]))
-        metrics["eval_turns"] = float(np.mean([metrics[f"eval/{s}/turns"] for s in tests]))
-    if "valid" in splits:
-        metrics["valid_success"] = metrics[f"eval/valid/avg@{k}"]
-    return metrics, episodes
-
-
 def policy_states(run: Run) -> dict:
     return {p.name: p.state for p in run.policies}
 
 
 def set_policy_states(run: Run, states: dict) -> None:
     for p in run.policies:
-        p.state = TrainState(*states[p.name]) if not isinstance(states[p.name], TrainState) else states[p.name]
+        p.load(states[p.name])

@@ -4,18 +4,11 @@ A policy is a Qwen3 (plus, with LoRA sharing, its adapters); its state is a
 plain pytree: trainable params, optimizer state, step. The functions here are
 built once per policy (`make_update_fns`) and jitted with donated buffers.
 
-Two batch layouts:
-- `Batch`, one row per sample ([N, L], right-padded): tokens (prompt then
-  response), valid, is_resp (the tokens trained on), old_logp, adv [N],
-  ref_logp. Log-probs at column j score token j (column 0 never is a response).
-- `Packed` (what the trainer feeds, built by `train.batch.pack_minibatch`): each
-  row [R, W] holds one prompt once, then the responses to it, so a group's K
-  samples share one forward pass of their prompt. The scored (response) tokens
-  of a row are listed compactly, [R, M]: `pred` is the column whose hidden state
-  predicts the token, `target` its id, `scored` marks real entries; only these
-  go through the LM head.
-A `Batch` is converted to a `Packed` one (one sample per row) inside the jitted
-functions.
+The batch is `Packed` (built by `train.batch.pack`): each row [R, W] holds one
+prompt once, then the responses to it, so a group's K samples share one forward
+pass of their prompt. The scored (response) tokens of a row are listed
+compactly, [R, M]: `pred` is the column whose hidden state predicts the token,
+`target` its id, `scored` marks real entries; only these go through the LM head.
 """
 from __future__ import annotations
 
@@ -41,15 +34,6 @@ class TrainState(NamedTuple):
     step: jax.Array  # int32: optimizer steps taken
 
 
-class Batch(NamedTuple):
-    tokens: jax.Array
-    valid: jax.Array
-    is_resp: jax.Array
-    old_logp: jax.Array
-    adv: jax.Array
-    ref_logp: jax.Array | None = None
-
-
 class Packed(NamedTuple):
     tokens: jax.Array  # [R, W] int
     positions: jax.Array  # [R, W] int: a response continues its prompt's positions
@@ -67,32 +51,9 @@ class Packed(NamedTuple):
     sample: jax.Array | None = None  # [R, M] int32: the sample each scored token belongs to (with penalty)
     sample_row: jax.Array | None = None  # [S] int32: the row holding sample s's prompt, -1 none (with penalty)
 
-    @classmethod
-    def from_arrays(cls, arrays: dict, place: Callable = jnp.asarray) -> "Packed":
-        """The inputs (all but the log-probs) from `pack_minibatch`'s dict, each `place`d; a dict
-        without inv_temp / top_p was sampled at temperature 1 without top-p, one without penalty
-        without a repetition penalty."""
-        ones = np.ones(arrays["target"].shape, np.float32)
-        inputs = [place(arrays.get(f, ones)) for f in cls._fields[:cls._fields.index("old_logp")]]
-        penalized = {f: place(arrays[f]) for f in ("penalty", "sample", "sample_row")} if "penalty" in arrays else {}
-        return cls(*inputs, **penalized)
-
-
-def packed_from_rows(b: Batch) -> Packed:
-    """A one-sample-per-row batch as a Packed one (column j + 1 scored from column j)."""
-    n, l = b.tokens.shape
-    scored_cols = lambda x: None if x is None else x[:, 1:]  # column j scores token j
-    adv = jnp.broadcast_to(b.adv[:, None] if b.adv.ndim == 1 else b.adv, (n, l))
-    ones = jnp.ones((n, l - 1), jnp.float32)  # sampled at temperature 1, no top-p
-    return Packed(b.tokens, jnp.maximum(jnp.cumsum(b.valid, axis=1) - 1, 0), jnp.where(b.valid, 0, -1),
-                  jnp.broadcast_to(jnp.arange(l - 1, dtype=jnp.int32), (n, l - 1)), b.tokens[:, 1:],
-                  b.is_resp[:, 1:], jnp.broadcast_to(b.is_resp.sum(1, keepdims=True), (n, l - 1)),
-                  adv[:, 1:], ones, ones, scored_cols(b.old_logp), scored_cols(b.ref_logp))
-
-
-def rows_from_packed(x: jax.Array) -> jax.Array:
-    """[N, L - 1] scored values of `packed_from_rows` back to [N, L] (column 0 is 0)."""
-    return jnp.concatenate([jnp.zeros((x.shape[0], 1), x.dtype), x], axis=1)
+    def placed(self, place: Callable = jnp.asarray) -> "Packed":
+        """Every array `place`d (e.g. onto a policy's mesh); the fields that are None stay None."""
+        return jax.tree.map(place, self)
 
 
 SCHEDULES = ("constant", "cosine")  # optim.schedule: see lr_factor
@@ -175,8 +136,7 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how:
 
     `graphdef` and `frozen` (the non-trainable part of the model state, e.g. a
     LoRA base; may be empty) come from `nnx.split`. logprobs_fn(params, packed)
-    -> logp [R, M], or logprobs_fn(params, tokens, valid) -> [N, L] for
-    rows; update_fn(state, batch: Packed | Batch) -> (state, metrics), which
+    -> logp [R, M]; update_fn(state, packed) -> (state, metrics), which
     skips the step (and says so in metrics["skipped"]) when the loss or the
     gradient is not finite, so a NaN never reaches the params.
     """
@@ -185,26 +145,16 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how:
         return nnx.merge(graphdef, params, frozen)
 
     @jax.jit
-    def packed_logprobs_fn(params, packed: Packed):
+    def logprobs_fn(params, packed: Packed):
+        """log p [R, M] of the batch's scored entries."""
         return packed_logprobs(model_of(params), packed, chunk, how)
-
-    @jax.jit
-    def rows_logprobs_fn(params, tokens, valid):
-        rows = Batch(tokens, valid, valid, None, jnp.zeros(tokens.shape[0]))
-        return rows_from_packed(packed_logprobs(model_of(params), packed_from_rows(rows), chunk, how))
-
-    def logprobs_fn(params, batch, valid=None):
-        """[R, M] for a Packed batch; [N, L] for (tokens, valid) rows."""
-        return packed_logprobs_fn(params, batch) if isinstance(batch, Packed) else \
-            rows_logprobs_fn(params, batch, valid)
 
     # The head is trained unless it sits in the frozen part (a LoRA base).
     train_head = not jax.tree.leaves(frozen)
 
-    def loss_fn(params, batch: Batch | Packed):
-        """policy_loss, with its gradient through the LM head fused into the
+    def loss_fn(params, p: Packed):
+        """The clipped policy loss, with its gradient through the LM head fused into the
         chunked log-prob pass (the loss is a weighted sum of per-token terms)."""
-        p = batch if isinstance(batch, Packed) else packed_from_rows(batch)
         model = model_of(params)
         w = aggregation_weights(p.scored, loss_cfg.aggregation, p.sample_len)
         per_token = {"old": p.old_logp, "adv": p.adv, "w": w}
@@ -219,7 +169,7 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how:
         return loss, dict(metrics, loss=loss)
 
     @functools.partial(jax.jit, donate_argnums=0)  # the old state's buffers become the new one's
-    def update_fn(state: TrainState, batch: Packed | Batch):
+    def update_fn(state: TrainState, batch: Packed):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
         grad_norm = optax.global_norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)

@@ -6,7 +6,14 @@ import pytest
 
 from atgrpo_jax.algo.advantages import group_advantages, group_filter, mix_rewards
 from atgrpo_jax.algo.logprobs import token_logprobs
-from atgrpo_jax.algo.loss import LossConfig, policy_loss
+from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, weighted_policy_loss
+
+
+def policy_loss(cfg, logp, old_logp, advantages, mask, ref_logp=None, entropy=None):
+    """The loss of [B, T] rows, advantages [B] (one per sample, spread over its tokens)."""
+    adv = jnp.broadcast_to(advantages[:, None], logp.shape)
+    return weighted_policy_loss(cfg, aggregation_weights(mask, cfg.aggregation), logp, old_logp, adv, ref_logp,
+                                entropy)
 
 
 def np_advantages(rewards, mask, use_std=True):

@@ -1,5 +1,5 @@
 """The fused head loss (gradients computed in the forward chunk pass) equals
-the plain path: chunked log-probs, policy_loss, autodiff through remat."""
+the plain path: chunked log-probs, the loss of rows, autodiff through remat."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,9 +7,10 @@ import pytest
 from flax import nnx
 
 from atgrpo_jax.algo.logprobs import SampledFrom, fused_head_loss, token_logprobs
-from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, policy_loss, token_loss_terms
+from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, token_loss_terms, weighted_policy_loss
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.train.update import Batch, init_state, make_optimizer, make_update_fns, sequence_logprobs
+from atgrpo_jax.train.batch import rows_packed
+from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns, sequence_logprobs
 from atgrpo_jax.train.config import base_config
 
 CONFIGS = [LossConfig(), LossConfig(aggregation="seq-mean-token-mean"),
@@ -36,7 +37,7 @@ def test_fused_loss_and_gradients_equal_remat_path(cfg, chunk):
 
     def plain(h, w):
         logp, ent = token_logprobs(h, w, targets, chunk)
-        return policy_loss(cfg, logp, old, adv, mask, ref, ent)[0]
+        return rows_loss(cfg, logp, old, adv, mask, ref, ent)[0]
 
     def fused(h, w):
         x = {"old": old, "adv": jnp.broadcast_to(adv[:, None], old.shape),
@@ -63,8 +64,14 @@ def test_frozen_head_gets_no_gradient_and_the_same_hidden_gradient():
     assert float(jnp.abs(dw).max()) > 0 and not jnp.any(dw_frozen)
 
 
-def test_update_step_matches_policy_loss_gradient():
-    """The trainer's update reports policy_loss's loss, metrics and gradient norm."""
+def rows_loss(cfg, logp, old, adv, mask, ref, ent):
+    """The loss of [B, T] rows, adv [B] spread over each row's tokens."""
+    return weighted_policy_loss(cfg, aggregation_weights(mask, cfg.aggregation), logp, old,
+                                jnp.broadcast_to(adv[:, None], logp.shape), ref, ent)
+
+
+def test_update_step_matches_the_loss_of_rows():
+    """The trainer's update reports the loss, metrics and gradient norm of the rows' loss."""
     cfg = LossConfig(kl_coef=0.05, entropy_coef=0.02, aggregation="seq-mean-token-mean", dual_clip=2.0)
     model = Qwen3(get_preset("test-tiny"), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
@@ -73,13 +80,14 @@ def test_update_step_matches_policy_loss_gradient():
     valid = jnp.asarray(np.arange(20)[None] < np.array([20, 17, 12, 20])[:, None])
     is_resp = valid & (jnp.arange(20)[None] >= 8)
     old = jnp.asarray(rng.normal(-4.0, 0.3, (4, 20)), jnp.float32)
-    batch = Batch(tokens, valid, is_resp, old, jnp.array([1.0, -0.5, 0.3, -1.2]), old + 0.05)
+    adv = jnp.array([1.0, -0.5, 0.3, -1.2])
+    batch = rows_packed(tokens, valid, is_resp, old, adv, old + 0.05)
     tx, _ = make_optimizer(base_config().optim, 10)
     _, update = make_update_fns(graphdef, nnx.State({}), tx, cfg, 16)
 
     def reference(p):
         logp, ent = sequence_logprobs(nnx.merge(graphdef, p), tokens, valid, 16)
-        return policy_loss(cfg, logp, batch.old_logp, batch.adv, is_resp, batch.ref_logp, ent)
+        return rows_loss(cfg, logp, old, adv, is_resp, old + 0.05, ent)
 
     (loss, metrics), grads = jax.value_and_grad(reference, has_aux=True)(params)
     _, got = update(init_state(jax.tree.map(jnp.copy, params), tx), batch)

@@ -14,8 +14,8 @@ from atgrpo_jax.bench import e2e
 from atgrpo_jax.bench.torch_baseline import trim_padding
 from atgrpo_jax.models.tokenizer import encode_chat
 from atgrpo_jax.rollout.tree import tree_rollout
-from atgrpo_jax.train.batch import policy_batches
-from atgrpo_jax.train.step import update_policy
+from atgrpo_jax.train.batch import as_rows, pack, policy_batch
+from atgrpo_jax.train.step import finish_update, start_update
 from atgrpo_jax.train.setup import build_run
 
 K = 2
@@ -88,13 +88,13 @@ def test_torch_update_matches_the_trainers_update_on_one_batch(run):
                               max_turns=2, alpha=1.0, key=jax.random.key(5))
     adv = np.random.RandomState(0).randn(*samples.reward.shape).astype(np.float32)  # a signal for the loss
     keep = np.arange(len(adv)) < 5  # 10 samples: one mini-batch of 16 with 6 empty rows
-    (batch,) = policy_batches(samples, adv, keep, run.policy_of_agent, 1, 16, np.random.default_rng(0))
-    assert batch["num_samples"] == 10 and len(batch["adv"]) == 16
-    trimmed = trim_padding({k: batch[k] for k in ("tokens", "valid", "is_resp", "adv")})
+    batch = policy_batch(samples, adv, keep, run.policy_of_agent, 0, 16, np.random.default_rng(0))
+    assert batch.num_samples == 10 and len(batch.adv) == 16
+    trimmed = trim_padding(as_rows(pack(batch, slots=1, share_prompts=False)))
     assert len(trimmed["adv"]) == 10 and trimmed["valid"][:, -1].any() and trimmed["valid"].all(1).any()
     theirs = e2e.torch_side(run)  # same weights as ours now
     t = theirs.update(0, batch)
-    o = update_policy(run, run.policies[0], batch)
+    o = finish_update(start_update(run, run.policies[0], batch))
     assert t["minibatches"] == 1
     np.testing.assert_allclose(t["loss"], o["loss"], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(t["grad_norm"], o["grad_norm"], rtol=1e-4)

@@ -48,7 +48,7 @@ def test_same_logprobs_loss_and_grad_norm_for_three_steps(sides):
     with torch.no_grad():
         logits = s["theirs"](input_ids=tokens, attention_mask=torch.tensor(s["data"]["valid"])).logits
         torch_logp = torch_baseline.torch_token_logprobs(logits, tokens).numpy()
-    ours = np.asarray(s["logprobs_fn"](s["state"].params, s["data"]["tokens"], s["data"]["valid"]))
+    ours = bench.rows_logprobs(s["logprobs_fn"], s["state"].params, s["data"]["tokens"], s["data"]["valid"])
     resp = s["data"]["is_resp"]
     np.testing.assert_allclose(ours[resp], torch_logp[resp], rtol=1e-5, atol=1e-5)
     assert np.abs(s["old"][resp] - ours[resp]).mean() > 0.1  # old log-probs are off-policy

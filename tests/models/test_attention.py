@@ -128,22 +128,23 @@ def _update_temp_bytes(backend, t, run=False):
     with `run`, the update also runs once on a real row and must give a finite loss."""
     from atgrpo_jax.algo.loss import LossConfig
     from atgrpo_jax.train.config import base_config
-    from atgrpo_jax.train.update import Batch, init_state, make_optimizer, make_update_fns
+    from atgrpo_jax.train.batch import rows_update
+    from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns
 
     cfg = get_preset("test-tiny").replace(attention=backend, max_position_embeddings=16384)
     graphdef, params = nnx.split(Qwen3(cfg, rngs=nnx.Rngs(0)))
     tx, _ = make_optimizer(base_config().optim, 10)
     _, update_fn = make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), 256)
+    update_fn = rows_update(update_fn)
     row = lambda dtype: jax.ShapeDtypeStruct((1, t), dtype)  # noqa: E731
-    batch = Batch(row(jnp.int32), row(bool), row(bool), row(jnp.float32), jax.ShapeDtypeStruct((1,), jnp.float32))
+    batch = (row(jnp.int32), row(bool), row(bool), row(jnp.float32), jax.ShapeDtypeStruct((1,), jnp.float32))
     state = jax.eval_shape(lambda: init_state(params, tx))
     compiled = update_fn.lower(state, batch).compile()
     if run:
         tokens = jax.random.randint(jax.random.key(0), (1, t), 0, cfg.vocab_size)
         is_resp = jnp.arange(t)[None] >= t // 4
         old = jnp.full((1, t), -6.0)
-        _, metrics = compiled(init_state(params, tx), Batch(tokens, jnp.ones((1, t), bool), is_resp, old,
-                                                            jnp.ones(1)))
+        _, metrics = compiled(init_state(params, tx), (tokens, jnp.ones((1, t), bool), is_resp, old, jnp.ones(1)))
         assert np.isfinite(float(metrics["loss"])) and float(metrics["skipped"]) == 0
     return compiled.memory_analysis().temp_size_in_bytes
 

@@ -139,17 +139,18 @@ def test_staleness_1_samples_with_the_weights_before_the_update(tmp_path):
 
 
 def test_the_stale_rollout_is_the_one_of_the_weights_before_the_update():
+    from atgrpo_jax.train.prefetch import Prefetch
     from atgrpo_jax.train.step import rollout_step
 
     c = config()
     run, fresh = build_run(c), build_run(c)
-    ahead = {}
-    train_step(run, 1, then=lambda: ahead.update(ro=rollout_step(run, 2, stale=True)))
-    for p in run.policies:
-        p.behavior = None
+    prefetch = Prefetch(run, last_step=2)
+    train_step(run, 1, prefetch=prefetch)
+    ahead = prefetch.take(2)
+    assert ahead.sampled_at == (0,) * len(run.policies) and prefetch.take(2) is None  # taken once
     before, after = rollout_step(fresh, 2), rollout_step(run, 2)  # step 2 at the initial / updated weights
-    np.testing.assert_array_equal(ahead["ro"].samples.response, before.samples.response)
-    np.testing.assert_allclose(ahead["ro"].samples.sampler_logp, before.samples.sampler_logp, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(ahead.samples.response, before.samples.response)
+    np.testing.assert_allclose(ahead.samples.sampler_logp, before.samples.sampler_logp, rtol=1e-6, atol=1e-6)
     gap = np.abs(after.samples.sampler_logp - before.samples.sampler_logp)[before.samples.mask].max()
     assert gap > 1e-3  # at the updated weights the distribution is another one
 

@@ -13,7 +13,8 @@ from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.plan_memory import parse_device, plan
 from atgrpo_jax.train.config import ConfigError, base_config, sharing
 from atgrpo_jax.train.policies import build_policies
-from atgrpo_jax.train.update import Batch, make_optimizer
+from atgrpo_jax.train.batch import rows_packed
+from atgrpo_jax.train.update import make_optimizer
 from atgrpo_jax.train.validate import resolve
 
 CFG = get_preset("test-tiny", num_layers=1, param_dtype="bfloat16", compute_dtype="bfloat16")
@@ -37,7 +38,7 @@ def batch():
     rng = np.random.RandomState(0)
     tokens = jnp.asarray(rng.randint(1, CFG.vocab_size, (2, 12)), jnp.int32)
     mask = jnp.ones((2, 12), bool)
-    return Batch(tokens, mask, mask.at[:, :4].set(False), jnp.zeros((2, 12)), jnp.array([-1.0, 1.0]))
+    return rows_packed(tokens, mask, mask.at[:, :4].set(False), jnp.zeros((2, 12)), jnp.array([-1.0, 1.0]))
 
 
 def floats(tree):
@@ -49,7 +50,7 @@ def test_float32_masters_learn_what_bf16_weights_lose():
     assert {x.dtype for x in floats(p.state.params)} == {jnp.dtype(jnp.float32)}
     assert {x.dtype for x in floats(p.state.opt_state)} == {jnp.dtype(jnp.float32)}
     before = [np.asarray(x) for x in floats(p.state.params)]
-    p.state, m = p.update_fn(p.state, batch())
+    m = p.update(batch())
     assert float(m["skipped"]) == 0.0
     after = [np.asarray(x) for x in floats(p.state.params)]
     moved = np.concatenate([(a != b).ravel() for a, b in zip(after, before)])
@@ -72,7 +73,7 @@ def test_param_dtype_masters_train_in_bf16():
     p = one_policy("param_dtype")
     assert {x.dtype for x in floats(p.state.params)} == {jnp.dtype(jnp.bfloat16)}
     assert p.sample_dtype is None
-    p.state, m = p.update_fn(p.state, batch())
+    p.update(batch())
     assert {x.dtype for x in floats(p.state.params)} == {jnp.dtype(jnp.bfloat16)}
 
 

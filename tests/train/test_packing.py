@@ -8,87 +8,114 @@ from flax import nnx
 
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.train.batch import fine_bucket, pack_minibatch
+from atgrpo_jax.rollout.samples import Samples
+from atgrpo_jax.train.batch import PolicyBatch, as_rows, fine_bucket, pack, rows_packed
 from atgrpo_jax.train.config import base_config
-from atgrpo_jax.train.update import Batch, Packed, init_state, make_optimizer, make_update_fns, sequence_logprobs
+from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns, sequence_logprobs
 
 # (group id, prompt length, response lengths); group 2 has group 0's prompt length, other tokens
 GROUPS = [(0, 5, [3, 4, 1]), (1, 7, [2]), (2, 5, [2, 2])]
 
 
 def minibatch(groups=GROUPS, vocab=512, pad_rows=2, seed=0):
-    """Rows as `policy_batches` lays them out (one sample per row, a group's rows together and
-    marked by its share id, empty rows last)."""
+    """(a mini-batch of a policy's samples: each group's prompt once, its samples' slots together,
+    empty slots last; the same samples as one row each: prompt then response, as a reference)."""
     rng = np.random.default_rng(seed)
-    prompts = {g: rng.integers(1, vocab, p) for g, p, _ in groups}
-    samples = [(g, prompts[g], rng.integers(1, vocab, r)) for g, _, rs in groups for r in rs]
-    n, width = len(samples) + pad_rows, 32
-    mb = dict(tokens=np.zeros((n, width), np.int32), valid=np.zeros((n, width), bool),
-              is_resp=np.zeros((n, width), bool), sampler_logp=np.zeros((n, width), np.float32),
-              adv=np.zeros(n, np.float32), share=np.full(n, -1))
-    for i, (g, p, r) in enumerate(samples):
-        mb["share"][i] = g
-        mb["tokens"][i, :len(p) + len(r)] = np.r_[p, r]
-        mb["valid"][i, :len(p) + len(r)] = True
-        mb["is_resp"][i, len(p):len(p) + len(r)] = True
-        mb["sampler_logp"][i, len(p):len(p) + len(r)] = -rng.uniform(0.5, 5.0, len(r))
-        mb["adv"][i] = rng.normal()
-    return mb
+    g_n, k_n = len(groups), max(len(rs) for _, _, rs in groups)
+    p_n, r_n = max(p for _, p, _ in groups), max(max(rs) for _, _, rs in groups)
+    prompt = np.zeros((g_n, p_n), np.int32)
+    response, logp = np.zeros((g_n, k_n, r_n), np.int32), np.zeros((g_n, k_n, r_n), np.float32)
+    response_len, mask = np.zeros((g_n, k_n), np.int32), np.zeros((g_n, k_n), bool)
+    for g, p, rs in groups:
+        prompt[g, :p] = rng.integers(1, vocab, p)
+        for k, r in enumerate(rs):
+            response[g, k, :r], logp[g, k, :r] = rng.integers(1, vocab, r), -rng.uniform(0.5, 5.0, r)
+            response_len[g, k], mask[g, k] = r, True
+    zeros = lambda dtype=np.float32: np.zeros((g_n, k_n), dtype)  # noqa: E731
+    samples = Samples(prompt, np.array([p for _, p, _ in groups], np.int32),
+                      np.repeat(np.arange(g_n)[:, None], k_n, 1), response, response_len, logp, zeros(), zeros(),
+                      zeros(), mask, np.arange(g_n), np.zeros(g_n, int), zeros(int), np.zeros(g_n, int),
+                      zeros(object), zeros(object), np.full(g_n, -1))
+    g, k = np.nonzero(mask)
+    n = len(g) + pad_rows
+    pad = lambda x, fill=0: np.concatenate([x, np.full(pad_rows, fill, x.dtype)])  # noqa: E731
+    adv = pad(rng.normal(size=len(g)).astype(np.float32))
+    ones = np.ones(n, np.float32)
+    mb = PolicyBatch(samples, pad(g, -1), pad(k), adv, ones, ones, None, 32)
+    rows = dict(tokens=np.zeros((n, 32), np.int32), valid=np.zeros((n, 32), bool), is_resp=np.zeros((n, 32), bool),
+                sampler_logp=np.zeros((n, 32), np.float32), adv=adv)
+    for i, (gi, ki) in enumerate(zip(g, k)):
+        p, r = samples.prompt_len[gi], response_len[gi, ki]
+        rows["tokens"][i, :p + r] = np.r_[prompt[gi, :p], response[gi, ki, :r]]
+        rows["valid"][i, :p + r], rows["is_resp"][i, p:p + r] = True, True
+        rows["sampler_logp"][i, p:p + r] = logp[gi, ki, :r]
+    return mb, rows
 
 
 def entries(out, i):
-    """Packed row and scored entries of mini-batch row i."""
-    (r,) = np.flatnonzero((out["sample"] == i).any(1))  # exactly one row
-    return r, np.flatnonzero(out["sample"][r] == i)
+    """Packed row and scored entries of mini-batch slot i."""
+    (r,) = np.flatnonzero((out.sample == i).any(1))  # exactly one row
+    return r, np.flatnonzero(out.sample[r] == i)
 
 
 def test_each_prompt_once_then_its_responses():
-    mb = minibatch()
-    out = pack_minibatch(mb, shards=2)  # max_width: the rows' 32
-    assert out["tokens"].shape[0] % 2 == 0 and out["tokens"].shape[0] >= 3  # 3 prompts, padded rows
-    assert sorted(set(out["sample"][out["sample"] >= 0])) == list(range(6))
-    assert out["pred"].shape[1] == 8  # the most response tokens in a row (3 + 4 + 1)
+    mb, rows = minibatch()
+    out = pack(mb, shards=2)  # max_width: the batch's 32
+    p_ = out.packed
+    assert p_.tokens.shape[0] % 2 == 0 and p_.tokens.shape[0] >= 3  # 3 prompts, padded rows
+    assert sorted(set(out.sample[out.sample >= 0])) == list(range(6))
+    assert p_.pred.shape[1] == 8  # the most response tokens in a row (3 + 4 + 1)
     for i in range(6):
         r, e = entries(out, i)
-        p, end = mb["is_resp"][i].argmax(), mb["valid"][i].sum()
-        assert len(e) == end - p and np.all(np.diff(e) == 1) and out["scored"][r, e].all()
-        np.testing.assert_array_equal(out["tokens"][r, :p], mb["tokens"][i, :p])  # the shared prompt
-        np.testing.assert_array_equal(out["target"][r, e], mb["tokens"][i, p:end])
-        pred = out["pred"][r, e]
+        p, end = rows["is_resp"][i].argmax(), rows["valid"][i].sum()
+        assert len(e) == end - p and np.all(np.diff(e) == 1) and p_.scored[r, e].all()
+        np.testing.assert_array_equal(p_.tokens[r, :p], rows["tokens"][i, :p])  # the shared prompt
+        np.testing.assert_array_equal(p_.target[r, e], rows["tokens"][i, p:end])
+        pred = p_.pred[r, e]
         assert pred[0] == p - 1 and np.all(np.diff(pred[1:]) == 1)  # last prompt token, then its own
-        np.testing.assert_array_equal(out["tokens"][r, pred[1:] + 1], mb["tokens"][i, p + 1:end])
-        assert len(set(out["segment"][r, pred[1:] + 1])) <= 1 and out["segment"][r, pred[-1] + 1] > 0
-        np.testing.assert_array_equal(out["positions"][r, pred[1:] + 1], np.arange(p + 1, end))
-        assert (out["adv"][r, e] == mb["adv"][i]).all() and (out["sample_len"][r, e] == end - p).all()
-        np.testing.assert_array_equal(out["sampler_logp"][r, e], mb["sampler_logp"][i, p:end])
-    assert out["scored"].sum() == 3 + 4 + 1 + 2 + 2 + 2
-    real = out["segment"] >= 0
+        np.testing.assert_array_equal(p_.tokens[r, pred[1:] + 1], rows["tokens"][i, p + 1:end])
+        assert len(set(p_.segment[r, pred[1:] + 1])) <= 1 and p_.segment[r, pred[-1] + 1] > 0
+        np.testing.assert_array_equal(p_.positions[r, pred[1:] + 1], np.arange(p + 1, end))
+        assert (p_.adv[r, e] == rows["adv"][i]).all() and (p_.sample_len[r, e] == end - p).all()
+        np.testing.assert_array_equal(out.sampler_logp[r, e], rows["sampler_logp"][i, p:end])
+    assert p_.scored.sum() == 3 + 4 + 1 + 2 + 2 + 2
+    real = p_.segment >= 0
     assert real.sum() == 5 + 7 + 5 + (3 + 4 + 1) + 2 + (2 + 2)  # no prompt token twice
+    assert p_.penalty is None and p_.sample is None  # no repetition penalty: no ids to rebuild
 
 
-def test_unshared_gives_one_sample_per_row():
-    out = pack_minibatch(minibatch(), share_prompts=False)
-    assert all(len(set(row[row >= 0])) == 1 for row in out["sample"] if (row >= 0).any())
-    assert (out["segment"] >= 0).sum() == 5 * 3 + 3 + 4 + 1 + 7 + 2 + 2 * (5 + 2)
+def test_one_sample_per_row_is_the_rows_layout():
+    """slots=1 without shared prompts: each row is one sample, prompt then response (the PyTorch baseline's)."""
+    mb, rows = minibatch()
+    out = pack(mb, slots=1, share_prompts=False)
+    assert all(len(set(row[row >= 0])) == 1 for row in out.sample if (row >= 0).any())
+    assert (out.packed.segment >= 0).sum() == 5 * 3 + 3 + 4 + 1 + 7 + 2 + 2 * (5 + 2)
+    got = as_rows(out)
+    live = got["valid"].any(1)
+    assert live.sum() == 6
+    for name in ("tokens", "valid", "is_resp"):
+        np.testing.assert_array_equal(got[name][live], rows[name][:6, :got[name].shape[1]], err_msg=name)
+    np.testing.assert_array_equal(got["adv"][live], rows["adv"][:6])
+    with pytest.raises(ValueError, match="slots=1"):
+        as_rows(pack(mb))
 
 
 def test_long_groups_are_split_over_rows():
     """A row holds at most max_width tokens: 4 + 10 + 10 <= 32 < 4 + 3 * 10."""
-    out = pack_minibatch(minibatch([(0, 4, [10] * 6)], pad_rows=0), max_width=32)
-    assert (out["segment"] == 0).sum(1).tolist()[:3] == [4, 4, 4]
-    assert [len(set(row[row >= 0])) for row in out["sample"][:3]] == [2, 2, 2]
+    out = pack(minibatch([(0, 4, [10] * 6)], pad_rows=0)[0], max_width=32)
+    assert (out.packed.segment == 0).sum(1).tolist()[:3] == [4, 4, 4]
+    assert [len(set(row[row >= 0])) for row in out.sample[:3]] == [2, 2, 2]
 
 
 def test_slots_cap_responses_per_row():
-    out = pack_minibatch(minibatch([(0, 4, [1] * 6)], pad_rows=0), slots=4)  # 4 + 6 * 1 fit in 32
-    assert [len(set(row[row >= 0])) for row in out["sample"][:2]] == [4, 2]
+    out = pack(minibatch([(0, 4, [1] * 6)], pad_rows=0)[0], slots=4)  # 4 + 6 * 1 fit in 32
+    assert [len(set(row[row >= 0])) for row in out.sample[:2]] == [4, 2]
 
 
 def test_empty_prompt_is_an_error():
-    mb = minibatch([(0, 3, [2])], pad_rows=0)
-    mb["is_resp"][0, :3] = True
+    mb, _ = minibatch([(0, 0, [2])], pad_rows=0)
     with pytest.raises(ValueError, match="empty prompt"):
-        pack_minibatch(mb)
+        pack(mb)
 
 
 @pytest.fixture(scope="module")
@@ -97,43 +124,40 @@ def tiny():
     return nnx.split(model)
 
 
-def as_packed(out):
-    return Packed.from_arrays(out)
-
-
 def test_packed_logprobs_equal_unshared_rows(tiny):
     graphdef, params = tiny
-    mb = minibatch()
-    out = pack_minibatch(mb)
+    mb, rows = minibatch()
+    out = pack(mb)
     tx, _ = make_optimizer(base_config().optim, 10)
     logprobs_fn, _ = make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), 16)
-    packed = np.asarray(logprobs_fn(params, as_packed(out)))
-    want, _ = sequence_logprobs(nnx.merge(graphdef, params), jnp.asarray(mb["tokens"]), jnp.asarray(mb["valid"]), 16)
+    packed = np.asarray(logprobs_fn(params, out.packed.placed()))
+    want, _ = sequence_logprobs(nnx.merge(graphdef, params), jnp.asarray(rows["tokens"]),
+                                jnp.asarray(rows["valid"]), 16)
     want = np.asarray(want)
     for i in range(6):
         r, e = entries(out, i)
-        np.testing.assert_allclose(packed[r, e], want[i][mb["is_resp"][i]], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(packed[r, e], want[i][rows["is_resp"][i]], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("cfg", [LossConfig(), LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1)], ids=str)
 def test_packed_update_equals_unshared_rows(tiny, cfg):
     graphdef, params = tiny
-    mb = minibatch()
-    out = pack_minibatch(mb)
+    mb, r = minibatch()
+    out = pack(mb)
     tx, _ = make_optimizer(base_config().optim, 10)
     logprobs_fn, update = make_update_fns(graphdef, nnx.State({}), tx, cfg, 16)
     rng = np.random.default_rng(1)
-    old = mb["sampler_logp"] * mb["is_resp"]
-    ref = old + 0.1 * rng.normal(size=old.shape).astype(np.float32) * mb["is_resp"]
-    rows = Batch(*(jnp.asarray(x) for x in (mb["tokens"], mb["valid"], mb["is_resp"], old, mb["adv"], ref)))
+    old = r["sampler_logp"] * r["is_resp"]
+    ref = old + 0.1 * rng.normal(size=old.shape).astype(np.float32) * r["is_resp"]
+    rows = rows_packed(*(jnp.asarray(x) for x in (r["tokens"], r["valid"], r["is_resp"], old, r["adv"], ref)))
 
     def slots(x):  # a [N, L] per-token array in the packed [R, M] layout
-        y = np.zeros(out["pred"].shape, np.float32)
+        y = np.zeros(out.packed.pred.shape, np.float32)
         for i in range(6):
-            y[entries(out, i)] = x[i][mb["is_resp"][i]]
+            y[entries(out, i)] = x[i][r["is_resp"][i]]
         return jnp.asarray(y)
 
-    packed = as_packed(out)._replace(old_logp=slots(old), ref_logp=slots(ref))
+    packed = out.packed.placed()._replace(old_logp=slots(old), ref_logp=slots(ref))
     fresh = lambda: init_state(jax.tree.map(jnp.copy, params), tx)
     s_rows, m_rows = update(fresh(), rows)
     s_packed, m_packed = update(fresh(), packed)

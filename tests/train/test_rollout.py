@@ -73,15 +73,16 @@ def test_groups_are_k_samples_of_one_task_agent_turn(run):
     _, s, episodes = rollout(run)
     groups = list(zip(s.task, s.agent, s.turn))
     assert len(groups) == len(set(groups))  # one group per (task, agent, turn)
-    assert s.reward.shape == s.mask.shape == s.response_len.shape == s.prompt_len.shape == (len(groups), K)
-    assert s.response.shape[:2] == s.prompt.shape[:2] == (len(groups), K) and s.shared_prompt
+    assert s.reward.shape == s.mask.shape == s.response_len.shape == s.prompt_of.shape == (len(groups), K)
+    assert s.response.shape[:2] == (len(groups), K)
+    assert len(set(s.prompt_of[:, 0])) == len(groups)  # a prompt of its own per group, stored once
     for g in range(len(groups)):
         if s.mask[g].all():  # a live group: K distinct samples from one shared prompt
-            assert all(np.array_equal(p, s.prompt[g][0]) for p in s.prompt[g])
+            assert (s.prompt_of[g] == s.prompt_of[g, 0]).all()
             assert (s.response_len[g] > 0).all()
             for k in range(K):  # padded arrays: nothing but zeros past a sample's length
                 assert not s.response[g, k, s.response_len[g, k]:].any()
-                assert not s.prompt[g, k, s.prompt_len[g, k]:].any()
+            assert not s.prompt[s.prompt_of[g, 0], s.prompt_len[s.prompt_of[g, 0]]:].any()
     assert episodes.success.shape == (3,)
 
 
@@ -127,7 +128,10 @@ def test_plain_grpo_as_the_reference_groups_by_task_at_its_last_turn(run):
             if (a, e) in want:
                 g = want[(a, e)]
                 assert s.reward[task, col] == t.reward[g, 0]
+                np.testing.assert_array_equal(s.prompt_ids(task, col), t.prompt_ids(g, 0))  # its own episode's
                 np.testing.assert_array_equal(s.response[task, col], t.response[g, 0])
+    live = s.prompt_of[s.mask]
+    assert len(set(live)) == len(live)  # independent episodes: no two samples share a prompt
 
 
 def param_leaves(policy):
@@ -152,18 +156,18 @@ def test_per_role_router_updates_each_policy_from_its_own_agent_only(pools):
     orig = run.policy_of_agent.copy()
     run.policy_of_agent[:] = [0, 1]
     from atgrpo_jax.train import batch as batch_mod
-    real = batch_mod.policy_batches
+    real = batch_mod.policy_batch
 
     def only_executor(samples, adv, keep, policy_of_agent, *a, **kw):
         keep = keep & (samples.agent == 1)[:, None]
         return real(samples, adv, keep, policy_of_agent, *a, **kw)
 
     import atgrpo_jax.train.step as loop
-    loop.policy_batches = only_executor
+    loop.policy_batch = only_executor
     try:
         train_step(run, 1)
     finally:
-        loop.policy_batches = real
+        loop.policy_batch = real
         run.policy_of_agent[:] = orig
     after = [param_leaves(p) for p in run.policies]
     if pools:  # the update ran on the pool: the state never left it
@@ -225,8 +229,7 @@ def test_old_logprobs_are_of_the_distribution_sampled_from():
     ratio starts at 1); scored at temperature 1 over the whole vocabulary, as before, they did not."""
     from atgrpo_jax.rollout.tree import tree_rollout
     from atgrpo_jax.train import batch as batch_mod
-    from atgrpo_jax.train.step import packed_minibatches, sample_fn_for, update_policy
-    from atgrpo_jax.train.update import Packed
+    from atgrpo_jax.train.step import finish_update, packed_minibatches, sample_fn_for, start_update
 
     config = tiny_config()
     config.rollout.update(temperature=0.7, top_p=0.9)
@@ -236,18 +239,17 @@ def test_old_logprobs_are_of_the_distribution_sampled_from():
     samples, _ = tree_rollout(run.workflow, sample_fn_for(run, None, 3), run.encode, [11, 12, 13], "train", k=K,
                               max_turns=2, alpha=1.0, key=jax.random.key(7))
     keep = samples.mask.any(1)
-    (batch,) = batch_mod.policy_batches(samples, np.zeros(samples.reward.shape, np.float32), keep,
-                                        run.policy_of_agent, 1, config.optim.mini_batch_size, np.random.default_rng(0),
-                                        np.array([1 / 0.7, 1 / 1.3], np.float32), np.array([0.9, 0.9], np.float32))
+    batch = batch_mod.policy_batch(samples, np.zeros(samples.reward.shape, np.float32), keep,
+                                   run.policy_of_agent, 0, config.optim.mini_batch_size, np.random.default_rng(0),
+                                   np.array([1 / 0.7, 1 / 1.3], np.float32), np.array([0.9, 0.9], np.float32))
     policy = run.policies[0]
     for mb in packed_minibatches(run, policy, batch):
-        scored = mb["scored"]
-        exact = np.asarray(policy.logprobs_fn(policy.state.params, Packed.from_arrays(mb)))
-        plain = np.asarray(policy.logprobs_fn(policy.state.params, Packed.from_arrays(
-            {k: v for k, v in mb.items() if k not in ("inv_temp", "top_p")})))  # temperature 1, no top-p
-        assert np.abs(exact - mb["sampler_logp"])[scored].max() < 1e-4
-        assert np.abs(plain - mb["sampler_logp"])[scored].mean() > 0.05
-    assert update_policy(run, policy, batch)["logprob_gap"] < 1e-4
+        scored, ones = mb.packed.scored, np.ones(mb.packed.scored.shape, np.float32)
+        exact = np.asarray(policy.logprobs(mb.packed.placed()))
+        plain = np.asarray(policy.logprobs(mb.packed._replace(inv_temp=ones, top_p=ones).placed()))  # T 1, no top-p
+        assert np.abs(exact - mb.sampler_logp)[scored].max() < 1e-4
+        assert np.abs(plain - mb.sampler_logp)[scored].mean() > 0.05
+    assert finish_update(start_update(run, policy, batch))["logprob_gap"] < 1e-4
 
 
 def test_old_logprobs_include_the_repetition_penalty():
@@ -257,8 +259,7 @@ def test_old_logprobs_include_the_repetition_penalty():
     penalty they do not."""
     from atgrpo_jax.rollout.tree import tree_rollout
     from atgrpo_jax.train import batch as batch_mod
-    from atgrpo_jax.train.step import packed_minibatches, penalties, sample_fn_for, update_policy
-    from atgrpo_jax.train.update import Packed
+    from atgrpo_jax.train.step import finish_update, packed_minibatches, penalties, sample_fn_for, start_update
 
     config = tiny_config()
     config.rollout.update(temperature=1.5, top_p=0.9, top_k=20, repetition_penalty=1.2, max_new_tokens=8)
@@ -267,21 +268,21 @@ def test_old_logprobs_include_the_repetition_penalty():
     assert list(penalties(run)) == [np.float32(1.2), 1.5]
     samples, _ = tree_rollout(run.workflow, sample_fn_for(run, None, 3), run.encode, [11, 12, 13], "train", k=K,
                               max_turns=2, alpha=1.0, key=jax.random.key(7))
-    (batch,) = batch_mod.policy_batches(samples, np.zeros(samples.reward.shape, np.float32), samples.mask.any(1),
-                                        run.policy_of_agent, 1, config.optim.mini_batch_size, np.random.default_rng(0),
-                                        np.full(2, 1 / 1.5, np.float32), np.full(2, 0.9, np.float32), penalties(run))
+    batch = batch_mod.policy_batch(samples, np.zeros(samples.reward.shape, np.float32), samples.mask.any(1),
+                                   run.policy_of_agent, 0, config.optim.mini_batch_size, np.random.default_rng(0),
+                                   np.full(2, 1 / 1.5, np.float32), np.full(2, 0.9, np.float32), penalties(run))
     policy = run.policies[0]
     shared = 0
     for mb in packed_minibatches(run, policy, batch):
-        scored = mb["scored"]
-        shared += int((np.bincount(mb["sample_row"][mb["sample_row"] >= 0]) > 1).sum())
-        exact = np.asarray(policy.logprobs_fn(policy.state.params, Packed.from_arrays(mb)))
-        unpenalized = np.asarray(policy.logprobs_fn(policy.state.params, Packed.from_arrays(
-            {k: v for k, v in mb.items() if k != "penalty"})))
-        assert np.abs(exact - mb["sampler_logp"])[scored].max() < 1e-4
-        assert np.abs(unpenalized - mb["sampler_logp"])[scored].mean() > 0.01
+        scored, sample_row = mb.packed.scored, mb.packed.sample_row
+        shared += int((np.bincount(sample_row[sample_row >= 0]) > 1).sum())
+        exact = np.asarray(policy.logprobs(mb.packed.placed()))
+        unpenalized = np.asarray(policy.logprobs(mb.packed._replace(penalty=None, sample=None,
+                                                                    sample_row=None).placed()))
+        assert np.abs(exact - mb.sampler_logp)[scored].max() < 1e-4
+        assert np.abs(unpenalized - mb.sampler_logp)[scored].mean() > 0.01
     assert shared > 0  # rows held several samples of one prompt: each saw its own response only
-    assert update_policy(run, policy, batch)["logprob_gap"] < 1e-4
+    assert finish_update(start_update(run, policy, batch))["logprob_gap"] < 1e-4
 
 
 def test_decode_slots_sample_what_all_rows_at_once_do(run):

@@ -10,7 +10,8 @@ from flax import nnx
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.train.config import ConfigError, base_config
-from atgrpo_jax.train.update import Batch, init_state, make_optimizer, make_update_fns, with_lr
+from atgrpo_jax.train.batch import rows_packed
+from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns, with_lr
 from atgrpo_jax.train.validate import validate
 
 
@@ -65,7 +66,7 @@ def test_the_optimizer_steps_at_the_rate_set_for_the_training_step():
     _, update = make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), 64)
     tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 50 + 1
     mask = jnp.ones((2, 8), bool)
-    batch = Batch(tokens, mask, mask.at[:, 0].set(False), jnp.zeros((2, 8)), jnp.array([-1.0, 1.0]))
+    batch = rows_packed(tokens, mask, mask.at[:, 0].set(False), jnp.zeros((2, 8)), jnp.array([-1.0, 1.0]))
     before = [np.asarray(x) for x in jax.tree.leaves(params)]
 
     def moved(lr):

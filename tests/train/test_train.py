@@ -15,7 +15,8 @@ from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.train.config import ConfigError, base_config
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.metrics import read_metrics
-from atgrpo_jax.train.update import Batch, init_state, make_optimizer, make_update_fns
+from atgrpo_jax.train.batch import rows_packed
+from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns
 
 CONFIG = os.path.join(os.path.dirname(__file__), "tiny_config.py")
 
@@ -65,11 +66,11 @@ def test_nan_loss_skips_the_update():
     before = [np.asarray(x) for x in jax.tree.leaves(state.params)]
     tokens = jnp.ones((2, 8), jnp.int32)
     mask = jnp.ones((2, 8), bool)
-    batch = Batch(tokens, mask, mask.at[:, 0].set(False), jnp.zeros((2, 8)), jnp.array([jnp.nan, 1.0]))
-    state, m = update(state, batch)
+    batch = lambda adv: rows_packed(tokens, mask, mask.at[:, 0].set(False), jnp.zeros((2, 8)), adv)  # noqa: E731
+    state, m = update(state, batch(jnp.array([jnp.nan, 1.0])))
     assert float(m["skipped"]) == 1.0 and int(state.step) == 0
     assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(before, jax.tree.leaves(state.params)))
-    state, m = update(state, batch._replace(adv=jnp.array([-1.0, 1.0])))
+    state, m = update(state, batch(jnp.array([-1.0, 1.0])))
     assert float(m["skipped"]) == 0.0 and int(state.step) == 1
     assert any(not np.array_equal(a, np.asarray(b)) for a, b in zip(before, jax.tree.leaves(state.params)))
 
