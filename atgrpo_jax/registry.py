@@ -12,7 +12,8 @@ function each, looked up by the name a config gives.
 from __future__ import annotations
 
 import difflib
-from typing import Generic, Iterator, TypeVar
+import importlib
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -61,3 +62,19 @@ class Registry(Generic[T]):
 
     def items(self):
         return self._items.items()
+
+
+def import_function(spec: str, key: str) -> Callable[..., Any]:
+    """`package.module:function` -> the function (a user's workflow factory or reward); a bad spec is
+    a ValueError naming the config `key`."""
+    module_name, colon, attr = str(spec).partition(":")
+    if not colon or not module_name or not attr:
+        raise ValueError(f"{key}={spec!r}: give it as 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{key}={spec!r}: cannot import {module_name!r}: {e}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"{key}={spec!r}: {module_name} has no callable {attr!r}")
+    return fn

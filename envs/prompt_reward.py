@@ -26,15 +26,15 @@ run with one line naming it (RewardError), not a traceback.
 """
 from __future__ import annotations
 
-import importlib
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from atgrpo_jax.cli import UsageError
 from atgrpo_jax.envs.text_state import obj_array, response_grid
 from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, branch
+from atgrpo_jax.registry import import_function
 
 
 class RewardError(UsageError):
@@ -46,21 +46,6 @@ def read_records(source: str, fields=None) -> list[dict]:
     atgrpo_jax.data), each with a "prompt" (`fields` maps it to another column)."""
     from atgrpo_jax.data import load_records
     return list(load_records(source, ("prompt",), dict(fields or {})))
-
-
-def import_function(spec: str, key: str) -> Callable:
-    """`package.module:function` -> the function; a bad spec is a ValueError naming `key`."""
-    module_name, colon, attr = str(spec).partition(":")
-    if not colon or not module_name or not attr:
-        raise ValueError(f"{key}={spec!r}: give it as 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"{key}={spec!r}: cannot import {module_name!r}: {e}") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"{key}={spec!r}: {module_name} has no function {attr!r}")
-    return fn
 
 
 def first_line(text: Any) -> str:

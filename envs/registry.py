@@ -16,10 +16,9 @@ role alone, grid_workflows.SINGLE).
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
-from atgrpo_jax.registry import Registry, closest
+from atgrpo_jax.registry import Registry, closest, import_function
 
 WORKFLOWS: Registry = Registry("env.workflow")
 GRID_KINDS = ("tool_plan", "direct")  # `<game>_<kind>`; single_agent picks `<kind>_single`
@@ -72,18 +71,6 @@ def _grid_factory(name: str) -> Callable[..., Any] | None:
     return None
 
 
-def _imported_factory(spec: str) -> Callable[..., Any]:
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"env.workflow={spec!r}: cannot import {module_name!r}: {e}") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ValueError(f"env.workflow={spec!r}: {module_name} has no callable {attr!r}")
-    return factory
-
-
 def known_names() -> list[str]:
     from atgrpo_jax.envs.games import GAMES
     return sorted(WORKFLOWS.names()) + [f"{g}_{k}" for g in GAMES for k in GRID_KINDS]
@@ -92,7 +79,7 @@ def known_names() -> list[str]:
 def factory_of(name: str) -> Callable[..., Any]:
     """The factory a workflow name stands for; an unknown name is a ValueError naming the choices."""
     if ":" in name:
-        return _imported_factory(name)
+        return import_function(name, "env.workflow")
     if name in WORKFLOWS:
         return WORKFLOWS[name]
     grid = _grid_factory(name)

@@ -185,6 +185,16 @@ def _called_from_c(tb) -> bool:
     return tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe"
 
 
+def orbax_leftover(u) -> bool:
+    """Whether an unraisable exception (sys.unraisablehook's argument) is one of a failed orbax
+    save's or restore's leftovers: a coroutine of orbax never awaited, or a late call into its
+    closed event loop from a native thread."""
+    coroutine = repr(u.object).startswith("<coroutine") and "orbax" in str(getattr(u.object, "cr_code", ""))
+    closed = (isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"
+              and _called_from_c(u.exc_traceback))
+    return coroutine or closed
+
+
 def quiet_orbax_leftovers() -> None:
     """When a save or a restore fails, orbax closes its event loop while tensorstore still completes
     its other reads and writes from native threads: each prints a traceback ('Event loop is closed'
@@ -200,7 +210,7 @@ def quiet_orbax_leftovers() -> None:
             excepthook(kind, value, tb)
 
     def quiet_unraisablehook(u):
-        if not (repr(u.object).startswith("<coroutine") and "orbax" in str(getattr(u.object, "cr_code", ""))):
+        if not orbax_leftover(u):
             unraisablehook(u)
 
     quiet_excepthook.quiet_orbax = True

@@ -5,6 +5,7 @@ import os
 import re
 import shlex
 import sys
+import types
 
 from faults_util import ROOT, assert_no_traceback, in_tmpfs, run, stderr_lines, train_args
 
@@ -84,3 +85,9 @@ def test_only_closed_loop_callbacks_from_native_threads_are_dropped(capsys):
     assert capsys.readouterr().err == ""
     sys.excepthook(RuntimeError, error, error.__traceback__)  # called from Python: a real error
     assert "Event loop is closed" in capsys.readouterr().err
+    # the same late call reported as unraisable (sys.unraisablehook) is a leftover too; others are not
+    from atgrpo_jax.train.checkpoint import orbax_leftover
+    late = types.SimpleNamespace(exc_value=error, exc_traceback=error.__traceback__.tb_next, object=print)
+    assert orbax_leftover(late)
+    assert not orbax_leftover(types.SimpleNamespace(exc_value=error, exc_traceback=error.__traceback__, object=print))
+    assert not orbax_leftover(types.SimpleNamespace(exc_value=ValueError("x"), exc_traceback=None, object=print))
