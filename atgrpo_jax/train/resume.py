@@ -3,7 +3,7 @@
 
 A failed restore is one line (`checkpoint N in DIR does not restore (why); trying checkpoint M`);
 orbax's other reads of that checkpoint end later in background threads, and the tracebacks they
-would print are dropped (`checkpoint.quiet_orbax_leftovers`).
+would print are dropped (`orbax_quiet.quiet_orbax_leftovers`).
 """
 from __future__ import annotations
 

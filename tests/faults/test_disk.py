@@ -72,7 +72,7 @@ def test_only_closed_loop_callbacks_from_native_threads_are_dropped(capsys):
     the same error raised by Python code is still printed."""
     import asyncio
 
-    from atgrpo_jax.train.checkpoint import quiet_orbax_leftovers
+    from atgrpo_jax.train.orbax_quiet import quiet_orbax_leftovers
 
     quiet_orbax_leftovers()
     loop = asyncio.new_event_loop()
@@ -86,7 +86,7 @@ def test_only_closed_loop_callbacks_from_native_threads_are_dropped(capsys):
     sys.excepthook(RuntimeError, error, error.__traceback__)  # called from Python: a real error
     assert "Event loop is closed" in capsys.readouterr().err
     # the same late call reported as unraisable (sys.unraisablehook) is a leftover too; others are not
-    from atgrpo_jax.train.checkpoint import orbax_leftover
+    from atgrpo_jax.train.orbax_quiet import orbax_leftover
     late = types.SimpleNamespace(exc_value=error, exc_traceback=error.__traceback__.tb_next, object=print)
     assert orbax_leftover(late)
     assert not orbax_leftover(types.SimpleNamespace(exc_value=error, exc_traceback=error.__traceback__, object=print))
