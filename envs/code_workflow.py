@@ -219,7 +219,6 @@ class CodeWorkflow:
         out = branch(state, k)
         shape = (len(grid), k)
         local = np.zeros(shape, np.float32)
-        info = {"parsed": np.zeros(shape, bool), "valid_tests": np.full(shape, np.nan, np.float32)}
         parsed_as = obj_array([""] * (shape[0] * k)).reshape(shape)
         active = [(b, j) for b in range(shape[0]) if not state["done"][b] for j in range(k)]
         is_coder = self.agents[agent].name == "coder"
@@ -229,10 +228,8 @@ class CodeWorkflow:
             kind = out["problem"][b, j].kind
             if is_coder:
                 out["code"][b, j] = extract_code_block(grid[b][j]) or ""
-                info["parsed"][b, j] = bool(out["code"][b, j])
             else:
                 out["gen_tests"][b, j] = extract_tests(kind, grid[b][j], self.max_generated_tests)
-                info["parsed"][b, j] = bool(out["gen_tests"][b, j])
         self._evaluate(out, active, run_ground_truth=is_coder)
         team = np.where(state["done"][:, None], 0.0, out["gt_pass_rate"]).astype(np.float32)
         r = self.rewards
@@ -251,13 +248,12 @@ class CodeWorkflow:
             valid = valid_tests([(out["problem"][b, j], out["gen_tests"][b, j], ok) for (b, j), ok in zip(written, known)],
                                 self.limits, self.max_workers, self.output_match)
             for (b, j), ok in zip(written, valid):
-                local[b, j] = info["valid_tests"][b, j] = float(np.mean(ok))
+                local[b, j] = float(np.mean(ok))
                 parsed_as[b, j] = f"{len(ok)} tests, {sum(ok)} valid"
             for b, j in set(active) - set(written):
                 local[b, j] = r.tester_unparsable
                 parsed_as[b, j] = "unparsed: no tests (**Test Input:** / **Test Output:** pairs or asserts)"
-        return StepOut(state=out, local_reward=local, team_reward=team, done=out["done"].copy(),
-                       success=out["gt_pass_rate"] >= 1.0, info=info, parsed_as=parsed_as)
+        return StepOut(state=out, local_reward=local, team_reward=team, parsed_as=parsed_as)
 
     def _evaluate(self, out, active, run_ground_truth: bool):
         """Run programs on the generated tests (and, for a new program, the ground truth); update the state."""

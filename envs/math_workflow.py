@@ -234,21 +234,18 @@ class MathWorkflow:
         out = branch(state, k)
         shape = (len(grid), k)
         local, team = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-        info = {"parsed": np.zeros(shape, bool), "correct": np.zeros(shape, bool), "agree": np.zeros(shape, bool),
-                "parsed_as": obj_array([""] * (shape[0] * k)).reshape(shape)}
+        parsed_as = obj_array([""] * (shape[0] * k)).reshape(shape)
         active = [(b, j) for b in range(shape[0]) if not state["done"][b] for j in range(k)]
         if agent == 0:
             for b, j in active:
                 out["turn_start"][b, j] = {f: state[f][b] for f in TEXT_FIELDS}
         if self.agents[agent].name == "reasoner":
-            self._step_reasoner(out, grid, active, turn, local, info)
+            self._step_reasoner(out, grid, active, turn, local, parsed_as)
         else:
-            self._step_tool(out, grid, active, turn, local, info)
+            self._step_tool(out, grid, active, turn, local, parsed_as)
         for b, j in active:
             team[b, j] = self.rewards.team_correct * out["reasoner_correct"][b, j]
-        parsed_as = info.pop("parsed_as")
-        return StepOut(state=out, local_reward=local, team_reward=team, done=out["done"].copy(),
-                       success=out["reasoner_correct"].copy(), info=info, parsed_as=parsed_as)
+        return StepOut(state=out, local_reward=local, team_reward=team, parsed_as=parsed_as)
 
     def _agree(self, out, b: int, j: int) -> bool:
         if self.single_agent:
@@ -256,7 +253,7 @@ class MathWorkflow:
         first, second = out["reasoner_answer"][b, j], out["tool_answer"][b, j]
         return bool(first and second and (grade(first, second) or grade(second, first)))
 
-    def _step_reasoner(self, out, grid, active, turn, local, info):
+    def _step_reasoner(self, out, grid, active, turn, local, parsed_as):
         r = self.rewards
         for b, j in active:
             answer = extract_boxed(grid[b][j]) or ""
@@ -266,11 +263,10 @@ class MathWorkflow:
             out["reasoner_correct"][b, j] = correct
             out["history"][b, j] += f"turn {turn + 1}, reasoner: {answer or '(no boxed answer)'}\n"
             local[b, j] = r.reasoner_correct * correct if answer else r.reasoner_unparsable
-            info["parsed"][b, j], info["correct"][b, j] = bool(answer), correct
-            info["agree"][b, j] = out["done"][b, j] = self._agree(out, b, j)
-            info["parsed_as"][b, j] = f"answer {answer}" if answer else "unparsed: no \\boxed{} answer"
+            out["done"][b, j] = self._agree(out, b, j)
+            parsed_as[b, j] = f"answer {answer}" if answer else "unparsed: no \\boxed{} answer"
 
-    def _step_tool(self, out, grid, active, turn, local, info):
+    def _step_tool(self, out, grid, active, turn, local, parsed_as):
         r = self.rewards
         codes = {(b, j): extract_code_block(grid[b][j]) for b, j in active}
         runnable = [key for key, code in codes.items() if code]
@@ -292,9 +288,8 @@ class MathWorkflow:
             out["tool_answer"][b, j] = answer
             out["history"][b, j] += f"turn {turn + 1}, tool agent: {answer or '(no answer)'}\n"
             local[b, j] = r.tool_correct if correct else r.tool_wrong if answer else r.tool_error
-            info["parsed"][b, j], info["correct"][b, j] = bool(answer), correct
-            info["parsed_as"][b, j] = f"printed {answer}" if answer else "unparsed: " + clip_head(output, 120)
-            info["agree"][b, j] = out["done"][b, j] = self._agree(out, b, j)
+            parsed_as[b, j] = f"printed {answer}" if answer else "unparsed: " + clip_head(output, 120)
+            out["done"][b, j] = self._agree(out, b, j)
 
 
 def make_math_workflow(single_agent: bool = False, **kwargs) -> MathWorkflow:

@@ -161,7 +161,7 @@ class PromptReward:
         if last:
             out["success"] = success
             out["done"] = success | (turn + 1 >= self.max_turns)
-        return StepOut(state=out, local_reward=scores, team_reward=scores, done=out["done"], success=out["success"],
+        return StepOut(state=out, local_reward=scores, team_reward=scores,
                        parsed_as=obj_array([f"score {s:.3g}" for s in scores.ravel()]).reshape(batch, k))
 
 

@@ -35,12 +35,11 @@ class StepOut:
     state: Any  # branched state: every leaf has leading axes [B, K]
     local_reward: np.ndarray  # [B, K] float32, the acting agent's own reward
     team_reward: np.ndarray  # [B, K] float32, the shared (environment) reward
-    done: np.ndarray  # [B, K] bool, the task ended on this branch
-    success: np.ndarray  # [B, K] bool
-    info: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # [B, K] each
     # [B, K] object str: what the environment read from each response (the action), or why nothing
     # parsed; shown in episode logs. None: the workflow does not say.
     parsed_as: np.ndarray | None = None
+    # Whether a branch ended or succeeded is read from its state (`done(out.state)`,
+    # `success(out.state)`): one place for each fact.
 
 
 @dataclasses.dataclass(frozen=True)

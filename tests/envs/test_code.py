@@ -122,9 +122,10 @@ def test_coder_rewards_are_pass_rates():
                                 [_block(PARTIAL), _block(ADD), _block("while True: pass"), "```python\n"]])
     total = out.local_reward + out.team_reward
     np.testing.assert_array_equal(total, [[2, 0, 0, 0], [1, 2, 0, 0]])
-    np.testing.assert_array_equal(out.success, [[True, False, False, False], [False, True, False, False]])
-    np.testing.assert_array_equal(out.info["parsed"], [[True, True, False, True], [True, True, True, False]])
-    assert not out.done.any()  # no generated tests yet
+    np.testing.assert_array_equal(wf.success(out.state), [[True, False, False, False], [False, True, False, False]])
+    np.testing.assert_array_equal(~np.char.startswith(out.parsed_as.astype(str), "unparsed"),
+                                  [[True, True, False, True], [True, True, True, False]])
+    assert not wf.done(out.state).any()  # no generated tests yet
     for name, leaf in out.state.items():
         assert leaf.shape[:2] == (2, 4), name
     assert out.local_reward.dtype == out.team_reward.dtype == np.float32
@@ -163,7 +164,7 @@ def test_function_problems_with_reference_solutions():
     out = wf.step(state, 0, 0, [[_block(problem.solutions[0]), _block(f"def {name}(*a):\n    return None\n")],
                                 ["no code", _block(problem.solutions[0])]])
     np.testing.assert_array_equal(out.local_reward, [[1.0, 0.0], [0.0, 1.0]])
-    assert out.success[0, 0] and not out.success[0, 1]
+    assert wf.success(out.state)[0, 0] and not wf.success(out.state)[0, 1]
     state = take_branch(out.state, np.array([1, 0]))  # a wrong program, and no program
     right, wrong = problem.tests[0], problem.tests[0].rsplit("==", 1)[0] + "== 'definitely wrong'"
     out = wf.step(state, 1, 0, [[f"```python\n{right}\n```", f"```python\n{wrong}\n{right}\n```"],
@@ -174,7 +175,7 @@ def test_function_problems_with_reference_solutions():
     humaneval = _workflow().reset([0], "humaneval")
     h = humaneval["problem"][0]
     out = _workflow().step(humaneval, 0, 0, [[_block(h.solutions[0]), _block("def f(): pass")]])
-    np.testing.assert_array_equal(out.success, [[True, False]])
+    np.testing.assert_array_equal(wf.success(out.state), [[True, False]])
 
 
 def test_tester_rewards_termination_and_what_the_coder_sees_next():
@@ -187,7 +188,7 @@ def test_tester_rewards_termination_and_what_the_coder_sees_next():
     out = wf.step(state, 1, 0, [[_tests_text(good), _tests_text(bad), "I have no tests", ""]])
     np.testing.assert_array_equal(out.local_reward[0, 2:], [-1.0, -1.0])  # (validity: the previous test)
     np.testing.assert_array_equal(out.team_reward, [[1.0] * 4])
-    np.testing.assert_array_equal(out.done, [[True, False, False, False]])
+    np.testing.assert_array_equal(wf.done(out.state), [[True, False, False, False]])
     assert out.state["gen_tests"][0, 0] == tuple(good)
     # Continue from the branch with a wrong test: the coder's prompt shows that mismatch.
     chosen = take_branch(out.state, np.array([1]))
@@ -197,8 +198,8 @@ def test_tester_rewards_termination_and_what_the_coder_sees_next():
     # The coder "fixes" its program to satisfy the wrong test: the episode ends, unsuccessfully.
     wrong_fix = ADD.replace("print(a + b)", "print(a + b + 1)")
     out = wf.step(chosen, 0, 1, [[_block(wrong_fix), _block(ADD)]])
-    np.testing.assert_array_equal(out.done, [[True, False]])
-    np.testing.assert_array_equal(out.success, [[False, True]])
+    np.testing.assert_array_equal(wf.done(out.state), [[True, False]])
+    np.testing.assert_array_equal(wf.success(out.state), [[False, True]])
 
 
 def test_single_agent_variant_and_factory():
@@ -208,7 +209,7 @@ def test_single_agent_variant_and_factory():
     started = time.perf_counter()
     out = wf.step(state, 0, 0, [[_block(ADD), "thinking...", _block("print(input())")]])
     assert time.perf_counter() - started < 10
-    np.testing.assert_array_equal(out.done, [[True, False, True]])
+    np.testing.assert_array_equal(wf.done(out.state), [[True, False, True]])
     np.testing.assert_array_equal(out.local_reward + out.team_reward, [[2, 0, 0]])
     state = take_branch(out.state, np.array([1]))
     assert "no ```python block" in wf.prompts(state, 0, 1)[0][1]["content"]

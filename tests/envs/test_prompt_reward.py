@@ -27,20 +27,20 @@ def test_one_turn_scores_every_response_and_ends(data):
     state = wf.reset([0, 1], "test")
     assert wf.prompts(state, 0, 0)[1] == [{"role": "system", "content": "Add."}, {"role": "user", "content": "3+4="}]
     out = wf.step(state, 0, 0, [["3", "4"], ["7 ", "x"]])
-    assert out.local_reward.tolist() == [[1, 0], [1, 0]] and out.success.tolist() == [[True, False], [True, False]]
-    assert out.done.all() and out.parsed_as[0, 1] == "score 0"
+    assert out.local_reward.tolist() == [[1, 0], [1, 0]] and wf.success(out.state).tolist() == [[True, False], [True, False]]
+    assert wf.done(out.state).all() and out.parsed_as[0, 1] == "score 0"
 
 
 def test_more_turns_show_the_answer_and_the_feedback(data):
     wf = make_workflow("prompt_reward", reward_fn="prompt_reward_fns:with_feedback", max_turns=2, **data)
     state = wf.reset([2], "train")
     out = wf.step(state, 0, 0, [["4", "5"]])
-    assert out.done.tolist() == [[False, True]]  # the right answer ends the episode at once
+    assert wf.done(out.state).tolist() == [[False, True]]  # the right answer ends the episode at once
     state = take_branch(out.state, np.array([0]))
     assert wf.prompts(state, 0, 1)[0] == [{"role": "user", "content": "5+0="}, {"role": "assistant", "content": "4"},
                                           {"role": "user", "content": "no, not 4"}]
     out = wf.step(state, 0, 1, [["6", "7"]])
-    assert out.done.all() and not out.success.any()  # the last turn ends it either way
+    assert wf.done(out.state).all() and not wf.success(out.state).any()  # the last turn ends it either way
 
 
 @pytest.mark.parametrize("fn, message", [
@@ -79,11 +79,11 @@ def test_the_readme_two_role_example(data, tmp_path, monkeypatch):
     assert isinstance(wf, PromptReward) and [a.name for a in wf.agents] == ["solver", "checker"]
     state = wf.reset([1], "test")
     out = wf.step(state, 0, 0, [["8", "7"]])
-    assert not out.done.any() and out.local_reward.tolist() == [[0, 1]]  # the solver does not end a turn
+    assert not wf.done(out.state).any() and out.local_reward.tolist() == [[0, 1]]  # the solver does not end a turn
     state = take_branch(out.state, np.array([1]))
     assert "7" in wf.prompts(state, 1, 0)[0][-1]["content"]  # the checker sees the solver's answer
     out = wf.step(state, 1, 0, [["7", "6"]])
-    assert out.done.all() and out.success.tolist() == [[True, False]]
+    assert wf.done(out.state).all() and wf.success(out.state).tolist() == [[True, False]]
     assert [a.name for a in make_workflow("checked:make_workflow", single_agent=True,
                                           reward_fn="prompt_reward_fns:exact", **data).agents] == ["solver"]
 
@@ -113,4 +113,4 @@ def test_a_parquet_source_with_mapped_fields(data, tmp_path):
                        test_path=str(tmp_path / "t.parquet"), fields={"prompt": "question"})
     state = wf.reset([1], "train")
     assert wf.prompts(state, 0, 0) == [[{"role": "user", "content": "1+0="}]]
-    assert wf.step(state, 0, 0, [["1", "0"]]).success.tolist() == [[True, False]]
+    assert wf.success(wf.step(state, 0, 0, [["1", "0"]]).state).tolist() == [[True, False]]
