@@ -12,7 +12,7 @@ A name is one of:
 A factory is called as `factory(single_agent=..., **config.env.kwargs)` and returns an
 object with the `Workflow` protocol of envs/workflow.py; `single_agent` picks its
 one-agent variant (grid workflows: `env.kwargs.alone=ROLE` picks the one that trains that
-role alone, grid_workflows.SINGLE).
+role alone, grid_roles.SINGLE).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _prompt_reward(single_agent: bool = False, **kwargs):
 
 def _single(kind: str, single_agent: bool, alone: str) -> str:
     """The grid kind to build: `kind`, or with single_agent its variant that trains role `alone`."""
-    from atgrpo_jax.envs.grid_workflows import single_kind
+    from atgrpo_jax.envs.grid_roles import single_kind
 
     if alone and not single_agent:
         raise ValueError(f"env.kwargs.alone={alone!r} trains one role in its single-agent environment: "

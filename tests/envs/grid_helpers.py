@@ -1,6 +1,8 @@
 """Shared helpers of the grid-game tests: batched reset/step and reference replay."""
 from __future__ import annotations
 
+import string
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,3 +46,42 @@ def compare_with_reference(module, ref_cls, params, states, actions, step_fn=Non
         assert bool(np.asarray(done)[i]) == ref.done and bool(np.asarray(info["success"])[i]) == ref.success
         successes += ref.success
     return successes
+
+
+# Hostile plan answers and what actions_from_answer makes of them (None: nothing parses).
+HOSTILE = {
+    "empty": "",
+    "huge": "x" * 1_000_000,
+    "huge_then_answer": "y" * 1_000_000 + '\n#### ["R"]',
+    "unicode": "ünïcødé ☃ 🚀 \u202e\n#### [\"Ｕ\"]",
+    "unbalanced": '#### ["U", "R"',
+    "unbalanced_code": "```python\nprint(1)\n#### [\"U\"]",
+    "several": '#### ["U"]\nthinking again...\n#### ["R", "R"]',
+    "injected_in_code": '#### ["D"]\n```python\n#### ["L", "L"]\n```',
+    "only_in_code": '```python\n#### ["L"]\n```',
+    "empty_list": "#### []",
+    "nested": "#### " + "[" * 3000 + "]" * 3000,
+    "not_moves": '#### ["jump", 3, null]',
+    "nul_bytes": '\x00\x00#### ["U"]\x00',
+}
+EXPECTED = {
+    "empty": None, "huge": None, "huge_then_answer": [3], "unicode": [grid.INVALID],
+    "unbalanced": None, "unbalanced_code": None, "several": [3, 3], "injected_in_code": [1],
+    "only_in_code": None, "empty_list": None, "nested": None,
+    "not_moves": [grid.INVALID] * 3, "nul_bytes": None,
+}
+
+
+def fuzz_strings(n, seed):
+    """n random answers: pieces of the formats the parsers look for, or random characters."""
+    rng = np.random.default_rng(seed)
+    pieces = ["####", "[", "]", '"U"', "'R'", ",", "```", "```python\n", "\n", "**Actions List**:", "UDLR",
+              "D", "[[0, 1, 2]]", "\\", "{", "}", "null", "1e309", "☃", "\x00", " ", "0123", "(", ")"]
+    alphabet = list(string.printable) + ["é", "中", "🚀", "\u202e"]
+    out = []
+    for _ in range(n):
+        if rng.random() < 0.5:
+            out.append("".join(rng.choice(pieces, size=rng.integers(0, 30))))
+        else:
+            out.append("".join(rng.choice(alphabet, size=rng.integers(0, 200))))
+    return out

@@ -1,13 +1,17 @@
-"""Grid workflows: parsing of hostile output, rewards, branch flow, the demo's difficulty."""
+"""Grid workflows: hostile answers stepped, rewards, branch flow, the demo's difficulty (parsers: test_grid_roles)."""
+import os
 import string
+import sys
 
 import jax
 import numpy as np
 import pytest
 
 from atgrpo_jax.envs import grid, grid_workflows as gw, plan_path, reference_steppers, solvers
-from atgrpo_jax.envs.games import make_game
 from atgrpo_jax.envs.workflow import take_branch
+
+sys.path.insert(0, os.path.dirname(__file__))  # grid_helpers (importlib import mode)
+from grid_helpers import EXPECTED, HOSTILE, fuzz_strings  # noqa: E402
 
 PLAN_PENALTY, FORMAT_PENALTY = -2.0, -1.0
 DEMO_BK, SOLVER_BK = (3, 4), (2, 13)  # one compiled step per workflow across tests
@@ -41,35 +45,6 @@ def _reference_reward(env, b, actions, params):
     return sum(ref.step_many(actions)), ref
 
 
-HOSTILE = {
-    "empty": "",
-    "huge": "x" * 1_000_000,
-    "huge_then_answer": "y" * 1_000_000 + '\n#### ["R"]',
-    "unicode": "ünïcødé ☃ 🚀 \u202e\n#### [\"Ｕ\"]",
-    "unbalanced": '#### ["U", "R"',
-    "unbalanced_code": "```python\nprint(1)\n#### [\"U\"]",
-    "several": '#### ["U"]\nthinking again...\n#### ["R", "R"]',
-    "injected_in_code": '#### ["D"]\n```python\n#### ["L", "L"]\n```',
-    "only_in_code": '```python\n#### ["L"]\n```',
-    "empty_list": "#### []",
-    "nested": "#### " + "[" * 3000 + "]" * 3000,
-    "not_moves": '#### ["jump", 3, null]',
-    "nul_bytes": '\x00\x00#### ["U"]\x00',
-}
-EXPECTED = {
-    "empty": None, "huge": None, "huge_then_answer": [3], "unicode": [grid.INVALID],
-    "unbalanced": None, "unbalanced_code": None, "several": [3, 3], "injected_in_code": [1],
-    "only_in_code": None, "empty_list": None, "nested": None,
-    "not_moves": [grid.INVALID] * 3, "nul_bytes": None,
-}
-
-
-def test_hostile_plan_answers_parse_as_documented(solver_wf):
-    game = solver_wf.game
-    for name, text in HOSTILE.items():
-        assert gw.actions_from_answer(text, game) == EXPECTED[name], name
-
-
 def test_hostile_answers_step_with_documented_penalty(solver_wf):
     names = list(HOSTILE)
     state = solver_wf.reset([11, 12], "train")
@@ -85,36 +60,9 @@ def test_hostile_answers_step_with_documented_penalty(solver_wf):
                 assert out.local_reward[b, j] == pytest.approx(expected, abs=1e-5), name  # 2r in all
 
 
-def _fuzz_strings(n, seed):
-    rng = np.random.default_rng(seed)
-    pieces = ["####", "[", "]", '"U"', "'R'", ",", "```", "```python\n", "\n", "**Actions List**:", "UDLR",
-              "D", "[[0, 1, 2]]", "\\", "{", "}", "null", "1e309", "☃", "\x00", " ", "0123", "(", ")"]
-    alphabet = list(string.printable) + ["é", "中", "🚀", "\u202e"]
-    out = []
-    for _ in range(n):
-        if rng.random() < 0.5:
-            out.append("".join(rng.choice(pieces, size=rng.integers(0, 30))))
-        else:
-            out.append("".join(rng.choice(alphabet, size=rng.integers(0, 200))))
-    return out
-
-
-def test_fuzz_parsers_never_raise():
-    from atgrpo_jax.envs.parsers import extract_code_block
-
-    games = [make_game(name) for name in ("plan_path", "sokoban", "sudoku")]
-    texts = _fuzz_strings(3000, seed=0)
-    for text in texts:
-        extract_code_block(text)
-        for game in games:
-            for parsed in (gw.actions_from_answer(text, game), gw.actions_from_output(text, game),
-                           game.parse_direct(text, 4), game.parse_list(text)):
-                assert parsed is None or (isinstance(parsed, list) and all(isinstance(a, int) for a in parsed))
-
-
 def test_fuzz_through_workflow_steps(demo, demo_levels, solver_wf):
     """Fuzz answers through real steps, in the [B, K] shapes the other tests compile."""
-    texts = _fuzz_strings(600, seed=1)
+    texts = fuzz_strings(600, seed=1)
     for wf, agent, (b, k) in ((demo, 0, DEMO_BK), (demo, 1, DEMO_BK), (solver_wf, 0, SOLVER_BK)):
         state = _first(demo_levels, b) if wf is demo else wf.reset(range(b), "train")
         penalty = FORMAT_PENALTY if wf is demo else PLAN_PENALTY
@@ -122,7 +70,7 @@ def test_fuzz_through_workflow_steps(demo, demo_levels, solver_wf):
             batch = np.array(texts[start:start + b * k], dtype=object).reshape(b, k).tolist()
             out = wf.step(state, agent, 0, batch)
             assert out.local_reward.shape == (b, k) and np.isfinite(out.local_reward).all()
-            assert np.all((out.local_reward == penalty) == ~out.info["parsed"])
+            assert np.all((out.local_reward == penalty) == np.char.startswith(out.parsed_as.astype(str), "unparsed"))
 
 
 def test_direct_flow_shapes_selection_and_prompts(demo, demo_levels):
@@ -204,7 +152,7 @@ def test_sudoku_answers():
     full = "#### " + str(s.solution.tolist())
     triples = "#### " + str([[r, c, int(s.solution[r, c])] for r, c in empty])
     out = solver.step(state, 0, 0, [[full, triples, "#### [[9, 9, 9]]", "", ""]])  # same K: one compile
-    assert np.all(out.success[0, :2]) and not out.success[0, 2]
+    assert np.all(solver.success(out.state)[0, :2]) and not solver.success(out.state)[0, 2]
     assert out.team_reward[0, 2] == pytest.approx(-0.1)
 
 
@@ -247,14 +195,14 @@ def test_tool_then_plan_with_sandbox(solver_wf):
     expected, ref = _reference_reward(state.env, 0, path, wf.game.params)
     assert ref.success and out.local_reward[0, 0] == pytest.approx(expected, abs=1e-5)
     assert np.all(out.local_reward[0, 1:] == -2.0) and np.all(out.local_reward[1] == -2.0)
-    assert np.all(out.team_reward == 0) and not out.done.any()  # the tool agent only simulates
+    assert np.all(out.team_reward == 0) and not wf.done(out.state).any()  # the tool agent only simulates
     state = take_branch(out.state, np.array([0, 0]))
     plan_prompt = wf.prompts(state, 1, 0)[0][1]["content"]
     assert "sys.stdin.read()" in plan_prompt and "Actions parsed from it: [" in plan_prompt
     assert "no Python code block" in wf.prompts(state, 1, 0)[1][1]["content"]
     answer = "The tool agent is right.\n#### " + str([grid.LETTERS[m] for m in path])
     out = wf.step(state, 1, 0, [[answer] + ["I give up"] * (k - 1)] * b)
-    assert out.done[0, 0] and out.success[0, 0] and not out.done[0, 1]
+    assert wf.done(out.state)[0, 0] and wf.success(out.state)[0, 0] and not wf.done(out.state)[0, 1]
     assert out.local_reward[0, 0] == pytest.approx(expected, abs=1e-5)
     assert out.team_reward[0, 0] == pytest.approx(expected, abs=1e-5)
     assert out.local_reward[0, 1] == -2.0
@@ -295,7 +243,7 @@ def test_a_new_game_is_one_module_and_one_registry_line(corridor):
         direct = wf.roles[-1].answer == "direct"
         right, bump = ("RRRR", "U") if direct else ('#### ["R", "R", "R", "R"]', '#### ["U"]')
         out = wf.step(state, len(roles) - 1, 0, [[right, bump]] * 3)  # 4 moves right reach the end
-        assert out.success[:, 0].all() and not out.success[:, 1].any()
+        assert wf.success(out.state)[:, 0].all() and not wf.success(out.state)[:, 1].any()
         assert (out.team_reward[:, 0] > 0.9).all() and (out.team_reward[:, 1] < 0).all()
 
 
@@ -390,7 +338,7 @@ def test_a_role_alone_in_its_single_agent_environment(solver_wf):
     level = grid.unstack_state(state.env, 0)
     expected, ref = _reference_reward(state.env, 0, solvers.plan_path_shortest(level.walls, level.pos, level.goal),
                                       wf.game.params)
-    assert out.done[0, 0] and out.success[0, 0] and ref.success
+    assert wf.done(out.state)[0, 0] and wf.success(out.state)[0, 0] and ref.success
     assert out.local_reward[0, 0] == pytest.approx(expected, abs=1e-5) == out.team_reward[0, 0]
     assert np.all(out.local_reward[:, 1:] == -2.0)
     planner = make_workflow("plan_path_demo", single_agent=True, alone="planner")
