@@ -207,7 +207,8 @@ def main(f, overrides=()):
 
 def check_push(repo: str | None) -> None:
     """--push_to_hub that cannot work: one line, before any work."""
-    from atgrpo_jax.models.hub import is_repo_id, offline
+    from atgrpo_jax.hub import offline
+    from atgrpo_jax.models.hub import is_repo_id
 
     if not repo:
         return

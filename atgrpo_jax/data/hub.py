@@ -1,7 +1,7 @@
 """Hugging Face hub data sets: `hf:org/name[@revision][:config][:split]`.
 
-Files come through `huggingface_hub` into the standard cache (`$HF_HUB_CACHE`, else
-`$HF_HOME/hub`, else ~/.cache/huggingface/hub, laid out `datasets--org--name/snapshots/REV/...`):
+Files come through `huggingface_hub` into the standard cache (atgrpo_jax/hub.py: `$HF_HUB_CACHE`,
+else `$HF_HOME/hub`, else ~/.cache/huggingface/hub, laid out `datasets--org--name/snapshots/REV/...`):
 downloaded when the hub can be reached, read from the cache when it cannot or when
 `HF_HUB_OFFLINE=1`; a data set in neither place is one error naming what to download.
 
@@ -17,6 +17,7 @@ import fnmatch
 import os
 import re
 
+from atgrpo_jax import hub
 from atgrpo_jax.data.readers import TABLE_EXTENSIONS, DataError, read_file
 
 @dataclasses.dataclass(frozen=True)
@@ -39,39 +40,13 @@ def parse_hf(source: str) -> HfSpec:
     return HfSpec(name, revision or None, config, split)
 
 
-def cache_dir() -> str:
-    """The hub cache, read from the environment now (huggingface_hub reads it once, at import)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.path.expanduser(os.environ["HF_HUB_CACHE"])
-    return os.path.join(os.path.expanduser(os.environ.get("HF_HOME", "~/.cache/huggingface")), "hub")
-
-
-def offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def snapshot(repo: str, patterns: list[str], revision: str | None = None, what: str = "") -> str:
-    """A local snapshot directory of dataset `repo` holding (at least) the files matching `patterns`."""
+def snapshot(repo: str, patterns: list[str], revision: str | None = None, command: str | None = None) -> str:
+    """A local snapshot directory of dataset `repo` holding (at least) the files matching `patterns`;
+    `command` is what to run where it is missing (by default the huggingface-cli download)."""
     try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-    except ImportError:
-        raise DataError('reading hub data sets needs huggingface_hub: pip install -e ".[data]"') from None
-    cache = cache_dir()
-    fetch = f"huggingface-cli download --repo-type dataset {repo}" + (f" --revision {revision}" if revision else "")
-    try:
-        return snapshot_download(repo, repo_type="dataset", revision=revision, allow_patterns=patterns,
-                                 cache_dir=cache, local_files_only=offline())
-    except RepositoryNotFoundError:
-        raise DataError(f"no data set {repo!r} on the Hugging Face hub (private or gated ones need "
-                        "`huggingface-cli login`)") from None
-    except LocalEntryNotFoundError:
-        why = "HF_HUB_OFFLINE is set" if offline() else "the hub cannot be reached"
-        how = f"`{what}`" if what else f"`{fetch}`"
-        raise DataError(f"{repo} is not in the Hugging Face cache {cache} and {why}: run {how} where the machine is "
-                        "online (and copy the cache or the result here)") from None
-    except (HfHubHTTPError, OSError) as e:
-        raise DataError(f"{repo}: download failed ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        return hub.snapshot(repo, patterns, revision, repo_type="dataset", command=command)
+    except hub.HubError as e:
+        raise DataError(f"{repo}: {e}") from None
 
 
 def local_files(root: str, patterns: list[str]) -> list[str]:

@@ -32,7 +32,7 @@ def prepare(name: str, out: str = "", revision: str | None = None, limit: int | 
     if name not in PAPER_SETS:
         raise DataError(f"unknown data set {name!r}; prepare one of {', '.join(PAPER_SETS)}")
     spec, out = PAPER_SETS[name], data_dir(out)
-    root = snapshot(spec.repo, list(spec.patterns), revision, what=prepare_command(name, out))
+    root = snapshot(spec.repo, list(spec.patterns), revision, command=prepare_command(name, out))
     files = local_files(root, list(spec.patterns))
     if not files:
         raise DataError(f"{spec.repo}: the snapshot {root} has no file matching {', '.join(spec.patterns)}")

@@ -2,9 +2,9 @@
 
 `local_model_dir(spec)` returns a local directory for `spec`: an existing directory (or a gs://
 URL) as it is; a hub id through `huggingface_hub.snapshot_download` into the standard cache
-(`HF_HUB_CACHE`, by default ~/.cache/huggingface/hub), the weights, config and tokenizer files only.
-Offline (`HF_HUB_OFFLINE=1`) the cache must hold the revision already; otherwise the error is one
-line saying what to download. Anything else is returned unchanged (a missing directory is then
+(`HF_HUB_CACHE`, by default ~/.cache/huggingface/hub), the weights, config and tokenizer files only
+(atgrpo_jax/hub.py). Offline (`HF_HUB_OFFLINE=1`) the cache must hold the revision already; otherwise
+the error is one line saying what to download. Anything else is returned unchanged (a missing directory is then
 reported by whoever reads it).
 """
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import os
 import re
+
+from atgrpo_jax import hub
 
 
 class CheckpointError(ValueError):
@@ -39,42 +41,21 @@ def is_repo_id(name: str) -> bool:
     return bool(_HUB_ID.match(str(name))) and "@" not in str(name)
 
 
-def offline() -> bool:
-    from huggingface_hub import constants
-    return bool(constants.HF_HUB_OFFLINE)
-
-
 def local_model_dir(spec: str, what: str = "model.hf_path") -> str:
     """A local directory for `spec` (see the module docstring); errors are CheckpointError naming `what`."""
     parsed = parse_hub_id(spec)
     if parsed is None:
         return spec
-    from huggingface_hub import constants
-    return _download(parsed[0], parsed[1], constants.HF_HUB_CACHE, offline(), what)
+    return _download(parsed[0], parsed[1], hub.cache_dir(), hub.offline(), what)
 
 
 @functools.lru_cache(maxsize=None)  # one look-up per process and model, however many callers
 def _download(repo: str, revision: str | None, cache_dir: str, is_offline: bool, what: str) -> str:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
-
     spec = repo + (f"@{revision}" if revision else "")
-    command = f"huggingface-cli download {repo}" + (f" --revision {revision}" if revision else "")
     try:
-        path = snapshot_download(repo, revision=revision, cache_dir=cache_dir, allow_patterns=list(PATTERNS),
-                                 local_files_only=is_offline)
-    except (RepositoryNotFoundError, RevisionNotFoundError) as e:
-        raise CheckpointError(f"{what}={spec!r}: {type(e).__name__} on the Hugging Face Hub (a private or gated "
-                              "repository needs `huggingface-cli login`)") from None
-    except (LocalEntryNotFoundError, FileNotFoundError):
-        why = "HF_HUB_OFFLINE=1 and it is not in the cache" if is_offline else "the Hub cannot be reached and it " \
-              "is not in the cache"
-        raise CheckpointError(f"{what}={spec!r}: no such directory, and as a hub id: {why} ({cache_dir}); "
-                              f"download it first on a machine with internet: `{command}` (same HF_HUB_CACHE), "
-                              "or give an existing directory") from None
-    except HfHubHTTPError as e:
-        raise CheckpointError(f"{what}={spec!r}: the Hugging Face Hub refused: {str(e).splitlines()[0]}") from None
+        path = hub.snapshot(repo, list(PATTERNS), revision)
+    except hub.HubError as e:
+        raise CheckpointError(f"{what}={spec!r}: no such directory, and as a hub id: {e}") from None
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise CheckpointError(f"{what}={spec!r}: {path} has no config.json: not a Hugging Face model checkpoint")
     return path

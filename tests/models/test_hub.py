@@ -3,7 +3,6 @@ import os
 
 import numpy as np
 import pytest
-from huggingface_hub import constants
 
 from atgrpo_jax.models.hf_io import CheckpointError
 from atgrpo_jax.models.hub import local_model_dir, parse_hub_id
@@ -28,8 +27,8 @@ def hub_cache(tmp_path_factory):
 
 @pytest.fixture
 def offline_cache(hub_cache, monkeypatch):
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache[0]))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache[0]))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return hub_cache
 
 
@@ -86,8 +85,8 @@ def test_evaluate_hf_path_offline_fails_in_one_line(offline_cache, tmp_path, cap
         evaluate.main(flags)
     lines = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith(
-        "error: --hf_path='tiny-org/not-downloaded': no such directory, and as a hub id: HF_HUB_OFFLINE=1")
-    assert "huggingface-cli download tiny-org/not-downloaded" in lines[0]
+        "error: --hf_path='tiny-org/not-downloaded': no such directory, and as a hub id: not in the Hugging Face cache")
+    assert "HF_HUB_OFFLINE=1: run `huggingface-cli download tiny-org/not-downloaded`" in lines[0]
 
 
 def test_load_pretrained_takes_a_hub_id(offline_cache):
