@@ -224,63 +224,38 @@ def test_kl_reference_starts_at_zero_and_stays_small():
     assert np.isfinite(second["kl_ref"]) and second["kl_ref"] > first["kl_ref"]
 
 
-def test_old_logprobs_are_of_the_distribution_sampled_from():
-    """At temperature 0.7 and top-p 0.9 the trainer's old log-probs equal the sampler's (the importance
-    ratio starts at 1); scored at temperature 1 over the whole vocabulary, as before, they did not."""
-    from atgrpo_jax.rollout.tree import tree_rollout
-    from atgrpo_jax.train import batch as batch_mod
-    from atgrpo_jax.train.step import finish_update, packed_minibatches, sample_fn_for, start_update
-
-    config = tiny_config()
-    config.rollout.update(temperature=0.7, top_p=0.9)
-    config.rollout.agents = {"executor": {"temperature": 1.3}}  # per agent: another temperature
-    run = build_run(config)
-    assert [s.temperature for s in run.sampling] == [0.7, 1.3]
-    samples, _ = tree_rollout(run.workflow, sample_fn_for(run, None, 3), run.encode, [11, 12, 13], "train", k=K,
-                              max_turns=2, alpha=1.0, key=jax.random.key(7))
-    keep = samples.mask.any(1)
-    batch = batch_mod.policy_batch(samples, np.zeros(samples.reward.shape, np.float32), keep,
-                                   run.policy_of_agent, 0, config.optim.mini_batch_size, np.random.default_rng(0),
-                                   np.array([1 / 0.7, 1 / 1.3], np.float32), np.array([0.9, 0.9], np.float32))
-    policy = run.policies[0]
-    for mb in packed_minibatches(run, policy, batch):
-        scored, ones = mb.packed.scored, np.ones(mb.packed.scored.shape, np.float32)
-        exact = np.asarray(policy.logprobs(mb.packed.placed()))
-        plain = np.asarray(policy.logprobs(mb.packed._replace(inv_temp=ones, top_p=ones).placed()))  # T 1, no top-p
-        assert np.abs(exact - mb.sampler_logp)[scored].max() < 1e-4
-        assert np.abs(plain - mb.sampler_logp)[scored].mean() > 0.05
-    assert finish_update(start_update(run, policy, batch))["logprob_gap"] < 1e-4
-
-
 def test_old_logprobs_include_the_repetition_penalty():
     """The reference's training sampling (T=1.5, top-p 0.9, top-k 20, repetition penalty 1.2; another
-    penalty for one agent): the update scores each token under the penalty of the ids its prompt and
-    its own response had shown, so the trainer's old log-probs equal the sampler's; without the
-    penalty they do not."""
+    temperature and penalty for one agent): the update scores each token at its agent's temperature,
+    under the penalty of the ids its prompt and its own response had shown, so the trainer's old
+    log-probs equal the sampler's (the importance ratio starts at 1); without the penalty, or scored at
+    temperature 1 without top-p (as once), they do not."""
     from atgrpo_jax.rollout.tree import tree_rollout
     from atgrpo_jax.train import batch as batch_mod
     from atgrpo_jax.train.step import finish_update, packed_minibatches, penalties, sample_fn_for, start_update
 
     config = tiny_config()
     config.rollout.update(temperature=1.5, top_p=0.9, top_k=20, repetition_penalty=1.2, max_new_tokens=8)
-    config.rollout.agents = {"executor": {"repetition_penalty": 1.5}}
+    config.rollout.agents = {"executor": {"repetition_penalty": 1.5, "temperature": 1.3}}
     run = build_run(config)
-    assert list(penalties(run)) == [np.float32(1.2), 1.5]
+    assert list(penalties(run)) == [np.float32(1.2), 1.5] and [s.temperature for s in run.sampling] == [1.5, 1.3]
     samples, _ = tree_rollout(run.workflow, sample_fn_for(run, None, 3), run.encode, [11, 12, 13], "train", k=K,
                               max_turns=2, alpha=1.0, key=jax.random.key(7))
     batch = batch_mod.policy_batch(samples, np.zeros(samples.reward.shape, np.float32), samples.mask.any(1),
                                    run.policy_of_agent, 0, config.optim.mini_batch_size, np.random.default_rng(0),
-                                   np.full(2, 1 / 1.5, np.float32), np.full(2, 0.9, np.float32), penalties(run))
+                                   np.array([1 / 1.5, 1 / 1.3], np.float32), np.full(2, 0.9, np.float32), penalties(run))
     policy = run.policies[0]
     shared = 0
     for mb in packed_minibatches(run, policy, batch):
         scored, sample_row = mb.packed.scored, mb.packed.sample_row
         shared += int((np.bincount(sample_row[sample_row >= 0]) > 1).sum())
         exact = np.asarray(policy.logprobs(mb.packed.placed()))
-        unpenalized = np.asarray(policy.logprobs(mb.packed._replace(penalty=None, sample=None,
-                                                                    sample_row=None).placed()))
+        unpenalized = mb.packed._replace(penalty=None, sample=None, sample_row=None)
+        ones = np.ones(scored.shape, np.float32)
+        plain = unpenalized._replace(inv_temp=ones, top_p=ones)  # temperature 1, no top-p (top-k is compiled in)
         assert np.abs(exact - mb.sampler_logp)[scored].max() < 1e-4
-        assert np.abs(unpenalized - mb.sampler_logp)[scored].mean() > 0.01
+        assert np.abs(np.asarray(policy.logprobs(unpenalized.placed())) - mb.sampler_logp)[scored].mean() > 0.01
+        assert np.abs(np.asarray(policy.logprobs(plain.placed())) - mb.sampler_logp)[scored].mean() > 0.05
     assert shared > 0  # rows held several samples of one prompt: each saw its own response only
     assert finish_update(start_update(run, policy, batch))["logprob_gap"] < 1e-4
 
