@@ -57,7 +57,7 @@ def parse_policies(items) -> dict[str, tuple[str, str | None, int | None]]:
 
 def load_policies_from(run, sources: dict) -> None:
     """Replace the policy acting for each agent of `sources` by one restored from another run."""
-    from atgrpo_jax.train.checkpoint import Checkpointer
+    from atgrpo_jax.train.checkpoint import Checkpointer, short_cause
     from atgrpo_jax.train.step import policy_states
 
     names = [a.name for a in run.workflow.agents]
@@ -74,9 +74,10 @@ def load_policies_from(run, sources: dict) -> None:
             raise cli.UsageError(f"--policies: {workdir} has no policy {name!r} ({saved})")
         try:  # each read as this agent's policy is: the same model and optimizer
             states, _ = ckpt.restore(step, target={n: policy_states(run)[mine.name] for n in saved})
-        except ValueError as e:
-            raise cli.UsageError(f"--policies: {workdir}'s policies are not shaped like {agent!r}'s: "
-                                 f"{str(e).splitlines()[0][:200]}") from None
+        except Exception as e:  # noqa: BLE001 - another model's shapes, or damaged files: the cause says which
+            at = "its latest checkpoint" if step is None else f"its checkpoint {step}"
+            raise cli.UsageError(f"--policies: {workdir}: {at} does not restore as {agent!r}'s policy "
+                                 f"({short_cause(e)})") from None
         mine.load(states[name])
 
 

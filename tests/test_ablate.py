@@ -2,11 +2,14 @@
 import importlib.util
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
 import pytest
 from tiers import FULL
+
+from atgrpo_jax import cli
 
 CONFIG = os.path.join(os.path.dirname(__file__), "train", "tiny_config.py")
 
@@ -70,6 +73,17 @@ def test_a_role_trained_alone_leaves_the_other_as_it_was_and_policies_can_be_swa
     assert all(np.array_equal(a, b) for a, b in zip(leaves(swapped.policies[1]), leaves(planner)))
     with pytest.raises(Exception, match="is not AGENT=WORKDIR"):
         parse_policies(["planner"])
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tmp_path / "executor_alone", damaged)
+    steps = sorted(int(d) for d in os.listdir(damaged / "checkpoints") if d.isdigit())
+    files = [os.path.join(root, f) for root, _, names in os.walk(damaged / "checkpoints" / str(steps[-1]) / "state")
+             for f in names]
+    biggest = max(files, key=os.path.getsize)
+    with open(biggest, "r+b") as f:  # a data file cut short
+        f.truncate(os.path.getsize(biggest) // 2)
+    with pytest.raises(cli.UsageError, match=rf"^--policies: {damaged}: its latest checkpoint does not restore as "
+                                             r"'planner''s policy \(.+\)$"):
+        load_policies_from(swapped, parse_policies([f"planner={damaged}"]))
 
 
 def _per_role():
