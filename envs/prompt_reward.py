@@ -3,6 +3,7 @@
     --config.env.workflow=prompt_reward
     --config.env.kwargs.train_path=train.jsonl --config.env.kwargs.test_path=test.jsonl
     --config.env.kwargs.reward_fn=my_rewards:score
+    --config.env.kwargs.valid_path=valid.jsonl   # optional: chooses the best checkpoint (else the test split)
 
 Each record of a data source (a jsonl/json/parquet/arrow/csv file, a saved Hugging Face dataset or
 `hf:org/name[:config][:split]`: atgrpo_jax.data) has a "prompt" string (`fields={"prompt": COLUMN}`
@@ -59,7 +60,7 @@ class PromptReward:
     roles: tuple[str, ...] = ("assistant",)
 
     def __init__(self, train_path: str = "", test_path: str = "", reward_fn: str = "", system_prompt: str = "",
-                 max_turns: int = 1, success_at: float = 1.0, fields=None, single_agent=False):
+                 max_turns: int = 1, success_at: float = 1.0, fields=None, single_agent=False, valid_path: str = ""):
         for key, value in (("train_path", train_path), ("test_path", test_path), ("reward_fn", reward_fn)):
             if not value:
                 raise ValueError(f"env.kwargs.{key}: prompt_reward needs it (see envs/prompt_reward.py)")
@@ -69,7 +70,8 @@ class PromptReward:
         self.reward_fn = import_function(reward_fn, "env.kwargs.reward_fn")
         self.system_prompt, self.max_turns, self.success_at = system_prompt, max_turns, float(success_at)
         self.data = {}
-        for split, path in (("train", train_path), ("test", test_path)):
+        sources = (("train", train_path), ("test", test_path)) + ((("valid", valid_path),) if valid_path else ())
+        for split, path in sources:
             try:
                 records = read_records(path, fields)
             except ValueError as e:
@@ -80,7 +82,7 @@ class PromptReward:
             self.data[split] = records
         roles = self.roles[:1] if single_agent else self.roles
         self.agents = tuple(Agent(role, first_line) for role in roles)
-        self.splits = {"test": len(self.data["test"])}
+        self.splits = {split: len(self.data[split]) for split in self.data if split != "train"}
         self.test_splits = ("test",)
 
     # ------------------------------------------------------------ state

@@ -114,3 +114,19 @@ def test_a_parquet_source_with_mapped_fields(data, tmp_path):
     state = wf.reset([1], "train")
     assert wf.prompts(state, 0, 0) == [[{"role": "user", "content": "1+0="}]]
     assert wf.success(wf.step(state, 0, 0, [["1", "0"]]).state).tolist() == [[True, False]]
+
+
+def test_a_validation_split_chooses_the_checkpoint(data, tmp_path):
+    import types
+
+    from atgrpo_jax.train.evaluation import evaluation_splits
+
+    (tmp_path / "valid.jsonl").write_text(json.dumps({"prompt": "2+2=", "answer": 4}) + "\n")
+    wf = make_workflow("prompt_reward", reward_fn="prompt_reward_fns:exact", valid_path=str(tmp_path / "valid.jsonl"),
+                       **data)
+    assert wf.splits == {"test": 3, "valid": 1} and wf.test_splits == ("test",)
+    assert wf.prompts(wf.reset([0], "valid"), 0, 0) == [[{"role": "user", "content": "2+2="}]]
+    assert evaluation_splits(types.SimpleNamespace(workflow=wf)) == ["valid", "test"]  # valid picks the best step
+    with pytest.raises(ValueError, match="split 'valid' has 1 records"):
+        wf.reset([1], "valid")
+    assert "valid" not in make_workflow("prompt_reward", reward_fn="prompt_reward_fns:exact", **data).splits
