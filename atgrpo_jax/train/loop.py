@@ -30,6 +30,7 @@ from atgrpo_jax.train.progress import ProgressBar
 from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train.evaluation import evaluation, evaluation_splits
 from atgrpo_jax.train.step import policy_states, set_policy_states, train_step
+from atgrpo_jax.train.update import lr_factor
 
 
 def check_resume(config, workdir: str, allow_config_change: bool) -> dict:
@@ -46,6 +47,16 @@ def check_resume(config, workdir: str, allow_config_change: bool) -> dict:
         raise ConfigError(f"{workdir} holds a run with another config ({shown}). Resume with the run's config, "
                           "use a new --workdir, or pass --allow_config_change to continue with this one")
     return changed
+
+
+def horizon_note(optim, changed: dict, start: int) -> str:
+    """What a new train.steps does to a cosine schedule on resume: it is recomputed over the new
+    length, so the rate of the next step moves (said, not hidden)."""
+    if optim.schedule != "cosine" or "train.steps" not in changed:
+        return ""
+    before, after = changed["train.steps"]
+    old, new = (optim.lr * lr_factor(start + 1, optim, n) for n in (before, after))
+    return f"; the cosine schedule now spans {after} steps: step {start + 1}'s rate is {new:.3g} (was {old:.3g})"
 
 
 def pool_busy(tracer: Tracer, run, seconds: float) -> dict:
@@ -89,7 +100,8 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
         wd.write_config(config, workdir, keep_as=f"config.step{start}.json" if changed and start else "")
         if start:
             changes = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changed.items())
-            print(f"resuming at step {start}" + (f" with changed settings: {changes}" if changes else ""), flush=True)
+            print(f"resuming at step {start}" + (f" with changed settings: {changes}" if changes else "")
+                  + horizon_note(config.optim, changed, start), flush=True)
     extra = [wandb_log.WandbLogger(workdir, flat(config), project=t.wandb_project, entity=t.wandb_entity,
                                    resumed=states is not None)] if lead and "wandb" in t.loggers else []
     writer = MetricsWriter(workdir, enabled=lead, resume_step=start if states is not None else -1,

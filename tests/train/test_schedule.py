@@ -102,3 +102,16 @@ def test_bad_per_agent_sampling_names_the_agent(key, value):
     c.rollout.agents = {"planner": {key: value}}
     with pytest.raises(ConfigError, match="config.rollout.agents.planner:"):
         validate(c, weights=False)
+
+
+def test_a_resume_that_changes_the_length_of_a_cosine_says_what_the_rate_becomes():
+    from atgrpo_jax.train.loop import horizon_note
+
+    optim = base_config().optim
+    optim.update(lr=1e-3, schedule="cosine", warmup_steps=0, min_lr_ratio=0.0)
+    note = horizon_note(optim, {"train.steps": (100, 200)}, start=100)
+    # step 101 of 100 steps is past the end (rate 0); of 200 steps it is half way down the cosine
+    assert note == "; the cosine schedule now spans 200 steps: step 101's rate is 0.0005 (was 0)"
+    assert horizon_note(optim, {"train.eval_every": (1, 2)}, start=100) == ""
+    optim.schedule = "constant"
+    assert horizon_note(optim, {"train.steps": (100, 200)}, start=100) == ""
