@@ -73,7 +73,8 @@ def load_policies_from(run, sources: dict) -> None:
         if name not in saved:
             raise cli.UsageError(f"--policies: {workdir} has no policy {name!r} ({saved})")
         try:  # each read as this agent's policy is: the same model and optimizer
-            states, _ = ckpt.restore(step, target={n: policy_states(run)[mine.name] for n in saved})
+            target = policy_states(run)[mine.name]
+            states, _ = ckpt.restore(step, target={n: target for n in saved})
         except Exception as e:  # noqa: BLE001 - another model's shapes, or damaged files: the cause says which
             at = "its latest checkpoint" if step is None else f"its checkpoint {step}"
             raise cli.UsageError(f"--policies: {workdir}: {at} does not restore as {agent!r}'s policy "

@@ -51,6 +51,8 @@ def local_model_dir(spec: str, what: str = "model.hf_path") -> str:
 
 @functools.lru_cache(maxsize=None)  # one look-up per process and model, however many callers
 def _download(repo: str, revision: str | None, cache_dir: str, is_offline: bool, what: str) -> str:
+    # cache_dir and is_offline are read again by hub.snapshot; here they only key the memo, so a
+    # process that changes HF_HUB_CACHE or HF_HUB_OFFLINE looks the model up afresh
     spec = repo + (f"@{revision}" if revision else "")
     try:
         path = hub.snapshot(repo, list(PATTERNS), revision)
