@@ -92,6 +92,19 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend):
     return constrain(h, ("batch", "seq", "embed")), carry
 
 
+def layer_unroll(cfg: Qwen3Config, t: int, platform: str | None = None) -> int:
+    """Layers per iteration of the layer loop for a call of t tokens per row. A one-token decode
+    step on a GPU is launch-bound (docs/device.md: 4.2 ms per step at one row, 4x the weight
+    read): a rolled loop is a kernel sequence per layer with a host round trip per iteration,
+    while unrolled layers fuse across their boundaries and run as one command buffer. Longer
+    calls (prefill, the update) keep one layer per iteration: compile time stays flat in depth."""
+    if t != 1:
+        return 1
+    if cfg.decode_unroll:
+        return min(cfg.decode_unroll, cfg.num_layers)
+    return cfg.num_layers if (platform or jax.default_backend()) == "gpu" else 1
+
+
 def _param(rngs: nnx.Rngs, shape, axes, dtype, ones=False) -> nnx.Param:
     value = jnp.ones(shape, dtype) if ones else (0.02 * jax.random.normal(rngs.params(), shape)).astype(dtype)
     return nnx.Param(value, logical_axes=axes)
@@ -163,7 +176,7 @@ class Qwen3(nnx.Module):
 
         body = jax.checkpoint(body) if cfg.remat and attention.remat else body
         xs = (self.layers.weights(), jnp.arange(cfg.num_layers))
-        (h, kv), _ = jax.lax.scan(body, (h, attention.init()), xs)
+        (h, kv), _ = jax.lax.scan(body, (h, attention.init()), xs, unroll=layer_unroll(cfg, tokens.shape[1]))
         return rms_norm(h, self.final_norm[...], cfg.rms_norm_eps), attention.finish(kv, tokens.shape[1])
 
     def head_weight(self) -> jax.Array:
