@@ -11,8 +11,8 @@ is kept), and writes `device.json` after every part plus a table at the end:
   that runs here, MFU; the same loss in PyTorch; peak memory against the planner's prediction;
 - step: one AT-GRPO step of configs/plan_path_qwen3_1p7b.py (random weights, small B) through the
   trainer's CLI, its time split into sampling, environment and update;
-- decode (only when named in --parts): a decode step's cost at 1, 8 and 64 rows, the LM head and
-  the token selection alone.
+- decode (only when named in --parts): a decode step's cost at 1, 8 and 64 rows, with the layers
+  rolled and unrolled, the LM head and the token selection alone.
 `--tiny` runs every part with small shapes on any machine (seconds each): the test suite does, so
 the check cannot rot. docs/device.md gives the exact call on a lent GPU.
 """
@@ -31,7 +31,7 @@ PARTS = ("facts", "parity", "sampler", "update", "step", "decode")
 DEFAULT_PARTS = PARTS[:-1]  # decode (where a decode step's time goes) is asked for by name
 # Seconds each part may run on a device (compilation included); the default parts took 5.5 min
 # on an H200 (docs/device.md) and may take at most 7.5.
-LIMITS = {"facts": 20, "parity": 75, "sampler": 170, "update": 100, "step": 90, "decode": 120}
+LIMITS = {"facts": 20, "parity": 75, "sampler": 170, "update": 110, "step": 90, "decode": 200}
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
@@ -161,7 +161,8 @@ def table(results: dict) -> str:
         step = fx.get("decode_step_ms")
         lines.append(f"sampler B={fx['batch']} P={fx['prompt']} N={fx['new']}: ours {_fmt(fx['ours_tokens_per_s'], '.0f')}"
                      f" tok/s, transformers {_fmt(tf.get('tokens_per_s'), '.0f')} tok/s -> "
-                     f"{_fmt(tf.get('speedup'), '.2f', unit='x')}; decode step {_fmt(step, '.2f', unit=' ms')} vs "
+                     f"{_fmt(tf.get('speedup'), '.2f', unit='x')}; decode step {_fmt(step, '.2f', unit=' ms')} "
+                     f"({fx.get('decode_unroll', '?')} layers per loop iteration) vs "
                      f"weight-read floor {_fmt(floor, '.2f', 1e3, ' ms')} "
                      f"({_fmt(step / 1e3 / floor if step and floor else None, '.2f', unit='x')}; with the mean KV "
                      f"cache read {_fmt((fx['weight_bytes'] + fx['mean_cache_bytes_per_step']) / bw if bw else None, '.2f', 1e3, ' ms')})")
@@ -171,7 +172,7 @@ def table(results: dict) -> str:
                      f"tok/s, {lt['vs_fixed_lengths']:.2f}x of fixed lengths; transformers "
                      f"{_fmt(ltt.get('useful_tokens_per_s'), '.0f')} -> {_fmt(ltt.get('speedup'), '.2f', unit='x')}")
     u = p.get("update", {})
-    for key in sorted(k for k in u if k.startswith("update_")):
+    for key in sorted(k for k in u if k.startswith("update_") and k not in ("update_split", "update_profile")):
         r = u[key]
         if "error" in r:
             lines.append(f"{key}: {r['error']}")
@@ -181,16 +182,29 @@ def table(results: dict) -> str:
             extra = (f", peak so far {r['peak_bytes_so_far'] / 2**30:.1f} GiB vs planned "
                      f"{r['planned_peak_bytes'] / 2**30:.1f} GiB")
         lines.append(f"{key}: {r['tokens_per_s']:.0f} tok/s, MFU {_fmt(r.get('mfu'), '.1%')}{extra}")
+    for name, prof in (("update", u.get("update_profile")), ("decode, layers rolled", p.get("decode", {}).get(
+            "profile_rolled")), ("decode, layers unrolled", p.get("decode", {}).get("profile_unrolled"))):
+        if prof and prof.get("kernels_per_call"):
+            per = prof.get("steps", 1)  # decode: per step
+            lines.append(f"kernels, {name}: {prof['kernels_per_call'] / per:.0f} per {'step' if per > 1 else 'call'}, "
+                         f"device busy {prof['busy_fraction']:.0%} of their span; top: " + ", ".join(
+                             f"{k['name'][:40]} {k['s_per_call'] / per * 1e3:.2f} ms" for k in prof["top"][:3]))
+    sp = u.get("update_split")
+    if sp:
+        lines.append(f"update step {sp['step_s'] * 1e3:.1f} ms = forward {sp['forward_s'] * 1e3:.1f} + backward and "
+                     f"the rest {sp['backward_and_rest_s'] * 1e3:.1f} + optimizer {sp['optimizer_s'] * 1e3:.1f} ms")
     st = _get(p, "step", "step")
     if st:
         lines.append(f"AT-GRPO step (2nd): {st['step_seconds']:.1f} s = sampling {st['sampling_seconds']:.1f} + "
                      f"environment {st['environment_seconds']:.1f} + update {st['update_seconds']:.1f} "
                      f"(first step {st['first_step_seconds']:.1f} s)")
     d = p.get("decode", {})
-    if d.get("decode_step_ms_by_rows"):
-        lines.append("decode step by rows: " + ", ".join(f"{r} rows {ms:.2f} ms" for r, ms in
-                                                         d["decode_step_ms_by_rows"].items())
-                     + f"; LM head alone {_fmt(d.get('lm_head_ms'), '.2f', unit=' ms')}, selection (t=1) "
+    for key, form in (("decode_step_ms_by_rows", "rolled"), ("decode_step_ms_by_rows_unrolled", "unrolled")):
+        if d.get(key):
+            lines.append(f"decode step by rows, layers {form}: "
+                         + ", ".join(f"{r} rows {ms:.2f} ms" for r, ms in d[key].items()))
+    if d.get("lm_head_ms"):
+        lines.append(f"LM head alone {_fmt(d.get('lm_head_ms'), '.2f', unit=' ms')}, selection (t=1) "
                      f"{_fmt(d.get('select_t1_ms'), '.2f', unit=' ms')}")
     for name, r in p.items():
         if r["status"] != "ok":

@@ -18,10 +18,12 @@ import numpy as np
 from flax import nnx
 
 from atgrpo_jax.bench.common import timed
+from atgrpo_jax.bench.kernels import profile_kernels
 from atgrpo_jax.bench.longtail import EOS, longtail_lengths
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.config import Qwen3Config
 from atgrpo_jax.models.hf_io import load_pretrained, save_pretrained
+from atgrpo_jax.models.qwen3 import layer_unroll
 from atgrpo_jax.sampling import generate
 
 
@@ -202,7 +204,8 @@ def sampler(shapes: Shapes, record, tmp: str) -> None:
     step = (seconds - prefill_s - setup_s) / (n - 1)  # the first token comes from the prefill
     record("sampler_fixed", {"batch": b, "prompt": p, "new": n, "params": cfg.num_params(),
                              "ours_compile_and_first_s": first, "ours_seconds": seconds,
-                             "ours_tokens_per_s": b * n / seconds, "prefill_seconds": prefill_s,
+                             "decode_unroll": layer_unroll(cfg, 1), "ours_tokens_per_s": b * n / seconds,
+                             "prefill_seconds": prefill_s,
                              "decode_step_ms": 1e3 * step, "useful_flops": generate_flops(cfg, b, p, n),
                              "weight_bytes": weight_read_bytes(cfg),
                              "mean_cache_bytes_per_step": cache_read_bytes(cfg, b, p + n / 2)})
@@ -230,19 +233,26 @@ def sampler(shapes: Shapes, record, tmp: str) -> None:
 
 def decode(shapes: Shapes, record) -> None:
     """Where a decode step's time goes: the step at a few batch sizes (a cost that does not grow
-    with rows is per-step overhead, not reading weights), and its pieces alone: the LM head's
-    matmul and the token selection over [rows, V] logits."""
+    with rows is per-step overhead, not reading weights), with the decoder layers as a rolled loop
+    and unrolled (`model.decode_unroll`; auto unrolls on a GPU), and its pieces alone: the LM
+    head's matmul and the token selection over [rows, V] logits."""
     from atgrpo_jax.sampling import select
     cfg = get_preset(shapes.preset).replace(param_dtype="bfloat16", compute_dtype="bfloat16")
-    model = nnx.jit(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))()
     rng = np.random.RandomState(0)
-    steps = {}
-    for rows in sorted({1, 8, shapes.batch}):
-        prompts = rng.randint(2, cfg.vocab_size, (rows, shapes.prompt)).astype(np.int32)
-        short, long_ = max(2, shapes.new // 8), shapes.new
-        t = {n: _ours(model, prompts, n, segment=0)[1] for n in (short, long_)}
-        steps[rows] = 1e3 * (t[long_] - t[short]) / (long_ - short)  # prefill and set-up cancel
-        record("decode_step_ms_by_rows", steps)
+    prompts = {rows: rng.randint(2, cfg.vocab_size, (rows, shapes.prompt)).astype(np.int32)
+               for rows in sorted({1, 8, shapes.batch})}
+    short, long_ = max(2, shapes.new // 8), shapes.new
+    for unroll in sorted({1, cfg.num_layers}):  # the same weights (seed 0) under each loop form
+        model = nnx.jit(lambda: Qwen3(cfg.replace(decode_unroll=unroll), rngs=nnx.Rngs(0)))()
+        steps = {}
+        form = "rolled" if unroll == 1 else "unrolled"
+        for rows, ids in prompts.items():
+            t = {n: _ours(model, ids, n, segment=0)[1] for n in (short, long_)}
+            steps[rows] = 1e3 * (t[long_] - t[short]) / (long_ - short)  # prefill and set-up cancel
+            record("decode_step_ms_by_rows" if unroll == 1 else "decode_step_ms_by_rows_unrolled", steps)
+        # the kernels of one short run at the most rows (decode dominates it: divide by `steps`)
+        run = lambda: _ours(model, prompts[shapes.batch], short, segment=0)[2].tokens  # noqa: E731
+        record(f"profile_{form}", {"rows": shapes.batch, "steps": short - 1, **profile_kernels(run)})
     h = jax.random.normal(jax.random.key(0), (shapes.batch, cfg.hidden_size), jnp.bfloat16)
     head = jax.jit(lambda m, h: m.logits(h))
     record("lm_head_ms", 1e3 * min(timed(head, model, h, repeats=10, warmup=2)))

@@ -5,6 +5,8 @@ the update's peak device memory against the planner's prediction.
 
 - Ours: `train.update.make_update_fns` (chunked log-probs, clipped token-mean loss, clip 1.0,
   AdamW wd 0.01), jitted with donated state, one compile per backend.
+- Where our step goes (first backend): its kernels in a profile (`bench.kernels`), and the
+  forward pass alone and the optimizer alone.
 - PyTorch: transformers' Qwen3 in float32 under `torch.autocast(bfloat16)` (its default sdpa
   attention), full `log_softmax`, the same loss, `clip_grad_norm_`, fused AdamW.
 MFU = useful FLOPs (`bench.train.update_flops`: 6 x params per token plus causal attention) /
@@ -12,17 +14,24 @@ step time / the device's datasheet bf16 peak.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
+import jax.numpy as jnp
+import optax
 from flax import nnx
 
 from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.bench.common import timed
+from atgrpo_jax.bench.kernels import profile_kernels
 from atgrpo_jax.bench.device_parts import Shapes, datasheet_peak, torch_device, torch_sync
-from atgrpo_jax.bench.train import jax_batch, jax_update, make_batch, old_logprobs, optim_config, update_flops
+from atgrpo_jax.bench.train import (jax_batch, jax_update, make_batch, old_logprobs, optim_config, rows_logprobs,
+                                    update_flops)
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.attention import BACKENDS
 from atgrpo_jax.plan_memory import abstract_mesh, model_params, param_bytes, update_memory
+from atgrpo_jax.train.update import TrainState, make_optimizer
 
 CHUNK = 512  # the trainer's default log-prob chunk
 
@@ -79,8 +88,41 @@ def ours(shapes: Shapes, record, backends=None) -> None:
                 "step_seconds": times, "tokens_per_s": rows * width / best, "mfu": flops / best / peak if peak else None,
                 "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]), "skipped": float(m["skipped"]),
                 "peak_bytes_so_far": peak_bytes(), "planned_peak_bytes": planned_peak(cfg, rows, width, backend)})
+            if backend == (backends or backends_here())[0]:
+                box = [state]  # the update donates its state: each call takes the last one's
+
+                def one_step():
+                    box[0], metrics = update_fn(box[0], batch)
+                    return metrics
+                record("update_profile", profile_kernels(one_step))
+                state = split(record, logprobs_fn, box[0], data, best)
         except Exception as e:  # one backend that does not run here must not hide the others
             record(f"update_{backend}", {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
+
+
+def split(record, logprobs_fn, state, data: dict, step_s: float):
+    """Where the first backend's update step goes: the forward pass alone (the chunked log-probs
+    of the same rows) and the optimizer alone (the same clipping and AdamW on zero gradients, state
+    donated); the rest of the step is the backward pass. Returns the optimizer's new state."""
+    forward = min(timed(lambda: rows_logprobs(logprobs_fn, state.params, data["tokens"], data["valid"]),
+                        repeats=3, warmup=1))
+    tx, _ = make_optimizer(optim_config(), total_steps=1000)
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def optimizer_step(state: TrainState, grads) -> TrainState:
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        return TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1)
+
+    grads = jax.tree.map(jnp.zeros_like, state.params)  # an argument: inside, XLA would fold the zeros away
+    times = []
+    for _ in range(4):  # the first compiles
+        start = time.perf_counter()
+        state = jax.block_until_ready(optimizer_step(state, grads))
+        times.append(time.perf_counter() - start)
+    optimizer = min(times[1:])
+    record("update_split", {"step_s": step_s, "forward_s": forward, "optimizer_s": optimizer,
+                            "backward_and_rest_s": step_s - forward - optimizer})
+    return state
 
 
 def pytorch(shapes: Shapes, record) -> None:

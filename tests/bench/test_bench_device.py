@@ -14,8 +14,9 @@ from tiers import FULL
 
 # The suite's budget (tiers.py): the default tier runs the parts no other test covers (the device's
 # facts, the update against PyTorch per backend); the full tier adds bf16 parity, the sampler and
-# the AT-GRPO step (the paper config through the CLI also runs in tests/test_paper_path.py).
-TINY_PARTS = device.DEFAULT_PARTS if FULL else ("facts", "update")
+# the AT-GRPO step (the paper config through the CLI also runs in tests/test_paper_path.py) and the
+# decode step's breakdown.
+TINY_PARTS = device.PARTS if FULL else ("facts", "update")
 
 
 @pytest.fixture(scope="module")
@@ -31,19 +32,24 @@ def test_every_part_reports(tiny_run):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert list(res["parts"]) == list(TINY_PARTS)
     assert all(r["status"] == "ok" for r in res["parts"].values()), res
-    lines = {"parity": ["parity"], "sampler": ["sampler B=", "long tail"], "update": ["update_xla", "update_pytorch"],
-             "step": ["AT-GRPO step"]}
+    lines = {"parity": ["parity"], "sampler": ["sampler B=", "long tail"],
+             "update": ["update_xla", "update_pytorch", "update step"], "step": ["AT-GRPO step"],
+             "decode": ["layers rolled", "layers unrolled", "LM head alone"]}
     for line in (x for part in TINY_PARTS for x in lines.get(part, [])):
         assert line in proc.stdout, line
 
 
 def test_update_figures(tiny_run):
     p = tiny_run[1]["parts"]
-    losses = {k: r["loss"] for k, r in p["update"].items() if k.startswith("update_")}
+    losses = {k: r["loss"] for k, r in p["update"].items() if k.startswith("update_") and k not in ("update_split", "update_profile")}
     assert set(losses) == {"update_pytorch", "update_xla", "update_chunked"}  # no cuDNN/splash on a CPU
     ours = [v for k, v in losses.items() if k != "update_pytorch"]
     assert max(ours) - min(ours) < 1e-2  # same weights and batch: the backends agree
     assert p["update"]["update_xla"]["skipped"] == 0.0
+    split = p["update"]["update_split"]  # the first backend's step: forward, optimizer, the rest
+    assert split["forward_s"] > 0 and split["optimizer_s"] > 0
+    assert split["step_s"] == pytest.approx(split["forward_s"] + split["optimizer_s"] + split["backward_and_rest_s"])
+    assert "no device timeline" in p["update"]["update_profile"]["note"]  # a CPU; kernels on a GPU
 
 
 if FULL:  # the parts of the full tier (TINY_PARTS)
@@ -66,6 +72,13 @@ if FULL:  # the parts of the full tier (TINY_PARTS)
         st = p["step"]["step"]
         assert st["sampling_seconds"] > 0 and st["environment_seconds"] >= 0 and st["update_seconds"] > 0
         assert st["first_step_seconds"] > st["step_seconds"]  # the first step compiles
+
+    def test_decode_figures(tiny_run):
+        d = tiny_run[1]["parts"]["decode"]
+        rows = {str(r) for r in sorted({1, 8, device_parts.TINY.batch})}
+        assert set(d["decode_step_ms_by_rows"]) == set(d["decode_step_ms_by_rows_unrolled"]) == rows
+        assert d["lm_head_ms"] > 0 and d["select_t1_ms"] > 0
+        assert d["profile_rolled"]["steps"] == d["profile_unrolled"]["steps"] > 0
 
 
 def test_a_part_over_its_limit_is_reported_and_the_rest_goes_on(tmp_path):
