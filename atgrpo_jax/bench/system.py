@@ -22,7 +22,8 @@ the trainer does in either schedule):
 Reports per schedule the best and median step time, each pool's busy fraction, the host's time
 and how much of it overlapped device work, and the ratio async / sync; and, apart from the host,
 the device-only bound: both schedules replayed on the measured sampling times with host work
-taking no time (the ratio any host overlap can reach at best).
+taking no time (the ratio any host overlap can reach at best); and the bound of any schedule
+that keeps the synchronous loop's samples and parameters (`schedule_bound`).
 """
 from __future__ import annotations
 
@@ -182,6 +183,14 @@ def device_only(stages: list[tuple[tuple[int, ...], str, float]], update_s: dict
     return max((last[p] if early else rollout) + update_s[p] for p in update_s)
 
 
+def schedule_bound(stages: list[tuple[tuple[int, ...], str, float]], update_s: dict[str, float]) -> float:
+    """The shortest step any schedule can reach on these sampling calls when its samples and
+    parameters must equal the synchronous loop's: a pool's update waits for all of its own
+    sampling, and the next step's sampling waits for the update (it needs the new parameters),
+    so each pool needs at least its sampling plus its update, one after the other."""
+    return max(sum(sec for _, p, sec in stages if p == pool) + update_s[pool] for pool in update_s)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m atgrpo_jax.bench system", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workflow", choices=sorted(CANNED), default="plan_path")
@@ -211,7 +220,8 @@ def main(argv=None) -> int:
         best = min(steps, key=lambda x: x["total"])
         update_s = {p: model.update_s(t) for p, t in zip("AB", best["update_tokens"])}
         sides[name] = {"steps": steps, "best": best["total"], "median": float(np.median([s["total"] for s in steps])),
-                       "device_only": device_only(best["stages"], update_s, early=asynchronous)}
+                       "device_only": device_only(best["stages"], update_s, early=asynchronous),
+                       "bound": schedule_bound(best["stages"], update_s)}
     ratio = sides["async"]["best"] / sides["sync"]["best"]
     device_ratio = sides["async"]["device_only"] / sides["sync"]["device_only"]
     print(f"{args.workflow}, per_role on 2 pools of {args.chips} x {args.chip}, {args.preset}: B={args.tasks} "
@@ -223,7 +233,11 @@ def main(argv=None) -> int:
               f"{s['host_s']:.2f} s, {s['host_overlapped']:.0%} of it during device work")
     print(f"  async / sync = {ratio:.2f} (target <= {TARGET_RATIO}); device work alone (host instant): "
           f"{sides['async']['device_only']:.2f} / {sides['sync']['device_only']:.2f} s = {device_ratio:.2f}")
+    bound = min(side["bound"] for side in sides.values()) / sides["sync"]["device_only"]
+    print(f"  no schedule with the synchronous loop's samples and parameters beats {bound:.2f} of the synchronous "
+          f"device-only step (each pool: its own sampling, then its update)")
     print_json_last({"benchmark": "system", "config": vars(args), "ratio": ratio, "device_only_ratio": device_ratio,
+                     "bound_ratio": bound,
                      "sides": sides,
                      "latency_model": dataclasses.asdict(model), "machine": machine_notes()}, args.json)
     return 0

@@ -32,6 +32,7 @@ def test_one_small_run_reports_both_schedules(workflow, capsys):
         assert 0 < side["device_only"] <= side["best"]  # host work only adds time
     assert report["device_only_ratio"] == pytest.approx(
         report["sides"]["async"]["device_only"] / report["sides"]["sync"]["device_only"])
+    assert 0 < report["bound_ratio"] <= 1 and report["bound_ratio"] <= report["device_only_ratio"] + 1e-9
 
 
 def test_device_only_replay():
@@ -45,6 +46,14 @@ def test_device_only_replay():
     assert system.device_only(two, {"A": 2.0, "B": 1.0}, early=False) == pytest.approx(5.0)
     merged = [((0, 1), "A", 1.0), ((0, 1), "B", 1.0)]  # one call for both cohorts' stages on each pool
     assert system.device_only(merged, {"A": 2.0, "B": 1.0}, early=True) == pytest.approx(3.0)
+
+
+def test_schedule_bound_is_each_pools_sampling_then_its_update():
+    two = [((0,), "A", 1.0), ((1,), "A", 1.0), ((0,), "B", 1.0), ((1,), "B", 0.5)]
+    assert system.schedule_bound(two, {"A": 2.0, "B": 1.0}) == pytest.approx(4.0)  # A: 2 s sampling + 2 s update
+    assert system.schedule_bound(two, {"A": 0.5, "B": 3.0}) == pytest.approx(4.5)  # B: 1.5 + 3
+    # the pipelined replay never beats it
+    assert system.device_only(two, {"A": 2.0, "B": 1.0}, early=True) >= system.schedule_bound(two, {"A": 2.0, "B": 1.0})
 
 
 def test_stage_times_reads_each_sampling_call_with_its_cohorts_and_pool():
