@@ -186,13 +186,17 @@ def table(results: dict) -> str:
         lines.append(f"{key}: {r['tokens_per_s']:.0f} tok/s, MFU {_fmt(r.get('mfu'), '.1%')}{extra}")
     for name, prof in (("update", u.get("update_profile")), ("decode, layers rolled", p.get("decode", {}).get(
             "profile_rolled")), ("decode, layers unrolled", p.get("decode", {}).get("profile_unrolled"))):
-        if prof and prof.get("kernels_per_call"):
+        if prof and prof.get("error"):
+            lines.append(f"kernels, {name}: no profile ({prof['error']})")
+        elif prof and prof.get("kernels_per_call"):
             per = prof.get("steps", 1)  # decode: per step
             lines.append(f"kernels, {name}: {prof['kernels_per_call'] / per:.0f} per {'step' if per > 1 else 'call'}, "
                          f"device busy {prof['busy_fraction']:.0%} of their span; top: " + ", ".join(
                              f"{k['name'][:40]} {k['s_per_call'] / per * 1e3:.2f} ms" for k in prof["top"][:3]))
     sp = u.get("update_split")
-    if sp:
+    if sp and sp.get("error"):
+        lines.append(f"update step split: {sp['error']}")
+    elif sp:
         lines.append(f"update step {sp['step_s'] * 1e3:.1f} ms = forward {sp['forward_s'] * 1e3:.1f} + backward and "
                      f"the rest {sp['backward_and_rest_s'] * 1e3:.1f} + optimizer {sp['optimizer_s'] * 1e3:.1f} ms")
     st = _get(p, "step", "step")

@@ -88,22 +88,27 @@ def ours(shapes: Shapes, record, backends=None) -> None:
                 "step_seconds": times, "tokens_per_s": rows * width / best, "mfu": flops / best / peak if peak else None,
                 "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]), "skipped": float(m["skipped"]),
                 "peak_bytes_so_far": peak_bytes(), "planned_peak_bytes": planned_peak(cfg, rows, width, backend)})
-            if backend == (backends or backends_here())[0]:
-                box = [state]  # the update donates its state: each call takes the last one's
-
-                def one_step():
-                    box[0], metrics = update_fn(box[0], batch)
-                    return metrics
-                record("update_profile", profile_kernels(one_step))
-                state = split(record, logprobs_fn, box[0], data, best)
         except Exception as e:  # one backend that does not run here must not hide the others
             record(f"update_{backend}", {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
+            continue
+        if backend == (backends or backends_here())[0]:
+            try:
+                where_time_goes(record, update_fn, logprobs_fn, state, batch, data, best)
+            except Exception as e:  # a diagnosis: it must not cost the timings above
+                record("update_split", {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
 
 
-def split(record, logprobs_fn, state, data: dict, step_s: float):
-    """Where the first backend's update step goes: the forward pass alone (the chunked log-probs
-    of the same rows) and the optimizer alone (the same clipping and AdamW on zero gradients, state
-    donated); the rest of the step is the backward pass. Returns the optimizer's new state."""
+def where_time_goes(record, update_fn, logprobs_fn, state, batch, data: dict, step_s: float) -> None:
+    """Where the first backend's update step goes: its kernels (a profile of one step), the
+    forward pass alone (the chunked log-probs of the same rows) and the optimizer alone (the same
+    clipping and AdamW on zero gradients, state donated); the rest is the backward pass."""
+    box = [state]  # the update donates its state: each call takes the last one's
+
+    def one_step():
+        box[0], metrics = update_fn(box[0], batch)
+        return metrics
+    record("update_profile", profile_kernels(one_step))
+    state = box[0]
     forward = min(timed(lambda: rows_logprobs(logprobs_fn, state.params, data["tokens"], data["valid"]),
                         repeats=3, warmup=1))
     tx, _ = make_optimizer(optim_config(), total_steps=1000)
@@ -122,7 +127,6 @@ def split(record, logprobs_fn, state, data: dict, step_s: float):
     optimizer = min(times[1:])
     record("update_split", {"step_s": step_s, "forward_s": forward, "optimizer_s": optimizer,
                             "backward_and_rest_s": step_s - forward - optimizer})
-    return state
 
 
 def pytorch(shapes: Shapes, record) -> None:

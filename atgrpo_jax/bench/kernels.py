@@ -79,10 +79,15 @@ def read_trace(folder: str) -> dict:
 
 
 def profile_kernels(fn, calls: int = 1, top: int = 15) -> dict:
-    """Run fn() `calls` times under the profiler (results waited for) and summarize its kernels."""
+    """Run fn() `calls` times under the profiler (results waited for) and summarize its kernels.
+    A profile that cannot be taken or read is reported as {"error": ...}: it is a diagnosis,
+    never a reason to lose the timings measured around it."""
     import jax
-    with tempfile.TemporaryDirectory() as tmp:
-        with jax.profiler.trace(tmp):
-            for _ in range(calls):
-                jax.block_until_ready(fn())
-        return summarize(read_trace(tmp), calls, top)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            with jax.profiler.trace(tmp):
+                for _ in range(calls):
+                    jax.block_until_ready(fn())
+            return summarize(read_trace(tmp), calls, top)
+    except Exception as e:  # noqa: BLE001 - any failure of the profiler or of the call
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}

@@ -48,3 +48,15 @@ def test_the_device_table_shows_kernels_per_update_and_per_decode_step():
                             "decode": {"status": "ok", "profile_unrolled": {"steps": 4, **prof}}}})
     assert "kernels, update: 40 per call, device busy 51% of their span" in text
     assert "kernels, decode, layers unrolled: 10 per step" in text
+
+
+def test_a_profile_that_fails_is_reported_not_raised():
+    from atgrpo_jax.bench.device import table
+
+    def broken():
+        raise RuntimeError("CUPTI is not available\nmore")
+    prof = profile_kernels(broken)
+    assert prof == {"error": "RuntimeError: CUPTI is not available"}
+    text = table({"parts": {"update": {"status": "ok", "update_profile": prof, "update_split": prof}}})
+    assert "kernels, update: no profile (RuntimeError: CUPTI is not available)" in text
+    assert "update step split: RuntimeError" in text
