@@ -93,16 +93,20 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend):
 
 
 def layer_unroll(cfg: Qwen3Config, t: int, platform: str | None = None) -> int:
-    """Layers per iteration of the layer loop for a call of t tokens per row. A one-token decode
-    step on a GPU is launch-bound (docs/device.md: 4.2 ms per step at one row, 4x the weight
-    read): a rolled loop is a kernel sequence per layer with a host round trip per iteration,
-    while unrolled layers fuse across their boundaries and run as one command buffer. Longer
-    calls (prefill, the update) keep one layer per iteration: compile time stays flat in depth."""
+    """Layers per iteration of the layer loop for a call of t tokens per row.
+
+    Auto unrolls every layer of a one-token decode step on accelerators. On a GPU the rolled
+    step is launch-bound (docs/device.md: 4.2 ms at one row, 4x the weight read): a kernel
+    sequence per layer and a host round trip per iteration, where unrolled layers fuse across
+    their boundaries and run as one command buffer. On a TPU a loop keeps XLA from fetching the
+    next layer's weights during this one's work. A CPU gains nothing (measured) and compiles
+    slower. Longer calls (prefill, the update) keep one layer per iteration: compile time stays
+    flat in depth."""
     if t != 1:
         return 1
     if cfg.decode_unroll:
         return min(cfg.decode_unroll, cfg.num_layers)
-    return cfg.num_layers if (platform or jax.default_backend()) == "gpu" else 1
+    return 1 if (platform or jax.default_backend()) == "cpu" else cfg.num_layers
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, ones=False) -> nnx.Param:

@@ -57,3 +57,19 @@ def test_truncated_penalized_sampling_on_an_fsdp_mesh_matches_unsharded():
         got = generate(shard_model(model, mesh), prompts, **kw)
     np.testing.assert_array_equal(got.tokens, plain.tokens)
     np.testing.assert_allclose(got.logprobs, plain.logprobs, atol=1e-4)
+
+
+def test_unrolled_decode_layers_on_a_mesh_match_the_rolled_loop():
+    """The accelerators' default (model.decode_unroll auto: every layer unrolled in decode steps)
+    on a sharded model makes the rolled loop's tokens."""
+    model = scaled_model()
+    unrolled = Qwen3(model.cfg.replace(decode_unroll=model.cfg.num_layers), rngs=nnx.Rngs(1))
+    nnx.update(unrolled, nnx.state(model))
+    prompts = [list(np.random.RandomState(1).randint(1, 512, n)) for n in (7, 12)]
+    kw = dict(max_new_tokens=5, num_branches=2, temperature=0.0, key=jax.random.key(0), raw_logprobs=True)
+    plain = generate(model, prompts, **kw)
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    with jax.set_mesh(mesh):
+        got = generate(shard_model(unrolled, mesh), prompts, **kw)
+    np.testing.assert_array_equal(got.tokens, plain.tokens)
+    np.testing.assert_allclose(got.raw_logprobs, plain.raw_logprobs, atol=1e-4)
