@@ -11,7 +11,7 @@ is kept), and writes `device.json` after every part plus a table at the end:
   that runs here, MFU; the same loss in PyTorch; peak memory against the planner's prediction;
 - step: one AT-GRPO step of configs/plan_path_qwen3_1p7b.py (random weights, small B) through the
   trainer's CLI, its time split into sampling, environment and update;
-- decode (only when named in --parts): a decode step's cost at 1, 8 and 64 rows, with the layers
+- decode (only when named in --parts): a decode step's cost at 1 and 64 rows, with the layers
   rolled and unrolled, the LM head and the token selection alone.
 `--tiny` runs every part with small shapes on any machine (seconds each): the test suite does, so
 the check cannot rot. docs/device.md gives the exact call on a lent GPU.

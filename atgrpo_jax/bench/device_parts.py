@@ -232,15 +232,15 @@ def sampler(shapes: Shapes, record, tmp: str) -> None:
 
 
 def decode(shapes: Shapes, record) -> None:
-    """Where a decode step's time goes: the step at a few batch sizes (a cost that does not grow
-    with rows is per-step overhead, not reading weights), with the decoder layers as a rolled loop
-    and unrolled (`model.decode_unroll`; auto unrolls on a GPU), and its pieces alone: the LM
-    head's matmul and the token selection over [rows, V] logits."""
+    """Where a decode step's time goes: the step at 1 row and at the sampler's rows (a cost that
+    does not grow with rows is per-step overhead, not reading weights), with the decoder layers
+    as a rolled loop and unrolled (`model.decode_unroll`; auto unrolls on accelerators), and its
+    pieces alone: the LM head's matmul and the token selection over [rows, V] logits."""
     from atgrpo_jax.sampling import select
     cfg = get_preset(shapes.preset).replace(param_dtype="bfloat16", compute_dtype="bfloat16")
     rng = np.random.RandomState(0)
     prompts = {rows: rng.randint(2, cfg.vocab_size, (rows, shapes.prompt)).astype(np.int32)
-               for rows in sorted({1, 8, shapes.batch})}
+               for rows in sorted({1, shapes.batch})}  # two run lengths each: 4 compiles per loop form
     short, long_ = max(2, shapes.new // 8), shapes.new
     for unroll in sorted({1, cfg.num_layers}):  # the same weights (seed 0) under each loop form
         model = nnx.jit(lambda: Qwen3(cfg.replace(decode_unroll=unroll), rngs=nnx.Rngs(0)))()
