@@ -139,6 +139,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 10  # save a checkpoint every this many steps (and at the end)
     c.train.keep_last = 2  # checkpoints kept besides the best one (0 = all)
     c.train.time_budget_s = 0.0  # stop (evaluate, checkpoint) after this many seconds (0 = no limit)
+    c.train.compile_cache = "auto"  # JAX's persistent compilation cache, so a restarted run skips compiling: "auto" =
+    # <workdir>/compile_cache on GPU/TPU with a local workdir, none on CPU; "" = off; or a directory
     c.train.max_skipped_updates = 4  # stop the run when a policy's updates are skipped (non-finite loss or
     # gradient) this many times in a row: it diverged (0 = never stop)
     c.train.loggers = ("console", "tensorboard", "jsonl")  # where metrics go: console (the progress line),
@@ -285,11 +287,13 @@ def flat(c) -> dict:
 
 
 # Keys a resumed run may change: how long and how often, and where it runs.
-# rollout.decode_slots changes how many rows decode at once, never what they sample.
+# rollout.decode_slots and model.decode_unroll change how rows decode, never what they sample;
+# train.compile_cache only where compiled programs are kept.
 RESUMABLE = ("train.steps", "train.time_budget_s", "train.eval_every", "train.eval_tasks", "train.eval_k",
              "train.log_every", "train.log_episodes", "train.checkpoint_every", "train.keep_last",
-             "train.max_skipped_updates", "train.loggers", "train.wandb_", "mesh.", "distributed.", "rollout.decode_slots", "system.schedule", "system.cohorts", "system.host_workers",
-             "system.trace_every", "system.stage_timeout_s")
+             "train.max_skipped_updates", "train.loggers", "train.wandb_", "train.compile_cache", "mesh.",
+             "distributed.", "rollout.decode_slots", "model.decode_unroll", "system.schedule", "system.cohorts",
+             "system.host_workers", "system.trace_every", "system.stage_timeout_s")
 
 
 def changed_keys(saved: ml_collections.ConfigDict, now: ml_collections.ConfigDict) -> dict[str, tuple]:

@@ -86,7 +86,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
         raise ConfigError(f"config.train.loggers: 'wandb' needs {wandb_log.missing()}")
     resumed = bool(wd.exists(wd.checkpoint_dir(workdir)))
     changed = check_resume(config, workdir, allow_config_change) if resumed else {}
-    run = setup.build_run(config)
+    run = setup.build_run(config, workdir)
     stop.install()  # after jax.distributed.initialize, which takes SIGTERM for itself
     lead = jax.process_index() == 0
     splits = evaluation_splits(run)
@@ -94,7 +94,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     start, states, meta = restore_or_start(config, run, workdir, fresh_if_unreadable)
     if states is not None:
         set_policy_states(run, states)
-    # only now, with a restored state in hand, is anything in the workdir changed
+    # only now, with a restored state in hand, is anything in the workdir changed (its compilation cache aside)
     ckpt = checkpoint.Checkpointer(wd.checkpoint_dir(workdir), keep_last=t.keep_last, best_metric=best)
     if lead:
         wd.write_config(config, workdir, keep_as=f"config.step{start}.json" if changed and start else "")

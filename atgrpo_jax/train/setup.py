@@ -21,6 +21,7 @@ from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_token
 from atgrpo_jax.sampling import shard_model
 from atgrpo_jax.sharding import make_mesh, sub_meshes
 from atgrpo_jax.algo.logprobs import SampledFrom
+from atgrpo_jax.train import compile_cache
 from atgrpo_jax.train.config import AgentSampling, ConfigError, agent_sampling, loss_config, sharing
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.policies import Policy, build_policies
@@ -94,9 +95,13 @@ def build_model(config, mesh) -> Qwen3:
     return shard_model(Qwen3(get_preset(m.preset, **kw), rngs=nnx.Rngs(m.init_seed)), mesh)
 
 
-def build_run(config) -> Run:
+def build_run(config, workdir: str | None = None) -> Run:
+    """Everything a run needs from its (resolved) config; with `workdir`, the run's compilation
+    cache is switched on first (`compile_cache`: before anything compiles)."""
     resolve(config)
     init_distributed(config.distributed)
+    if workdir is not None:
+        compile_cache.enable(config.train.compile_cache, workdir)
     mesh = make_mesh(dict(config.mesh))
     if is_multiprocess():
         n = jax.process_count()

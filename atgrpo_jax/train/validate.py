@@ -157,6 +157,8 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
                 "max_skipped_updates"):
         _require(t[key] >= 0, f"train.{key}", "must be >= 0")
     _require(t.log_every >= 1, "train.log_every", "must be >= 1")
+    _require(isinstance(t.compile_cache, str), "train.compile_cache",
+             f"must be \"auto\", \"\" (off) or a directory, got {t.compile_cache!r}")
     loggers = t.loggers
     _require(isinstance(loggers, (tuple, list)) and all(isinstance(x, str) for x in loggers), "train.loggers",
              f"must be a tuple of names from {LOGGERS}, e.g. ('console', 'wandb'), got {loggers!r}")

@@ -1,0 +1,43 @@
+"""`train.compile_cache`: where JAX's persistent compilation cache goes, and a run that fills it
+and a second run that compiles nothing new."""
+import os
+import subprocess
+import sys
+
+from atgrpo_jax.train.compile_cache import cache_dir
+from tiers import FULL
+
+CONFIG = os.path.join(os.path.dirname(__file__), "tiny_config.py")
+
+
+def test_auto_is_the_workdir_on_accelerators_with_a_local_workdir_only(tmp_path):
+    run = str(tmp_path / "run")
+    assert cache_dir("auto", run, "gpu") == cache_dir("auto", run, "tpu") == str(tmp_path / "run" / "compile_cache")
+    assert cache_dir("auto", run, "cpu") is None  # seconds of compiling there
+    assert cache_dir("auto", "gs://bucket/run", "tpu") is None
+    assert cache_dir("", run, "gpu") is None
+    assert cache_dir("/elsewhere/cache", run, "cpu") == "/elsewhere/cache"
+
+
+def entries(folder):
+    return sorted(f for f in os.listdir(folder) if f.endswith("-cache")) if os.path.isdir(folder) else []
+
+
+def train(workdir, cache, steps=1):
+    env = dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # cache even quick CPU compiles
+    proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.train", f"--config={CONFIG}", f"--workdir={workdir}",
+                           f"--config.train.steps={steps}", "--config.train.eval_every=0",
+                           f"--config.train.compile_cache={cache}"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_run_fills_its_cache_and_the_next_one_compiles_nothing_new(tmp_path):
+    cache = str(tmp_path / "cache")
+    train(tmp_path / "a", cache)
+    first = entries(cache)
+    assert any(f.startswith("jit_update_fn") for f in first), first  # the trainer's update, among others
+    assert not os.path.exists(tmp_path / "a" / "compile_cache")  # an explicit directory, not auto's
+    if FULL:  # a second process with the same programs: every one read back from the cache
+        train(tmp_path / "b", cache)
+        assert entries(cache) == first
