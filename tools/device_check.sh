@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.." || exit 2
 out="${OUT:-device_out}"
 mkdir -p "$out" && out="$(cd "$out" && pwd)"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+# One compilation cache for every part's process: a second call on the still-warm machine (a part
+# rerun after its limit, --parts decode) reads back what the first compiled.
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/atgrpo_jax_cache}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/*.whl > "$out/pip.log" 2>&1 || { tail -n 5 "$out/pip.log"; echo "carried wheels did not install"; exit 3; }
 # No pip install of the project: the image's setuptools builds editables in an isolated env, which
