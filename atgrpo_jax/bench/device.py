@@ -184,8 +184,9 @@ def table(results: dict) -> str:
             extra = (f", peak so far {r['peak_bytes_so_far'] / 2**30:.1f} GiB vs planned "
                      f"{r['planned_peak_bytes'] / 2**30:.1f} GiB")
         lines.append(f"{key}: {r['tokens_per_s']:.0f} tok/s, MFU {_fmt(r.get('mfu'), '.1%')}{extra}")
-    for name, prof in (("update", u.get("update_profile")), ("decode, layers rolled", p.get("decode", {}).get(
-            "profile_rolled")), ("decode, layers unrolled", p.get("decode", {}).get("profile_unrolled"))):
+    d = p.get("decode", {})
+    for name, prof in (("update", u.get("update_profile")), ("decode, layers rolled", d.get("profile_rolled")),
+                       ("decode, layers unrolled", d.get("profile_unrolled"))):
         if prof and prof.get("error"):
             lines.append(f"kernels, {name}: no profile ({prof['error']})")
         elif prof and prof.get("kernels_per_call"):
@@ -204,7 +205,6 @@ def table(results: dict) -> str:
         lines.append(f"AT-GRPO step (2nd): {st['step_seconds']:.1f} s = sampling {st['sampling_seconds']:.1f} + "
                      f"environment {st['environment_seconds']:.1f} + update {st['update_seconds']:.1f} "
                      f"(first step {st['first_step_seconds']:.1f} s)")
-    d = p.get("decode", {})
     for key, form in (("decode_step_ms_by_rows", "rolled"), ("decode_step_ms_by_rows_unrolled", "unrolled")):
         if d.get(key):
             lines.append(f"decode step by rows, layers {form}: "

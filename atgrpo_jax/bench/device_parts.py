@@ -249,7 +249,7 @@ def decode(shapes: Shapes, record) -> None:
         for rows, ids in prompts.items():
             t = {n: _ours(model, ids, n, segment=0)[1] for n in (short, long_)}
             steps[rows] = 1e3 * (t[long_] - t[short]) / (long_ - short)  # prefill and set-up cancel
-            record("decode_step_ms_by_rows" if unroll == 1 else "decode_step_ms_by_rows_unrolled", steps)
+            record("decode_step_ms_by_rows" + ("" if form == "rolled" else "_unrolled"), steps)
         # the kernels of one short run at the most rows (decode dominates it: divide by `steps`)
         run = lambda: _ours(model, prompts[shapes.batch], short, segment=0)[2].tokens  # noqa: E731
         record(f"profile_{form}", {"rows": shapes.batch, "steps": short - 1, **profile_kernels(run)})

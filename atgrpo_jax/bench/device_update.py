@@ -26,12 +26,12 @@ from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.bench.common import timed
 from atgrpo_jax.bench.kernels import profile_kernels
 from atgrpo_jax.bench.device_parts import Shapes, datasheet_peak, torch_device, torch_sync
-from atgrpo_jax.bench.train import (jax_batch, jax_update, make_batch, old_logprobs, optim_config, rows_logprobs,
-                                    update_flops)
+from atgrpo_jax.bench.train import (bench_optimizer, jax_batch, jax_update, make_batch, old_logprobs, optim_config,
+                                    scoring_rows, update_flops)
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.attention import BACKENDS
 from atgrpo_jax.plan_memory import abstract_mesh, model_params, param_bytes, update_memory
-from atgrpo_jax.train.update import TrainState, make_optimizer
+from atgrpo_jax.train.update import TrainState
 
 CHUNK = 512  # the trainer's default log-prob chunk
 
@@ -109,9 +109,9 @@ def where_time_goes(record, update_fn, logprobs_fn, state, batch, data: dict, st
         return metrics
     record("update_profile", profile_kernels(one_step))
     state = box[0]
-    forward = min(timed(lambda: rows_logprobs(logprobs_fn, state.params, data["tokens"], data["valid"]),
-                        repeats=3, warmup=1))
-    tx, _ = make_optimizer(optim_config(), total_steps=1000)
+    rows = scoring_rows(data["tokens"], data["valid"])  # packed once: the timing is the device's
+    forward = min(timed(logprobs_fn, state.params, rows, repeats=3, warmup=1))
+    tx = bench_optimizer(optim_config())  # the update's own clipping and AdamW
 
     @functools.partial(jax.jit, donate_argnums=0)
     def optimizer_step(state: TrainState, grads) -> TrainState:

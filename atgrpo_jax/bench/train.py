@@ -99,20 +99,29 @@ def optim_config(lr: float | None = None):
 
 # ---------------------------------------------------------------- the two updates
 
+def bench_optimizer(optim):
+    """The benchmarks' optimizer: the trainer's clipping and AdamW, its schedule over 1,000 steps."""
+    return make_optimizer(optim, total_steps=1000)[0]
+
+
 def jax_update(model, optim, loss_cfg: LossConfig, chunk: int):
     """(logprobs_fn, update_fn, state) of the trainer's update on `model`'s weights; update_fn takes rows."""
     graphdef, params = nnx.split(model)
     params = jax.tree.map(jnp.copy, params)  # the update donates its state
-    tx, _ = make_optimizer(optim, total_steps=1000)
+    tx = bench_optimizer(optim)
     logprobs_fn, update_fn = make_update_fns(graphdef, nnx.State({}), tx, loss_cfg, chunk)
     return logprobs_fn, rows_update(update_fn), init_state(params, tx)
 
 
+def scoring_rows(tokens, valid):
+    """Rows [N, L] as the Packed batch that scores every token given its prefix."""
+    valid = jnp.asarray(valid)
+    return rows_packed(jnp.asarray(tokens), valid, valid, None, jnp.zeros(len(valid)))
+
+
 def rows_logprobs(logprobs_fn, params, tokens, valid) -> np.ndarray:
     """[N, L] log-prob of every token of the rows given its prefix (column 0: 0)."""
-    valid = jnp.asarray(valid)
-    rows = rows_packed(jnp.asarray(tokens), valid, valid, None, jnp.zeros(len(valid)))
-    return np.asarray(rows_from_packed(logprobs_fn(params, rows)))
+    return np.asarray(rows_from_packed(logprobs_fn(params, scoring_rows(tokens, valid))))
 
 
 def old_logprobs(logprobs_fn, params, data: dict, noise: float = 0.3, seed: int = 1) -> np.ndarray:
