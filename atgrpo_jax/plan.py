@@ -94,6 +94,9 @@ def _candidates(config, device: Device, num_devices: int, policies: int) -> list
     rows = r.num_tasks * r.k
     consider("rollout.decode_slots={value} (fewer rows decoded at once; continuous batching)",
              [({"rollout.decode_slots": v}, num_devices) for v in _halvings(r.decode_slots or rows, 1)])
+    if m.decode_unroll != 1:
+        consider("decode steps over the stacked weights (model.decode_unroll=1: no per-layer copy, slower steps)",
+                 [({"model.decode_unroll": 1}, num_devices)])
     consider("rollout.num_tasks={value} (fewer tasks sampled at once)",
              [({"rollout.num_tasks": v}, num_devices) for v in _halvings(r.num_tasks, 1)])
     if m.param_dtype == "float32":
@@ -112,7 +115,8 @@ def advise(config, device: Device, num_devices: int, policies: int, base: Plan,
     """Single changes that lower the peak (fitting ones first), and a combination that fits.
 
     The combination is greedy: take the first change (in order of preference:
-    remat, mesh, bfloat16 compute, smaller chunks and mini-batches, fewer tasks,
+    remat, mesh, bfloat16 compute, smaller chunks and mini-batches, fewer rows decoded at once,
+    decode over stacked weights, fewer tasks,
     bfloat16 weights, shorter sequences, more chips) that makes the run fit,
     else the one with the lowest peak; re-plan; repeat.
     """
@@ -176,7 +180,8 @@ def report(p: Plan) -> str:
         f"  KV cache (sampling)         {_gib(p.kv_cache)}   (prompts {s['prompt_cache'] / GiB:.2f}, new tokens of "
         f"{s['decode_rows']} rows decoded at once {s['new_token_cache'] / GiB:.2f})",
         f"  sampling working set        {_gib(p.sampling_working)}   "
-        f"(prefill attention {s['prefill_attention'] / GiB:.2f}, decode logits {s['decode_logits'] / GiB:.2f})",
+        f"(prefill attention {s['prefill_attention'] / GiB:.2f}, decode logits {s['decode_logits'] / GiB:.2f}, "
+        f"per-layer weights {s['layer_weights'] / GiB:.2f})",
         "",
         f"  update peak                 {_gib(p.update_peak)}",
         f"  sampling peak               {_gib(p.sampling_peak)}",

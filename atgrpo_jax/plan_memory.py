@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType
 
 from atgrpo_jax.models.config import DTYPES, Qwen3Config, get_preset
-from atgrpo_jax.models.qwen3 import LAYER_PARAMS, LORA_TARGETS, KVCache
+from atgrpo_jax.models.qwen3 import LAYER_PARAMS, LORA_TARGETS, KVCache, decodes_per_layer
 from atgrpo_jax.sharding import MESH_AXES, RULES, MeshConfig, logical_spec, pool_sizes
 from atgrpo_jax.train.config import max_new_tokens, sharing
 
@@ -226,7 +226,9 @@ def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: 
     decode at once, each with its own copy of its prompt's slots. A decode step
     reads one layer's keys and values at a time and turns [rows, V] float32
     logits into tokens; with a repetition penalty each row also keeps a [V] bool set of the ids
-    it has seen.
+    it has seen. Decode steps on per-layer weights and caches (`decodes_per_layer`, the default)
+    hold a per-layer copy of the layer weights for the call and copy the prompts' cache once,
+    at the end of prefill; rolled ones copy one layer's keys and values out of the stack per layer.
     """
     rows = num_tasks * k
     decoding = min(rows, decode_slots) if decode_slots else rows
@@ -236,14 +238,20 @@ def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: 
     cache = prompt_cache + own_cache + gathered
     attn = attention_buffers(cfg, mesh, num_tasks, prompt_len, prompt_len, "chunked" if backend == "splash" else backend)
     prefill = 2 * attn["working"] + attn["mask"]
-    layer_kv = cache // cfg.num_layers  # one layer's keys and values, read out of the stack
     logits = 3 * local_bytes((decoding, cfg.vocab_size), ("batch", "vocab"), 4, mesh)  # logits + selection
     if penalty:  # the rows' seen-id sets, and the prompts' from prefill
         logits += local_bytes((decoding + num_tasks, cfg.vocab_size), ("batch", "vocab"), 1, mesh)
-    working = max(prefill, layer_kv + logits)
+    if decodes_per_layer(cfg):
+        layer_kv = 0
+        layer_weights = param_bytes([p for p in model_params(cfg) if not p[3] and p[2][0] == "layers"], mesh)
+        working = layer_weights + max(prefill, prompt_cache, logits)  # prompt_cache: prefill's per-layer copy
+    else:
+        layer_kv = cache // cfg.num_layers  # one layer's keys and values, copied out of the stack
+        layer_weights = 0
+        working = max(prefill, layer_kv + logits)
     return {"kv_cache": cache, "prompt_cache": prompt_cache, "new_token_cache": own_cache + gathered,
             "decode_rows": decoding, "prefill_attention": prefill, "decode_layer_kv": layer_kv,
-            "decode_logits": logits, "working": working}
+            "decode_logits": logits, "layer_weights": layer_weights, "working": working}
 
 
 @dataclasses.dataclass(frozen=True)

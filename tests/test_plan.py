@@ -107,11 +107,17 @@ def test_sampling_cache_equals_the_samplers_caches(slots):
         rows, _ = jax.eval_shape(lambda w, p: decode.start_jit(graphdef, w, p, stops, keys, budget,
                                                                settings=settings), weights, pre)
     caches = [pre.cache, rows.own] + ([rows.prefix] if slots else [])
-    real = sum(math.prod(x.shape) * x.dtype.itemsize for c in caches for x in (c.k, c.v, c.valid))
+    nbytes = lambda tree: sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+    real = sum(nbytes((c.k, c.v, c.valid)) for c in caches)
     planned = sampling_memory(cfg, abstract_mesh({"data": 1, "fsdp": 1, "tensor": 1}), tasks, k, prompt, new,
                               jnp.dtype(cfg.dtype).itemsize, decode_slots=slots)
     assert planned["kv_cache"] == real
     assert planned["decode_rows"] == (slots or tasks * k)
+    # the per-layer weights the decode steps read, sliced once per call
+    assert planned["layer_weights"] == nbytes(jax.eval_shape(lambda w: decode.layer_weights_jit(graphdef, w), weights))
+    rolled = sampling_memory(cfg.replace(decode_unroll=1), abstract_mesh({"data": 1, "fsdp": 1, "tensor": 1}), tasks,
+                             k, prompt, new, jnp.dtype(cfg.dtype).itemsize, decode_slots=slots)
+    assert rolled["layer_weights"] == 0 and rolled["decode_layer_kv"] > 0
 
 
 @pytest.mark.parametrize("sizes", [(2, 2, 2), (1, 4, 2), (1, 8, 1), (1, 1, 8)])

@@ -92,21 +92,26 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend):
     return constrain(h, ("batch", "seq", "embed")), carry
 
 
-def layer_unroll(cfg: Qwen3Config, t: int, platform: str | None = None) -> int:
+def layer_unroll(cfg: Qwen3Config, t: int) -> int:
     """Layers per iteration of the layer loop for a call of t tokens per row.
 
-    Auto unrolls every layer of a one-token decode step on accelerators. On a GPU the rolled
-    step is launch-bound (docs/device.md: 4.2 ms at one row, 4x the weight read): a kernel
-    sequence per layer and a host round trip per iteration, where unrolled layers fuse across
-    their boundaries and run as one command buffer. On a TPU a loop keeps XLA from fetching the
-    next layer's weights during this one's work. A CPU gains nothing (measured) and compiles
-    slower. Longer calls (prefill, the update) keep one layer per iteration: compile time stays
-    flat in depth."""
+    Auto (decode_unroll 0) unrolls every layer of a one-token decode step, which then reads
+    per-layer weights and caches (`decodes_per_layer`). A rolled step slices each layer's
+    weights and cache out of the stack, and XLA's matmuls read whole buffers, so every step
+    copies them: on a CPU a 1.33x slower step at 64 rows (docs/sampler_performance.md); on a
+    GPU the rolled step was launch-bound too (docs/device.md: 4.2 ms at one row, 4x the weight
+    read), and on a TPU a loop keeps XLA from fetching the next layer's weights during this
+    one's work. Longer calls (prefill, the update) keep one layer per iteration: compile time
+    stays flat in depth."""
     if t != 1:
         return 1
-    if cfg.decode_unroll:
-        return min(cfg.decode_unroll, cfg.num_layers)
-    return 1 if (platform or jax.default_backend()) == "cpu" else cfg.num_layers
+    return min(cfg.decode_unroll or cfg.num_layers, cfg.num_layers)
+
+
+def decodes_per_layer(cfg: Qwen3Config) -> bool:
+    """Decode steps run every layer unrolled, on per-layer weights (`Qwen3.layer_weights`) and
+    caches (`KVCache.per_layer`), each sliced out of its stack once per sampling call."""
+    return layer_unroll(cfg, 1) == cfg.num_layers
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, ones=False) -> nnx.Param:
@@ -161,11 +166,13 @@ class Qwen3(nnx.Module):
         h, cache = self.hidden_states(tokens, positions, causal(mask) if cache is None else cached(cache, mask))
         return self.logits(h), cache
 
-    def hidden_states(self, tokens, positions, attention=None):
+    def hidden_states(self, tokens, positions, attention=None, layers=None):
         """Final-normed hidden states [B, T, D], and what the attention strategy returns (the
         updated cache, or None): the one forward pass of every caller (`strategies.py`).
 
-        tokens, positions [B, T] int; attention defaults to causal over all T tokens.
+        tokens, positions [B, T] int; attention defaults to causal over all T tokens. layers:
+        the per-layer weights (`layer_weights`), run in order with no loop; None: the stacked
+        weights under `lax.scan` (`layer_unroll` layers per iteration).
         """
         cfg = self.cfg
         attention = causal(jnp.ones(tokens.shape, bool)) if attention is None else attention
@@ -178,10 +185,23 @@ class Qwen3(nnx.Module):
             h, kv = decoder_layer(cfg, w, h, positions, lambda q, k, v: attention.attend(cfg, i, q, k, v, kv))
             return (h, kv), None
 
-        body = jax.checkpoint(body) if cfg.remat and attention.remat else body
-        xs = (self.layers.weights(), jnp.arange(cfg.num_layers))
-        (h, kv), _ = jax.lax.scan(body, (h, attention.init()), xs, unroll=layer_unroll(cfg, tokens.shape[1]))
+        if layers is not None:
+            carry = (h, attention.init())
+            for i, w in enumerate(layers):
+                carry, _ = body(carry, (w, i))
+            h, kv = carry
+        else:
+            body = jax.checkpoint(body) if cfg.remat and attention.remat else body
+            xs = (self.layers.weights(), jnp.arange(cfg.num_layers))
+            (h, kv), _ = jax.lax.scan(body, (h, attention.init()), xs, unroll=layer_unroll(cfg, tokens.shape[1]))
         return rms_norm(h, self.final_norm[...], cfg.rms_norm_eps), attention.finish(kv, tokens.shape[1])
+
+    def layer_weights(self) -> tuple[dict[str, jax.Array], ...]:
+        """Each layer's weights as arrays of their own (LoRA merged), for `hidden_states(layers=)`.
+        The decode loop takes these, sliced once per sampling call: a slice of the stacked weights
+        inside the loop is a copy of the layer at every step (three weight reads, not one)."""
+        w = self.layers.weights()
+        return tuple({name: x[i] for name, x in w.items()} for i in range(self.cfg.num_layers))
 
     def head_weight(self) -> jax.Array:
         """The output projection as [D, V] (the embedding's transpose when tied)."""

@@ -35,10 +35,15 @@ class KVCache(NamedTuple):
     `valid` marks the slots that hold real tokens rather than padding. Heads
     come before slots: decode attention then reads each head's keys as one
     contiguous [cache_seq, head_dim] block (decode attention ~2x faster on CPU).
+
+    Two layouts of k and v: stacked, one [layers, ...] array (what a loop over the
+    layers indexes, and what prefill writes); or per layer, a tuple of [batch, ...] arrays
+    (`per_layer`), what the unrolled decode step reads: a layer sliced out of the stack
+    inside the step is a copy of it at every step (docs/sampler_performance.md).
     """
 
-    k: jax.Array  # [layers, batch, kv_heads, cache_seq, head_dim]
-    v: jax.Array
+    k: jax.Array | tuple[jax.Array, ...]  # [layers, batch, kv_heads, cache_seq, head_dim], or per layer
+    v: jax.Array | tuple[jax.Array, ...]
     valid: jax.Array  # [batch, cache_seq] bool
     index: jax.Array  # int32 scalar
 
@@ -57,10 +62,49 @@ class KVCache(NamedTuple):
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, length), bool),
                    jnp.zeros((), jnp.int32))
 
+    @property
+    def layered(self) -> bool:
+        """k and v are one array per layer."""
+        return isinstance(self.k, tuple)
+
+    @property
+    def slots(self) -> int:
+        return self.valid.shape[1]
+
+    @property
+    def dtype(self):
+        return (self.k[0] if self.layered else self.k).dtype
+
+    def per_layer(self) -> "KVCache":
+        """The same cache with one array per layer (a copy of each layer, once)."""
+        return self if self.layered else self._replace(k=tuple(self.k), v=tuple(self.v))
+
+    def take_rows(self, index) -> "KVCache":
+        """Rows `index` (batch entries) of k, v and valid, in either layout."""
+        axis = 0 if self.layered else 1
+        take = lambda x: jnp.take(x, index, axis=axis)  # noqa: E731
+        return KVCache(jax.tree.map(take, self.k), jax.tree.map(take, self.v), jnp.take(self.valid, index, axis=0),
+                       self.index)
+
+    def where_rows(self, rows, other: "KVCache") -> "KVCache":
+        """`other`'s rows where rows [batch] is True, else this cache's (same layout and shapes)."""
+        axis = 0 if self.layered else 1
+
+        def pick(mine, theirs, axis=axis):
+            return jnp.where(rows.reshape((1,) * axis + (-1,) + (1,) * (mine.ndim - axis - 1)), theirs, mine)
+        return KVCache(jax.tree.map(pick, self.k, other.k), jax.tree.map(pick, self.v, other.v),
+                       pick(self.valid, other.valid, 0), self.index)
+
 
 def _write(carry, layer, slot, k, v):
-    """Store k, v [B, T, KV, D] at `slot` of `layer` in the cache buffers (layout [L, B, KV, S, D])."""
+    """Store k, v [B, T, KV, D] at `slot` of `layer` in the cache buffers (k, v in either layout;
+    per layer, `layer` is a Python int)."""
     ks, vs = carry
+    if isinstance(ks, tuple):
+        def put(bufs, x):
+            x = jnp.swapaxes(x, 1, 2).astype(bufs[layer].dtype)
+            return (*bufs[:layer], jax.lax.dynamic_update_slice(bufs[layer], x, (0, 0, slot, 0)), *bufs[layer + 1:])
+        return put(ks, k), put(vs, v)
     k, v = (jnp.swapaxes(x, 1, 2)[None].astype(ks.dtype) for x in (k, v))
     return (jax.lax.dynamic_update_slice(ks, k, (layer, 0, 0, slot, 0)),
             jax.lax.dynamic_update_slice(vs, v, (layer, 0, 0, slot, 0)))
@@ -121,8 +165,8 @@ def cached(cache: KVCache, valid) -> Cached:
 
 class SharedPrefix(NamedTuple):
     """One new token per row for N = B*K branch rows (prompt-major): each reads its prompt's
-    keys in `prefix` ([layers, B, ...], as prefill wrote them) in place, and writes and reads its
-    own slots in `own` ([layers, N, ...], slot own.index is written)."""
+    keys in `prefix` ([layers, B, ...] or per layer, as prefill wrote them) in place, and writes and
+    reads its own slots in `own` ([layers, N, ...] or per layer, slot own.index is written)."""
 
     prefix: KVCache
     own: KVCache
@@ -146,7 +190,7 @@ class SharedPrefix(NamedTuple):
 def shared_prefix(prefix: KVCache, own: KVCache, branches: int, own_allowed=None) -> SharedPrefix:
     """own_allowed [N, 1, slots] (default: the slots up to and including own.index)."""
     if own_allowed is None:
-        slots = own.k.shape[3]
-        own_allowed = jnp.broadcast_to(jnp.arange(slots) <= own.index, (own.k.shape[1], 1, slots))
+        rows, slots = own.valid.shape
+        own_allowed = jnp.broadcast_to(jnp.arange(slots) <= own.index, (rows, 1, slots))
     return SharedPrefix(prefix, own, own_allowed, branches)
 

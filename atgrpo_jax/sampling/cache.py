@@ -19,8 +19,10 @@ VALID_AXES = ("batch", "cache_seq")
 
 
 def constrain_cache(cache: KVCache) -> KVCache:
-    return KVCache(constrain(cache.k, KVCache.AXES), constrain(cache.v, KVCache.AXES),
-                   constrain(cache.valid, VALID_AXES), cache.index)
+    axes = KVCache.AXES[1:] if cache.layered else KVCache.AXES  # per layer: no layers axis
+    pin = lambda x: constrain(x, axes)  # noqa: E731
+    return KVCache(jax.tree.map(pin, cache.k), jax.tree.map(pin, cache.v), constrain(cache.valid, VALID_AXES),
+                   cache.index)
 
 
 def init_cache(cfg: Qwen3Config, batch: int, length: int, dtype: str | None = None) -> KVCache:

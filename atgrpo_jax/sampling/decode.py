@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from atgrpo_jax.models.qwen3 import KVCache
+from atgrpo_jax.models.qwen3 import KVCache, decodes_per_layer
 from atgrpo_jax.models.strategies import cached
 from atgrpo_jax.sampling.branches import branch_step, init_branch_cache
 from atgrpo_jax.sampling.cache import constrain_cache, init_cache
@@ -129,6 +129,8 @@ def _prefill(graphdef, weights, prompt_ids, prompt_mask, *, cache_dtype: str | N
     positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0).astype(jnp.int32)
     h, cache = model.hidden_states(prompt_ids, positions,
                                    cached(init_cache(model.cfg, b, p, cache_dtype), prompt_mask))
+    if decodes_per_layer(model.cfg):  # the layout the decode step reads (prefill's loop writes the stack)
+        cache = cache.per_layer()
     logits = model.logits(h[:, -1])  # left padding: the last column is every prompt's last token
     present = None
     if presence:
@@ -192,7 +194,7 @@ def start(model, pre: Prefilled, settings: DecodeSettings, stop_ids=None, row_ke
         row_keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.key(0), r))(jnp.arange(n))
     # The K branches of a prompt start from its logits; copying them is the first step's work.
     logits = constrain(jnp.repeat(pre.logits, k, axis=0), ("batch", "vocab"))
-    own = init_branch_cache(model, n, new, pre.cache.k.dtype)
+    own = init_branch_cache(model, n, new, pre.cache.dtype)
     present = None if pre.present is None else constrain(jnp.repeat(pre.present, k, axis=0), ("batch", "vocab"))
     return Rows(pre.cache, own, logits, jnp.repeat(pre.lengths, k), jnp.zeros((n,), bool),
                 jnp.repeat(budget, k), jnp.repeat(stop_ids, k, axis=0), row_keys, jnp.zeros((n,), jnp.int32),
@@ -221,10 +223,11 @@ def write_back(full: Decoded, rows: Rows, ids, pad_id: int) -> Decoded:
                    put(full.lengths, o.lengths), put(full.stopped, o.stopped), o.steps)
 
 
-def _segment(graphdef, weights, rows: Rows, full: Decoded, ids, until, params: SamplingParams,
+def _segment(graphdef, weights, layers, rows: Rows, full: Decoded, ids, until, params: SamplingParams,
              settings: DecodeSettings) -> tuple[Rows, Decoded]:
     """Decode until step `until` (traced) or until every row is done, then write the rows'
-    outputs to `full` at `ids` (the caller's row of each; -1 for fillers).
+    outputs to `full` at `ids` (the caller's row of each; -1 for fillers). layers: the
+    per-layer weights when decode steps run per layer (`layer_weights_jit`), else None.
 
     The loop carries the per-row state only (the prefix is read in place);
     `rows` and `full` are donated, so XLA updates them where they lie.
@@ -237,7 +240,7 @@ def _segment(graphdef, weights, rows: Rows, full: Decoded, ids, until, params: S
     def unfinished(s: Rows):
         return (s.out.steps < until) & ~jnp.all(s.done)
 
-    width = rows.own.k.shape[3]
+    width = rows.own.slots
 
     def step(s: Rows):
         step = s.out.steps
@@ -245,7 +248,7 @@ def _segment(graphdef, weights, rows: Rows, full: Decoded, ids, until, params: S
         own_allowed = ((jnp.arange(width) - s.start[:, None]) % width <= (step - s.start)[:, None])[:, None, :]
         tok, s = _step_select(s, params, settings)
         own = s.own._replace(index=step % width)
-        h, own = branch_step(model, tok, s.positions, prefix, own, branches, own_allowed)
+        h, own = branch_step(model, tok, s.positions, prefix, own, branches, own_allowed, layers)
         logits = constrain(model.logits(h), ("batch", "vocab"))
         return s._replace(own=own, logits=logits, positions=s.positions + 1)
 
@@ -253,7 +256,15 @@ def _segment(graphdef, weights, rows: Rows, full: Decoded, ids, until, params: S
     return rows, write_back(full, rows, ids, settings.pad_id)
 
 
+def _layer_weights(graphdef, weights):
+    """The per-layer weights the decode steps read (`Qwen3.layer_weights`), or None when they
+    run the stacked weights in a loop (model.decode_unroll < layers)."""
+    model = nnx.merge(graphdef, weights)
+    return model.layer_weights() if decodes_per_layer(model.cfg) else None
+
+
 prefill_jit = jax.jit(_prefill, static_argnames=("graphdef", "cache_dtype", "presence"))
+layer_weights_jit = jax.jit(_layer_weights, static_argnames=("graphdef",))
 start_jit = jax.jit(_start, static_argnames=("graphdef", "settings"))
 segment_jit = jax.jit(_segment, static_argnames=("graphdef", "settings"), donate_argnames=("rows", "full"))
 

@@ -32,10 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from atgrpo_jax.models.qwen3 import KVCache
 from atgrpo_jax.sampling.cache import constrain_cache
 from atgrpo_jax.sampling.decode import (Decoded, DecodeSettings, Prefilled, Rows, SamplingParams, empty_outputs,
-                                        prefill_jit, segment_jit, start, start_jit)
+                                        layer_weights_jit, prefill_jit, segment_jit, start, start_jit)
 from atgrpo_jax.sharding import constrain
 
 
@@ -82,15 +81,10 @@ def _compact(rows: Rows, src, keep, src_group) -> Rows:
     """The kept rows (and the prompt rows they read) gathered into a smaller batch; the others are
     already written back (`decode_segment` does so at its end)."""
     take = lambda x: constrain(jnp.take(x, src, axis=0), ("batch",) + (None,) * (x.ndim - 1))  # noqa: E731
-
-    def cache(c: KVCache, index) -> KVCache:
-        return KVCache(jnp.take(c.k, index, axis=1), jnp.take(c.v, index, axis=1), jnp.take(c.valid, index, axis=0),
-                       c.index)
-
     o = rows.out
     out = Decoded(take(o.tokens), take(o.logprobs), take(o.raw_logprobs), take(o.lengths), take(o.stopped), o.steps)
     present = None if rows.present is None else take(rows.present)
-    return Rows(cache(rows.prefix, src_group), cache(rows.own, src), take(rows.logits), take(rows.positions),
+    return Rows(rows.prefix.take_rows(src_group), rows.own.take_rows(src), take(rows.logits), take(rows.positions),
                 take(rows.done) | ~keep, take(rows.budget), take(rows.stop_ids), take(rows.keys), take(rows.start), out,
                 present)
 
@@ -106,10 +100,7 @@ def _admit(rows: Rows, pre: Prefilled, stop_ids, budget, row_keys, new_ids, bran
     def admit(old, new, axis=0):  # new rows where fill, along the row axis
         return jnp.where(fill.reshape((1,) * axis + (-1,) + (1,) * (old.ndim - axis - 1)), new, old)
 
-    p, c = rows.prefix, pre.cache
-    prefix = constrain_cache(KVCache(admit(p.k, jnp.take(c.k, prompt, axis=1), 1),
-                                     admit(p.v, jnp.take(c.v, prompt, axis=1), 1),
-                                     admit(p.valid, jnp.take(c.valid, prompt, axis=0)), p.index))
+    prefix = constrain_cache(rows.prefix.where_rows(fill, pre.cache.take_rows(prompt)))
     o = rows.out
     out = o._replace(lengths=jnp.where(fill, 0, o.lengths), stopped=o.stopped & ~fill)
     present = None if rows.present is None else admit(rows.present, jnp.take(pre.present, prompt, axis=0))
@@ -122,8 +113,7 @@ def _admit(rows: Rows, pre: Prefilled, stop_ids, budget, row_keys, new_ids, bran
 def _empty(graphdef, weights, pre: Prefilled, stop_ids, row_keys, budget, slots: int, settings: DecodeSettings):
     """`slots` finished filler rows in groups of one to admit rows into, and the caller-ordered
     output buffers (one row per key)."""
-    c = pre.cache
-    first_prompt = Prefilled(KVCache(c.k[:, :1], c.v[:, :1], c.valid[:1], c.index), pre.logits[:1], pre.lengths[:1],
+    first_prompt = Prefilled(pre.cache.take_rows(jnp.zeros(1, jnp.int32)), pre.logits[:1], pre.lengths[:1],
                              None if pre.present is None else pre.present[:1])
     one = start(nnx.merge(graphdef, weights), first_prompt, dataclasses.replace(settings, num_branches=1),
                 stop_ids[:1], row_keys[:1], budget[:1])
@@ -163,6 +153,7 @@ def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingPara
                          f"got segment={segment}")
     pre = prefill_jit(graphdef, weights, prompt_ids, prompt_mask, cache_dtype=settings.cache_dtype,
                       presence=settings.repetition_penalty)
+    layers = layer_weights_jit(graphdef, weights)  # sliced once for every decode step of the call
     prompt_of = np.arange(n) // k
     if continuous:
         stop_ids, budget = jnp.asarray(stop_ids), jnp.asarray(budget)  # read at every admission
@@ -182,7 +173,8 @@ def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingPara
             rows = admit_jit(rows, pre, stop_ids, budget, row_keys, new_ids, branches=k)
             ids, waiting = np.where(new_ids >= 0, new_ids, ids), waiting + len(free)
         until = step + segment if segment > 0 else new  # every row is done by step `new` unless it started late
-        rows, full = segment_jit(graphdef, weights, rows, full, ids, np.int32(until), params, settings=settings)
+        rows, full = segment_jit(graphdef, weights, layers, rows, full, ids, np.int32(until), params,
+                                 settings=settings)
         done, reached = jax.device_get((rows.done, rows.out.steps))
         row_steps += len(ids) * (int(reached) - step)
         step = int(reached)

@@ -1,5 +1,8 @@
-"""Unrolled decoder layers in one-token steps (`model.decode_unroll`): the same tokens and
-log-probs as the rolled loop, no loop left in the step, and the auto choice per platform."""
+"""Decode steps on per-layer weights and caches (`model.decode_unroll` auto) or rolled over the
+stacked ones: the same tokens and log-probs, no loop left in the step, and no stacked weight or
+cache inside the decode loop, where slicing a layer out of the stack copies it at every step."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,9 +10,10 @@ import pytest
 from flax import nnx
 
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.models.qwen3 import layer_unroll
+from atgrpo_jax.models.qwen3 import decodes_per_layer, layer_unroll
 from atgrpo_jax.models.strategies import KVCache
-from atgrpo_jax.sampling import generate
+from atgrpo_jax.sampling import decode, generate
+from atgrpo_jax.sampling.generate import row_keys_for
 
 CFG = get_preset("test-tiny").replace(num_layers=3)
 
@@ -29,29 +33,76 @@ def loops_in_step(model: Qwen3, t: int) -> int:
     return text.count("stablehlo.while")
 
 
-def test_auto_unrolls_every_layer_of_a_one_token_step_on_accelerators_only():
-    assert layer_unroll(CFG, 1, "gpu") == layer_unroll(CFG, 1, "tpu") == 3
-    assert layer_unroll(CFG, 1, "cpu") == 1
-    assert layer_unroll(CFG, 16, "gpu") == 1  # prefill and the update keep the rolled loop
-    assert layer_unroll(CFG.replace(decode_unroll=2), 1, "cpu") == 2
-    assert layer_unroll(CFG.replace(decode_unroll=8), 1, "cpu") == 3
+def test_auto_runs_every_layer_of_a_one_token_step_on_its_own_weights():
+    assert layer_unroll(CFG, 1) == 3 and decodes_per_layer(CFG)
+    assert layer_unroll(CFG, 16) == 1  # prefill and the update keep the rolled loop
+    assert layer_unroll(CFG.replace(decode_unroll=1), 1) == 1 and not decodes_per_layer(CFG.replace(decode_unroll=1))
+    assert layer_unroll(CFG.replace(decode_unroll=2), 1) == 2 and not decodes_per_layer(CFG.replace(decode_unroll=2))
+    assert layer_unroll(CFG.replace(decode_unroll=8), 1) == 3 and decodes_per_layer(CFG.replace(decode_unroll=8))
     with pytest.raises(ValueError, match="decode_unroll must be >= 0"):
         CFG.replace(decode_unroll=-1)
 
 
 def test_an_unrolled_decode_step_has_no_layer_loop_and_prefill_keeps_it():
     model = Qwen3(CFG, rngs=nnx.Rngs(0))
-    unrolled = with_unroll(model, 3)
-    assert loops_in_step(model, 1) == 1
-    assert loops_in_step(unrolled, 1) == 0
-    assert loops_in_step(unrolled, 4) == 1
+    assert loops_in_step(with_unroll(model, 1), 1) == 1
+    assert loops_in_step(model, 1) == 0
+    assert loops_in_step(model, 4) == 1
 
 
-def test_unrolled_layers_sample_the_same_tokens_and_logprobs():
+def _sub_jaxprs(params):
+    for value in params.values():
+        for x in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(x, jax.extend.core.ClosedJaxpr):
+                yield x.jaxpr
+            elif isinstance(x, jax.extend.core.Jaxpr):
+                yield x
+
+
+def shapes_in_loops(jaxpr, inside: bool = False, found=None) -> set:
+    """Shapes of the arrays that the equations inside while loops take (nested jaxprs included)."""
+    found = set() if found is None else found
+    for eqn in jaxpr.eqns:
+        if inside:
+            found.update(tuple(v.aval.shape) for v in eqn.invars if hasattr(v.aval, "shape"))
+        for sub in _sub_jaxprs(eqn.params):
+            shapes_in_loops(sub, inside or eqn.primitive.name == "while", found)
+    return found
+
+
+def decode_loop_shapes(model: Qwen3, rows: int = 4, new: int = 6) -> set:
+    """Shapes inside the while loops of one decode segment of `model` (2 prompts x 2 branches)."""
+    graphdef, weights = nnx.split(model)
+    ids, mask = np.ones((rows // 2, 5), np.int32), np.ones((rows // 2, 5), bool)
+    settings = decode.DecodeSettings(new, num_branches=2)
+    pre = decode.prefill_jit(graphdef, weights, ids, mask)
+    layers = decode.layer_weights_jit(graphdef, weights)
+    state, full = decode.start_jit(graphdef, weights, pre, None, row_keys_for(jax.random.key(0), rows), None,
+                                   settings=settings)
+    segment = functools.partial(decode._segment, graphdef, settings=settings)
+    jaxpr = jax.make_jaxpr(segment)(weights, layers, state, full, np.arange(rows, dtype=np.int32), np.int32(new),
+                                    decode.sampling_params())
+    return shapes_in_loops(jaxpr.jaxpr)
+
+
+def test_the_decode_loop_reads_no_stacked_weight_or_cache():
+    model = Qwen3(CFG, rngs=nnx.Rngs(0))
+    stacked = {x.shape for x in jax.tree.leaves(nnx.state(model.layers))}
+    stacked |= {KVCache.shape(CFG, rows, slots) for rows, slots in ((2, 5), (4, 6))}  # prompt and new-token caches
+    assert not stacked & decode_loop_shapes(model)
+    assert stacked & decode_loop_shapes(with_unroll(model, 1))  # the rolled loop slices the stacks
+
+
+def test_every_loop_form_samples_the_same_tokens_and_logprobs():
+    """Per layer (auto), rolled and 2-of-3 unrolled; the rolled one also with rows dropped every 2 steps
+    and continuous batching (3 slots), which move stacked caches instead of per-layer ones."""
     model = Qwen3(CFG, rngs=nnx.Rngs(0))
     prompts = [list(np.random.RandomState(s).randint(1, CFG.vocab_size, n)) for s, n in enumerate((5, 9, 2))]
-    outs = [generate(m, prompts, max_new_tokens=10, key=jax.random.key(3), temperature=1.0, num_branches=2)
-            for m in (model, with_unroll(model, 3), with_unroll(model, 2))]
+    kw = dict(max_new_tokens=[10, 4, 7], key=jax.random.key(3), temperature=1.0, num_branches=2)
+    outs = [generate(model, prompts, segment=0, **kw), generate(model, prompts, segment=2, slots=3, **kw)]
+    outs += [generate(with_unroll(model, n), prompts, segment=0, **kw) for n in (1, 2)]
+    outs.append(generate(with_unroll(model, 1), prompts, segment=2, slots=3, **kw))
     for out in outs[1:]:
         np.testing.assert_array_equal(out.tokens, outs[0].tokens)
+        np.testing.assert_array_equal(out.lengths, outs[0].lengths)
         np.testing.assert_allclose(out.logprobs, outs[0].logprobs, atol=1e-5)

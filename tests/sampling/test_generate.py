@@ -104,7 +104,7 @@ def test_bfloat16_cache_is_close_to_float32(models):
     ids, mask = np.zeros((3, 16), np.int32), np.zeros((3, 16), bool)
     for i, p in enumerate(ps):
         ids[i, 16 - len(p):], mask[i, 16 - len(p):] = p, True
-    assert decode.prefill_jit(graphdef, weights, ids, mask, cache_dtype="bfloat16").cache.k.dtype == jnp.bfloat16
+    assert decode.prefill_jit(graphdef, weights, ids, mask, cache_dtype="bfloat16").cache.dtype == jnp.bfloat16
     g = gen(ours, ps, cache_dtype="bfloat16")
     reference = log_softmax_at(teacher_forced_logits(ours, g), g.tokens)  # float32 throughout
     err = np.abs(g.raw_logprobs - reference)

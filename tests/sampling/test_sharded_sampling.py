@@ -37,9 +37,10 @@ def test_sharded_generation_matches_unsharded():
     np.testing.assert_array_equal(got.tokens, plain.tokens)
     np.testing.assert_allclose(got.raw_logprobs, plain.raw_logprobs, atol=1e-4)
     # the prompt cache follows the rule table: batch over data+fsdp, kv_heads over tensor
-    k_spec, valid_spec = pre.cache.k.sharding.spec, pre.cache.valid.sharding.spec
-    expected = tuple({"batch": ("data", "fsdp"), "kv_heads": "tensor"}.get(a) for a in KVCache.AXES)
-    assert tuple(k_spec) + (None,) * (5 - len(k_spec)) == expected
+    assert pre.cache.layered  # one array per layer, as the decode step reads them
+    k_spec, valid_spec = pre.cache.k[0].sharding.spec, pre.cache.valid.sharding.spec
+    expected = tuple({"batch": ("data", "fsdp"), "kv_heads": "tensor"}.get(a) for a in KVCache.AXES[1:])
+    assert tuple(k_spec) + (None,) * (4 - len(k_spec)) == expected
     assert tuple(valid_spec)[:1] == (("data", "fsdp"),)
 
 
@@ -65,12 +66,12 @@ def assert_sharded_matches(plain_model, model, mesh_shape, prompts, **kw):
     np.testing.assert_allclose(got.logprobs, plain.logprobs, atol=1e-4)
 
 
-def test_unrolled_decode_layers_on_a_mesh_match_the_rolled_loop():
-    """The accelerators' default (model.decode_unroll auto: every layer unrolled in decode steps)
-    on a sharded model makes the rolled loop's tokens."""
+def test_rolled_decode_layers_on_a_mesh_match_the_per_layer_step():
+    """The rolled layer loop over stacked weights and caches (model.decode_unroll=1) on a sharded
+    model makes the tokens of the default per-layer decode step, unsharded."""
     model = scaled_model()
-    unrolled = Qwen3(model.cfg.replace(decode_unroll=model.cfg.num_layers), rngs=nnx.Rngs(1))
-    nnx.update(unrolled, nnx.state(model))
+    rolled = Qwen3(model.cfg.replace(decode_unroll=1), rngs=nnx.Rngs(1))
+    nnx.update(rolled, nnx.state(model))
     prompts = [list(np.random.RandomState(1).randint(1, 512, n)) for n in (7, 12)]
-    assert_sharded_matches(model, unrolled, {"data": 2, "fsdp": 2, "tensor": 2}, prompts, max_new_tokens=5,
+    assert_sharded_matches(model, rolled, {"data": 2, "fsdp": 2, "tensor": 2}, prompts, max_new_tokens=5,
                            num_branches=2, temperature=1.0, key=jax.random.key(0))
