@@ -19,7 +19,8 @@ import sys
 from absl import flags
 
 from atgrpo_jax import cli
-from atgrpo_jax.plan_memory import GiB, Advice, Device, Plan, parse_device, plan
+from atgrpo_jax.models.qwen3 import decodes_per_layer
+from atgrpo_jax.plan_memory import GiB, Advice, Device, Plan, device_platform, model_config, parse_device, plan
 from atgrpo_jax.train.config import ConfigError
 from atgrpo_jax.train.validate import resolve, validate
 
@@ -94,7 +95,7 @@ def _candidates(config, device: Device, num_devices: int, policies: int) -> list
     rows = r.num_tasks * r.k
     consider("rollout.decode_slots={value} (fewer rows decoded at once; continuous batching)",
              [({"rollout.decode_slots": v}, num_devices) for v in _halvings(r.decode_slots or rows, 1)])
-    if m.decode_unroll != 1:
+    if decodes_per_layer(model_config(config), device_platform(device)):
         consider("decode steps over the stacked weights (model.decode_unroll=1: no per-layer copy, slower steps)",
                  [({"model.decode_unroll": 1}, num_devices)])
     consider("rollout.num_tasks={value} (fewer tasks sampled at once)",

@@ -91,6 +91,11 @@ def parse_device(name: str, gpu_memory_gb: float = 80.0) -> tuple[Device, int]:
     return TPUS["v5e" if family == "v5litepod" else family], chips
 
 
+def device_platform(device: Device) -> str:
+    """The JAX platform of a planned device: "gpu" or "tpu"."""
+    return "gpu" if device.name.startswith("GPU") else "tpu"
+
+
 def abstract_mesh(sizes: dict[str, int]) -> AbstractMesh:
     return AbstractMesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES,
                         axis_types=(AxisType.Auto,) * len(MESH_AXES))
@@ -216,7 +221,7 @@ def kv_cache_bytes(cfg: Qwen3Config, mesh, rows: int, length: int, itemsize: int
 
 def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: int,
                     new_tokens: int, cache_itemsize: int, backend: str = "xla",
-                    decode_slots: int = 0, penalty: bool = False) -> dict[str, int]:
+                    decode_slots: int = 0, penalty: bool = False, platform: str | None = None) -> dict[str, int]:
     """KV cache of one sampling call and the working sets of prefill and decode.
 
     As in sampling/decode.py and segments.py: prefill writes the num_tasks
@@ -226,9 +231,10 @@ def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: 
     decode at once, each with its own copy of its prompt's slots. A decode step
     reads one layer's keys and values at a time and turns [rows, V] float32
     logits into tokens; with a repetition penalty each row also keeps a [V] bool set of the ids
-    it has seen. Decode steps on per-layer weights and caches (`decodes_per_layer`, the default)
-    hold a per-layer copy of the layer weights for the call and copy the prompts' cache once,
-    at the end of prefill; rolled ones copy one layer's keys and values out of the stack per layer.
+    it has seen. Decode steps on per-layer weights and caches (`decodes_per_layer` on `platform`,
+    the default on GPU and TPU) hold a per-layer copy of the layer weights for the call and copy
+    the prompts' cache once, at the end of prefill; rolled ones copy one layer's keys and values
+    out of the stack per layer.
     """
     rows = num_tasks * k
     decoding = min(rows, decode_slots) if decode_slots else rows
@@ -241,7 +247,7 @@ def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: 
     logits = 3 * local_bytes((decoding, cfg.vocab_size), ("batch", "vocab"), 4, mesh)  # logits + selection
     if penalty:  # the rows' seen-id sets, and the prompts' from prefill
         logits += local_bytes((decoding + num_tasks, cfg.vocab_size), ("batch", "vocab"), 1, mesh)
-    if decodes_per_layer(cfg):
+    if decodes_per_layer(cfg, platform):
         layer_kv = 0
         layer_weights = param_bytes([p for p in model_params(cfg) if not p[3] and p[2][0] == "layers"], mesh)
         working = layer_weights + max(prefill, prompt_cache, logits)  # prompt_cache: prefill's per-layer copy
@@ -363,7 +369,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
 
     # Rows are padded to a power of two times 32 (train/batch.py), so 4096 + 2048 tokens -> 8192.
     width = length_bucket(r.max_prompt_len + max_new_tokens(config))
-    platform = "gpu" if device.name.startswith("GPU") else "tpu"
+    platform = device_platform(device)
     backend = planned_backend(config, cfg, platform, width - 1)
     upd = update_memory(cfg, mesh, trainable, config.optim.mini_batch_size, width, lo.logprob_chunk,
                         bool(lo.kl_coef), backend)
@@ -372,7 +378,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     sampling = sampling_memory(cfg, mesh, r.num_tasks, r.k, r.max_prompt_len, max_new_tokens(config),
                                _itemsize(cfg.compute_dtype), backend, r.decode_slots,  # the cache: compute dtype
                                penalty=r.repetition_penalty != 1 or any(
-                                   a.get("repetition_penalty", 1) != 1 for a in r.agents.values()))
+                                   a.get("repetition_penalty", 1) != 1 for a in r.agents.values()), platform=platform)
     resident = p_bytes + optimizer + reference
     update_peak = resident + upd["total"]
     sampling_peak = resident + merged + sampling["kv_cache"] + sampling["working"]

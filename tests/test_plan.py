@@ -113,11 +113,23 @@ def test_sampling_cache_equals_the_samplers_caches(slots):
                               jnp.dtype(cfg.dtype).itemsize, decode_slots=slots)
     assert planned["kv_cache"] == real
     assert planned["decode_rows"] == (slots or tasks * k)
-    # the per-layer weights the decode steps read, sliced once per call
-    assert planned["layer_weights"] == nbytes(jax.eval_shape(lambda w: decode.layer_weights_jit(graphdef, w), weights))
-    rolled = sampling_memory(cfg.replace(decode_unroll=1), abstract_mesh({"data": 1, "fsdp": 1, "tensor": 1}), tasks,
-                             k, prompt, new, jnp.dtype(cfg.dtype).itemsize, decode_slots=slots)
-    assert rolled["layer_weights"] == 0 and rolled["decode_layer_kv"] > 0
+    assert planned["layer_weights"] == 0 and planned["decode_layer_kv"] > 0  # a CPU decodes rolled over the stacks
+
+
+def test_per_layer_decode_memory_equals_the_samplers_copies():
+    """Where decode steps run per layer (GPU and TPU by default): the per-layer weights sliced once per
+    sampling call and the prompts' cache as prefill hands it over, as planned."""
+    cfg = get_preset("test-tiny").replace(decode_unroll=2)  # every layer: per layer on this CPU too
+    graphdef, weights = nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0))))
+    ids, mask = jnp.zeros((3, 8), jnp.int32), jnp.ones((3, 8), bool)
+    pre = jax.eval_shape(lambda w: decode.prefill_jit(graphdef, w, ids, mask), weights)
+    layers = jax.eval_shape(lambda w: decode.layer_weights_jit(graphdef, w), weights)
+    nbytes = lambda tree: sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+    mesh = abstract_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+    planned = sampling_memory(get_preset("test-tiny"), mesh, 3, 2, 8, 6, 4, platform="gpu")
+    assert pre.cache.layered and planned["prompt_cache"] == nbytes((pre.cache.k, pre.cache.v, pre.cache.valid))
+    assert planned["layer_weights"] == nbytes(layers) > 0
+    assert planned["decode_layer_kv"] == 0
 
 
 @pytest.mark.parametrize("sizes", [(2, 2, 2), (1, 4, 2), (1, 8, 1), (1, 1, 8)])

@@ -234,7 +234,8 @@ def sampler(shapes: Shapes, record, tmp: str) -> None:
 def decode(shapes: Shapes, record) -> None:
     """Where a decode step's time goes: the step at 1 row and at the sampler's rows (a cost that
     does not grow with rows is per-step overhead, not reading weights), with the decoder layers
-    as a rolled loop and unrolled (`model.decode_unroll`; auto unrolls on accelerators), and its
+    as a rolled loop over the stacked weights and caches (`model.decode_unroll=1`) and unrolled
+    over per-layer ones (auto, `decodes_per_layer`), and its
     pieces alone: the LM head's matmul and the token selection over [rows, V] logits."""
     from atgrpo_jax.sampling import select
     cfg = get_preset(shapes.preset).replace(param_dtype="bfloat16", compute_dtype="bfloat16")

@@ -92,26 +92,30 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend):
     return constrain(h, ("batch", "seq", "embed")), carry
 
 
-def layer_unroll(cfg: Qwen3Config, t: int) -> int:
+def layer_unroll(cfg: Qwen3Config, t: int, platform: str | None = None) -> int:
     """Layers per iteration of the layer loop for a call of t tokens per row.
 
-    Auto (decode_unroll 0) unrolls every layer of a one-token decode step, which then reads
-    per-layer weights and caches (`decodes_per_layer`). A rolled step slices each layer's
-    weights and cache out of the stack, and XLA's matmuls read whole buffers, so every step
-    copies them: on a CPU a 1.33x slower step at 64 rows (docs/sampler_performance.md); on a
-    GPU the rolled step was launch-bound too (docs/device.md: 4.2 ms at one row, 4x the weight
-    read), and on a TPU a loop keeps XLA from fetching the next layer's weights during this
-    one's work. Longer calls (prefill, the update) keep one layer per iteration: compile time
-    stays flat in depth."""
+    Auto (decode_unroll 0) unrolls every layer of a one-token decode step on GPUs and TPUs,
+    which then reads per-layer weights and caches (`decodes_per_layer`). A rolled step slices
+    each layer's weights and cache out of the stacks, and XLA's matmuls read whole buffers, so
+    every step copies them (docs/sampler_performance.md); on a GPU the rolled step was also
+    launch-bound (docs/device.md: 4.2 ms at one row, 4x the weight read), and on a TPU a loop
+    keeps XLA from fetching the next layer's weights during this one's work. A CPU keeps the
+    rolled loop: its per-layer step won with wide layers and many rows (1.33x at 64 rows) but
+    lost with 28 narrow ones (1.5x slower at 1-4 rows) and compiles 2.6x slower at 28 layers.
+    Longer calls (prefill, the update) keep one layer per iteration: compile time stays flat
+    in depth."""
     if t != 1:
         return 1
-    return min(cfg.decode_unroll or cfg.num_layers, cfg.num_layers)
+    if cfg.decode_unroll:
+        return min(cfg.decode_unroll, cfg.num_layers)
+    return 1 if (platform or jax.default_backend()) == "cpu" else cfg.num_layers
 
 
-def decodes_per_layer(cfg: Qwen3Config) -> bool:
+def decodes_per_layer(cfg: Qwen3Config, platform: str | None = None) -> bool:
     """Decode steps run every layer unrolled, on per-layer weights (`Qwen3.layer_weights`) and
     caches (`KVCache.per_layer`), each sliced out of its stack once per sampling call."""
-    return layer_unroll(cfg, 1) == cfg.num_layers
+    return layer_unroll(cfg, 1, platform) == cfg.num_layers
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, ones=False) -> nnx.Param:

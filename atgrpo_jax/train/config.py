@@ -30,9 +30,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.attention = "auto"  # auto|xla|chunked|splash|cudnn; auto: splash on TPU where it applies, cuDNN on
     # GPU, einsum on CPU for short rows, chunked (O(T) memory) otherwise; see README "Long responses"
     c.model.attention_block = 512  # query/key block of the chunked backend
-    c.model.decode_unroll = 0  # decoder layers per loop iteration in decode steps; 0 = auto: all, on per-layer
-    # copies of the weights and caches (faster steps, one more copy of the layer weights while sampling); 1 = a
-    # rolled loop over the stacked ones (models/qwen3.py: layer_unroll)
+    c.model.decode_unroll = 0  # decoder layers per loop iteration in decode steps; all (auto on GPU and TPU):
+    # unrolled on per-layer copies of the weights and caches (no per-step copies, one more copy of the layer
+    # weights while sampling); 1 (auto on CPU): a rolled loop over the stacked ones (models/qwen3.py: layer_unroll)
     c.model.init_seed = 0  # seed of random weights and of LoRA adapters
     c.model.vocab_size = 0  # embedding rows of a random model; 0 = the preset's
     c.tokenizer = "qwen3"  # "qwen3" (offline, or model.hf_path's own), "char", or a directory (or hub id) with

@@ -1,6 +1,7 @@
-"""Decode steps on per-layer weights and caches (`model.decode_unroll` auto) or rolled over the
-stacked ones: the same tokens and log-probs, no loop left in the step, and no stacked weight or
-cache inside the decode loop, where slicing a layer out of the stack copies it at every step."""
+"""Decode steps on per-layer weights and caches (`model.decode_unroll` auto on GPU and TPU) or
+rolled over the stacked ones (auto on CPU): the same tokens and log-probs, no loop left in the
+step, and no stacked weight or cache inside the per-layer decode loop, where slicing a layer out
+of a stack copies it at every step."""
 import functools
 
 import jax
@@ -33,21 +34,24 @@ def loops_in_step(model: Qwen3, t: int) -> int:
     return text.count("stablehlo.while")
 
 
-def test_auto_runs_every_layer_of_a_one_token_step_on_its_own_weights():
-    assert layer_unroll(CFG, 1) == 3 and decodes_per_layer(CFG)
-    assert layer_unroll(CFG, 16) == 1  # prefill and the update keep the rolled loop
-    assert layer_unroll(CFG.replace(decode_unroll=1), 1) == 1 and not decodes_per_layer(CFG.replace(decode_unroll=1))
-    assert layer_unroll(CFG.replace(decode_unroll=2), 1) == 2 and not decodes_per_layer(CFG.replace(decode_unroll=2))
-    assert layer_unroll(CFG.replace(decode_unroll=8), 1) == 3 and decodes_per_layer(CFG.replace(decode_unroll=8))
+def test_auto_runs_one_token_steps_per_layer_on_accelerators_only():
+    for platform in ("gpu", "tpu"):
+        assert layer_unroll(CFG, 1, platform) == 3 and decodes_per_layer(CFG, platform)
+        assert layer_unroll(CFG, 16, platform) == 1  # prefill and the update keep the rolled loop
+    assert layer_unroll(CFG, 1, "cpu") == 1 and not decodes_per_layer(CFG, "cpu")
+    for n, layers in ((1, 1), (2, 2), (8, 3)):
+        assert layer_unroll(CFG.replace(decode_unroll=n), 1, "gpu") == layers
+        assert decodes_per_layer(CFG.replace(decode_unroll=n), "cpu") == (layers == 3)
     with pytest.raises(ValueError, match="decode_unroll must be >= 0"):
         CFG.replace(decode_unroll=-1)
 
 
 def test_an_unrolled_decode_step_has_no_layer_loop_and_prefill_keeps_it():
     model = Qwen3(CFG, rngs=nnx.Rngs(0))
-    assert loops_in_step(with_unroll(model, 1), 1) == 1
-    assert loops_in_step(model, 1) == 0
-    assert loops_in_step(model, 4) == 1
+    unrolled = with_unroll(model, 3)
+    assert loops_in_step(model, 1) == 1
+    assert loops_in_step(unrolled, 1) == 0
+    assert loops_in_step(unrolled, 4) == 1
 
 
 def _sub_jaxprs(params):
@@ -85,23 +89,24 @@ def decode_loop_shapes(model: Qwen3, rows: int = 4, new: int = 6) -> set:
     return shapes_in_loops(jaxpr.jaxpr)
 
 
-def test_the_decode_loop_reads_no_stacked_weight_or_cache():
+def test_the_per_layer_decode_loop_reads_no_stacked_weight_or_cache():
     model = Qwen3(CFG, rngs=nnx.Rngs(0))
     stacked = {x.shape for x in jax.tree.leaves(nnx.state(model.layers))}
     stacked |= {KVCache.shape(CFG, rows, slots) for rows, slots in ((2, 5), (4, 6))}  # prompt and new-token caches
-    assert not stacked & decode_loop_shapes(model)
+    assert not stacked & decode_loop_shapes(with_unroll(model, 3))
     assert stacked & decode_loop_shapes(with_unroll(model, 1))  # the rolled loop slices the stacks
 
 
 def test_every_loop_form_samples_the_same_tokens_and_logprobs():
-    """Per layer (auto), rolled and 2-of-3 unrolled; the rolled one also with rows dropped every 2 steps
-    and continuous batching (3 slots), which move stacked caches instead of per-layer ones."""
+    """Per layer, rolled and 2-of-3 unrolled; per layer and rolled also with rows dropped every 2
+    steps and continuous batching (3 slots), which move per-layer or stacked caches."""
     model = Qwen3(CFG, rngs=nnx.Rngs(0))
+    per_layer = with_unroll(model, 3)
     prompts = [list(np.random.RandomState(s).randint(1, CFG.vocab_size, n)) for s, n in enumerate((5, 9, 2))]
     kw = dict(max_new_tokens=[10, 4, 7], key=jax.random.key(3), temperature=1.0, num_branches=2)
-    outs = [generate(model, prompts, segment=0, **kw), generate(model, prompts, segment=2, slots=3, **kw)]
+    outs = [generate(per_layer, prompts, segment=0, **kw), generate(per_layer, prompts, segment=2, slots=3, **kw)]
     outs += [generate(with_unroll(model, n), prompts, segment=0, **kw) for n in (1, 2)]
-    outs.append(generate(with_unroll(model, 1), prompts, segment=2, slots=3, **kw))
+    outs.append(generate(model, prompts, segment=2, slots=3, **kw))
     for out in outs[1:]:
         np.testing.assert_array_equal(out.tokens, outs[0].tokens)
         np.testing.assert_array_equal(out.lengths, outs[0].lengths)

@@ -37,10 +37,9 @@ def test_sharded_generation_matches_unsharded():
     np.testing.assert_array_equal(got.tokens, plain.tokens)
     np.testing.assert_allclose(got.raw_logprobs, plain.raw_logprobs, atol=1e-4)
     # the prompt cache follows the rule table: batch over data+fsdp, kv_heads over tensor
-    assert pre.cache.layered  # one array per layer, as the decode step reads them
-    k_spec, valid_spec = pre.cache.k[0].sharding.spec, pre.cache.valid.sharding.spec
-    expected = tuple({"batch": ("data", "fsdp"), "kv_heads": "tensor"}.get(a) for a in KVCache.AXES[1:])
-    assert tuple(k_spec) + (None,) * (4 - len(k_spec)) == expected
+    k_spec, valid_spec = pre.cache.k.sharding.spec, pre.cache.valid.sharding.spec
+    expected = tuple({"batch": ("data", "fsdp"), "kv_heads": "tensor"}.get(a) for a in KVCache.AXES)
+    assert tuple(k_spec) + (None,) * (5 - len(k_spec)) == expected
     assert tuple(valid_spec)[:1] == (("data", "fsdp"),)
 
 
@@ -57,21 +56,29 @@ def test_truncated_penalized_sampling_on_an_fsdp_mesh_matches_unsharded():
 
 def assert_sharded_matches(plain_model, model, mesh_shape, prompts, **kw):
     """`model` sharded over a mesh of `mesh_shape` samples the tokens of `plain_model` unsharded,
-    with log-probs within 1e-4."""
+    with log-probs within 1e-4; returns the mesh."""
     plain = generate(plain_model, prompts, **kw)
     mesh = make_mesh(mesh_shape)
     with jax.set_mesh(mesh):
         got = generate(shard_model(model, mesh), prompts, **kw)
     np.testing.assert_array_equal(got.tokens, plain.tokens)
     np.testing.assert_allclose(got.logprobs, plain.logprobs, atol=1e-4)
+    return mesh
 
 
-def test_rolled_decode_layers_on_a_mesh_match_the_per_layer_step():
-    """The rolled layer loop over stacked weights and caches (model.decode_unroll=1) on a sharded
-    model makes the tokens of the default per-layer decode step, unsharded."""
+def test_per_layer_decode_on_a_mesh_matches_the_rolled_loop():
+    """The accelerators' default (decode steps unrolled over per-layer weights and caches) on a
+    sharded model makes the rolled loop's tokens, and its prompt cache follows the rule table."""
     model = scaled_model()
-    rolled = Qwen3(model.cfg.replace(decode_unroll=1), rngs=nnx.Rngs(1))
-    nnx.update(rolled, nnx.state(model))
+    per_layer = Qwen3(model.cfg.replace(decode_unroll=model.cfg.num_layers), rngs=nnx.Rngs(1))
+    nnx.update(per_layer, nnx.state(model))
     prompts = [list(np.random.RandomState(1).randint(1, 512, n)) for n in (7, 12)]
-    assert_sharded_matches(model, rolled, {"data": 2, "fsdp": 2, "tensor": 2}, prompts, max_new_tokens=5,
-                           num_branches=2, temperature=1.0, key=jax.random.key(0))
+    mesh = assert_sharded_matches(model, per_layer, {"data": 2, "fsdp": 2, "tensor": 2}, prompts, max_new_tokens=5,
+                                  num_branches=2, temperature=1.0, key=jax.random.key(0))
+    with jax.set_mesh(mesh):
+        graphdef, weights = nnx.split(shard_model(per_layer, mesh))
+        pre = decode.prefill_jit(graphdef, weights, np.ones((4, 8), np.int32), np.ones((4, 8), bool))
+    assert pre.cache.layered
+    expected = tuple({"batch": ("data", "fsdp"), "kv_heads": "tensor"}.get(a) for a in KVCache.AXES[1:])
+    for k in pre.cache.k:
+        assert tuple(k.sharding.spec) + (None,) * (4 - len(k.sharding.spec)) == expected
