@@ -78,7 +78,12 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend):
     Returns the new hidden states and that carry."""
     dt = cfg.dtype
     x = rms_norm(h, w["attn_norm"], cfg.rms_norm_eps)
-    q, k, v = (project(x, w[name].astype(dt)) for name in ("wq", "wk", "wv"))
+    if "wqkv" in w:  # fused (`fuse_projections`): [B, T, KV, G + 2, D], each kv head's queries, key, value
+        qkv = project(x, w["wqkv"].astype(dt))
+        g = qkv.shape[3] - 2
+        q, k, v = qkv[:, :, :, :g].reshape(*qkv.shape[:2], -1, qkv.shape[-1]), qkv[:, :, :, g], qkv[:, :, :, g + 1]
+    else:
+        q, k, v = (project(x, w[name].astype(dt)) for name in ("wq", "wk", "wv"))
     q = rope(rms_norm(q, w["q_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
     k = rope(rms_norm(k, w["k_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
     q = constrain(q, ("batch", "seq", "heads", "head_dim"))
@@ -86,10 +91,29 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend):
     h = h + project(a, w["wo"].astype(dt))
     h = constrain(h, ("batch", "seq", "embed"))
     x = rms_norm(h, w["mlp_norm"], cfg.rms_norm_eps)
-    mlp = jax.nn.silu(project(x, w["w_gate"].astype(dt))) * project(x, w["w_up"].astype(dt))
+    if "w_gate_up" in w:
+        gate_up = project(x, w["w_gate_up"].astype(dt))  # [B, T, 2, mlp]
+        mlp = jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1]
+    else:
+        mlp = jax.nn.silu(project(x, w["w_gate"].astype(dt))) * project(x, w["w_up"].astype(dt))
     mlp = constrain(mlp, ("batch", "seq", "mlp"))
     h = h + project(mlp, w["w_down"].astype(dt))
     return constrain(h, ("batch", "seq", "embed")), carry
+
+
+def fuse_projections(w: dict) -> dict:
+    """One layer's weights with q, k and v as one matrix [embed, kv_heads, G + 2, head_dim] (each kv
+    head's G query heads, then its key and its value) and gate and up as one [embed, 2, mlp]: a
+    decode step then runs 4 matmuls per layer, not 7. The layout keeps every head's columns on the
+    device that holds the head, so a tensor-sharded model needs no communication to split them."""
+    w = dict(w)
+    wq, wk, wv = w.pop("wq"), w.pop("wk"), w.pop("wv")
+    d, kv, hd = wk.shape
+    wq = wq.reshape(d, kv, wq.shape[1] // kv, hd)
+    w["wqkv"] = constrain(jnp.concatenate([wq, wk[:, :, None], wv[:, :, None]], axis=2),
+                          ("embed", "kv_heads", None, "head_dim"))
+    w["w_gate_up"] = constrain(jnp.stack([w.pop("w_gate"), w.pop("w_up")], axis=1), ("embed", None, "mlp"))
+    return w
 
 
 def layer_unroll(cfg: Qwen3Config, t: int, platform: str | None = None) -> int:
@@ -101,8 +125,8 @@ def layer_unroll(cfg: Qwen3Config, t: int, platform: str | None = None) -> int:
     every step copies them (docs/sampler_performance.md); on a GPU the rolled step was also
     launch-bound (docs/device.md: 4.2 ms at one row, 4x the weight read), and on a TPU a loop
     keeps XLA from fetching the next layer's weights during this one's work. A CPU keeps the
-    rolled loop: its per-layer step won with wide layers and many rows (1.33x at 64 rows) but
-    lost with 28 narrow ones (1.5x slower at 1-4 rows) and compiles 2.6x slower at 28 layers.
+    rolled loop: its per-layer step won with wide layers and many rows (1.2-1.5x at 64 rows) but
+    lost with 28 narrow ones (0.75-0.8x at 1-4 rows) and compiles 2.8x slower at 28 layers.
     Longer calls (prefill, the update) keep one layer per iteration: compile time stays flat
     in depth."""
     if t != 1:
@@ -201,11 +225,12 @@ class Qwen3(nnx.Module):
         return rms_norm(h, self.final_norm[...], cfg.rms_norm_eps), attention.finish(kv, tokens.shape[1])
 
     def layer_weights(self) -> tuple[dict[str, jax.Array], ...]:
-        """Each layer's weights as arrays of their own (LoRA merged), for `hidden_states(layers=)`.
-        The decode loop takes these, sliced once per sampling call: a slice of the stacked weights
-        inside the loop is a copy of the layer at every step (three weight reads, not one)."""
+        """Each layer's weights as arrays of their own (LoRA merged, projections fused:
+        `fuse_projections`), for `hidden_states(layers=)`. The decode loop takes these, made once
+        per sampling call: a slice of the stacked weights inside the loop is a copy of the layer at
+        every step (three weight reads, not one)."""
         w = self.layers.weights()
-        return tuple({name: x[i] for name, x in w.items()} for i in range(self.cfg.num_layers))
+        return tuple(fuse_projections({name: x[i] for name, x in w.items()}) for i in range(self.cfg.num_layers))
 
     def head_weight(self) -> jax.Array:
         """The output projection as [D, V] (the embedding's transpose when tied)."""

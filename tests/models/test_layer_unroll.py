@@ -111,3 +111,20 @@ def test_every_loop_form_samples_the_same_tokens_and_logprobs():
         np.testing.assert_array_equal(out.tokens, outs[0].tokens)
         np.testing.assert_array_equal(out.lengths, outs[0].lengths)
         np.testing.assert_allclose(out.logprobs, outs[0].logprobs, atol=1e-5)
+
+
+def test_per_layer_steps_of_a_lora_model_use_its_merged_adapters():
+    """With LoRA adapters (non-zero B), the per-layer weights are the merged W + (alpha / r) A @ B,
+    fused: the per-layer step samples the rolled loop's tokens, and the adapters change them."""
+    model = Qwen3(CFG.replace(lora_rank=2), rngs=nnx.Rngs(0))
+    for name in ("lora_b_wq", "lora_b_w_up"):
+        lora_b = getattr(model.layers, name)
+        lora_b.set_value(jax.random.normal(jax.random.key(1), lora_b.shape))
+    prompts = [[5, 9, 5, 300], [7, 7]]
+    kw = dict(max_new_tokens=8, key=jax.random.key(2), temperature=1.0, num_branches=2)
+    rolled, per_layer = (generate(with_unroll(model, n), prompts, **kw) for n in (1, 3))
+    np.testing.assert_array_equal(per_layer.tokens, rolled.tokens)
+    np.testing.assert_allclose(per_layer.logprobs, rolled.logprobs, atol=1e-5)
+    for name in ("lora_b_wq", "lora_b_w_up"):  # the adapters matter: without them the log-probs change
+        getattr(model.layers, name).set_value(jnp.zeros(getattr(model.layers, name).shape))
+    assert np.abs(generate(with_unroll(model, 3), prompts, **kw).logprobs - per_layer.logprobs).max() > 1e-3
