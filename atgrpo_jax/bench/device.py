@@ -192,7 +192,9 @@ def table(results: dict) -> str:
         elif prof and prof.get("kernels_per_call"):
             per = prof.get("steps", 1)  # decode: per step
             lines.append(f"kernels, {name}: {prof['kernels_per_call'] / per:.0f} per {'step' if per > 1 else 'call'}, "
-                         f"device busy {prof['busy_fraction']:.0%} of their span; top: " + ", ".join(
+                         f"device busy {prof['busy_fraction']:.0%} of their span, copies "
+                         f"{prof.get('copy_kernels_per_call', 0) / per:.0f} taking "
+                         f"{prof.get('copy_s_per_call', 0) / per * 1e3:.2f} ms; top: " + ", ".join(
                              f"{k['name'][:40]} {k['s_per_call'] / per * 1e3:.2f} ms" for k in prof["top"][:3]))
     sp = u.get("update_split")
     if sp and sp.get("error"):

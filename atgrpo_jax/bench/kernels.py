@@ -4,7 +4,8 @@
 writes beside the raw profile (no TensorBoard plugin needed). On a GPU the device's events are
 its kernels, one timeline per CUDA stream; the summary gives how many kernels ran, how long the
 device was busy against the wall time the kernels spanned (the rest is launch gaps: host-side
-overhead), and the kernels that took the most time. On a CPU there is no device timeline and
+overhead), the kernels that only copy bytes (`COPY_KERNEL`), and the kernels that took the most
+time. On a CPU there is no device timeline and
 the summary says so: the same code runs in the test suite.
 """
 from __future__ import annotations
@@ -12,8 +13,13 @@ from __future__ import annotations
 import collections
 import gzip
 import json
+import re
 import tempfile
 from pathlib import Path
+
+# Kernels that only move bytes: copies, memcpys and (dynamic-)slice fusions, e.g. a layer's
+# weights or cache sliced out of a stacked array (docs/sampler_performance.md).
+COPY_KERNEL = re.compile(r"copy|memcpy|slice", re.IGNORECASE)
 
 
 def _device_events(trace: dict) -> dict[str, list[dict]]:
@@ -62,9 +68,12 @@ def summarize(trace: dict, calls: int = 1, top: int = 15) -> dict:
     span = max(e["ts"] + e.get("dur", 0.0) for e in kernels) - min(e["ts"] for e in kernels)
     busy = _busy(kernels)
     ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    copies = [e for e in kernels if COPY_KERNEL.search(e["name"])]
     return {"device_timelines": sorted(lines), "kernel_timelines": sorted(streams), "calls": calls,
             "kernels_per_call": len(kernels) / calls, "busy_s_per_call": busy * 1e-6 / calls,
             "span_s_per_call": span * 1e-6 / calls, "busy_fraction": busy / span if span else None,
+            "copy_kernels_per_call": len(copies) / calls,
+            "copy_s_per_call": sum(e.get("dur", 0.0) for e in copies) * 1e-6 / calls,
             "top": [{"name": name[:160], "count_per_call": len(d) / calls, "s_per_call": sum(d) * 1e-6 / calls,
                      "mean_us": sum(d) / len(d)} for name, d in ranked]}
 
