@@ -1,8 +1,11 @@
 """Qwen3 decoder in Flax NNX.
 
 The layers are one stack of weights with a leading `layers` axis, run with
-`lax.scan`, so compile time does not grow with depth. Every parameter carries
-its logical axes (`logical_axes` metadata) for `atgrpo_jax.sharding`.
+`lax.scan`, so compile time does not grow with depth. Decode steps on GPUs and
+TPUs instead run every layer unrolled on per-layer copies (`layer_weights`,
+`decodes_per_layer`): inside the decode loop a slice of a stack is a copy at
+every step. Every parameter carries its logical axes (`logical_axes` metadata)
+for `atgrpo_jax.sharding`.
 
 Numerics follow `transformers`' Qwen3: RMSNorm in float32, q/k RMSNorm over
 head_dim before RoPE (rotate-half form), grouped-query attention with softmax

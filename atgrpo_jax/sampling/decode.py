@@ -16,6 +16,12 @@ prompt's keys and values, as prefill wrote them) in place and owns only the
 slots of its new tokens (see `branches.py`). At the start the groups are the
 B prompts and G = K, so nothing is copied K times.
 
+Where decode steps run per layer (`models.qwen3.decodes_per_layer`: GPUs and
+TPUs by default), prefill hands its cache over as one array per layer, the
+rows' own caches are made per layer, and `layer_weights_jit` slices the layer
+weights once per sampling call: the loop then never slices a stacked array,
+which would copy the layer at every step (docs/sampler_performance.md).
+
 Rows may also start late (continuous batching, `segments.py`): a slot
 freed by a finished row takes a waiting one. The step counter is global; a
 row that started at step `start` writes its j-th token (and its keys and
