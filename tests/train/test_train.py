@@ -65,12 +65,14 @@ def test_nan_loss_skips_the_update():
     _, update = make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), 64)
     state = init_state(params, tx)
     before = [np.asarray(x) for x in jax.tree.leaves(state.params)]
+    opt_before = [np.asarray(x) for x in jax.tree.leaves(state.opt_state)]
     tokens = jnp.ones((2, 8), jnp.int32)
     mask = jnp.ones((2, 8), bool)
     batch = lambda adv: rows_packed(tokens, mask, mask.at[:, 0].set(False), jnp.zeros((2, 8)), adv)  # noqa: E731
     state, m = update(state, batch(jnp.array([jnp.nan, 1.0])))
     assert float(m["skipped"]) == 1.0 and int(state.step) == 0
     assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(before, jax.tree.leaves(state.params)))
+    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(opt_before, jax.tree.leaves(state.opt_state)))
     state, m = update(state, batch(jnp.array([-1.0, 1.0])))
     assert float(m["skipped"]) == 0.0 and int(state.step) == 1
     assert any(not np.array_equal(a, np.asarray(b)) for a, b in zip(before, jax.tree.leaves(state.params)))
