@@ -107,13 +107,16 @@ def test_sampling_cache_equals_the_samplers_caches(slots):
         rows, _ = jax.eval_shape(lambda w, p: decode.start_jit(graphdef, w, p, stops, keys, budget,
                                                                settings=settings), weights, pre)
     caches = [pre.cache, rows.own] + ([rows.prefix] if slots else [])
-    nbytes = lambda tree: sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
     real = sum(nbytes((c.k, c.v, c.valid)) for c in caches)
     planned = sampling_memory(cfg, abstract_mesh({"data": 1, "fsdp": 1, "tensor": 1}), tasks, k, prompt, new,
                               jnp.dtype(cfg.dtype).itemsize, decode_slots=slots)
     assert planned["kv_cache"] == real
     assert planned["decode_rows"] == (slots or tasks * k)
     assert planned["layer_weights"] == 0 and planned["decode_layer_kv"] > 0  # a CPU decodes rolled over the stacks
+
+
+def nbytes(tree) -> int:
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
 def test_per_layer_decode_memory_equals_the_samplers_copies():
@@ -124,7 +127,6 @@ def test_per_layer_decode_memory_equals_the_samplers_copies():
     ids, mask = jnp.zeros((3, 8), jnp.int32), jnp.ones((3, 8), bool)
     pre = jax.eval_shape(lambda w: decode.prefill_jit(graphdef, w, ids, mask), weights)
     layers = jax.eval_shape(lambda w: decode.layer_weights_jit(graphdef, w), weights)
-    nbytes = lambda tree: sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
     mesh = abstract_mesh({"data": 1, "fsdp": 1, "tensor": 1})
     planned = sampling_memory(get_preset("test-tiny"), mesh, 3, 2, 8, 6, 4, platform="gpu")
     assert pre.cache.layered and planned["prompt_cache"] == nbytes((pre.cache.k, pre.cache.v, pre.cache.valid))

@@ -18,8 +18,9 @@ import tempfile
 from pathlib import Path
 
 # Kernels that only move bytes: copies, memcpys and (dynamic-)slice fusions, e.g. a layer's
-# weights or cache sliced out of a stacked array (docs/sampler_performance.md).
-COPY_KERNEL = re.compile(r"copy|memcpy|slice", re.IGNORECASE)
+# weights or cache sliced out of a stacked array (docs/sampler_performance.md). Not
+# dynamic-update-slices: those are the cache writes, in place.
+COPY_KERNEL = re.compile(r"copy|memcpy|(?<!update.)slice", re.IGNORECASE)
 
 
 def _device_events(trace: dict) -> dict[str, list[dict]]:

@@ -89,11 +89,14 @@ class KVCache(NamedTuple):
     def where_rows(self, rows, other: "KVCache") -> "KVCache":
         """`other`'s rows where rows [batch] is True, else this cache's (same layout and shapes)."""
         axis = 0 if self.layered else 1
-
-        def pick(mine, theirs, axis=axis):
-            return jnp.where(rows.reshape((1,) * axis + (-1,) + (1,) * (mine.ndim - axis - 1)), theirs, mine)
+        pick = lambda mine, theirs: select_rows(rows, theirs, mine, axis)  # noqa: E731
         return KVCache(jax.tree.map(pick, self.k, other.k), jax.tree.map(pick, self.v, other.v),
-                       pick(self.valid, other.valid, 0), self.index)
+                       select_rows(rows, other.valid, self.valid), self.index)
+
+
+def select_rows(rows, new, old, axis: int = 0):
+    """`new` where rows (a bool vector along `axis`) is True, else `old`."""
+    return jnp.where(rows.reshape((1,) * axis + (-1,) + (1,) * (old.ndim - axis - 1)), new, old)
 
 
 def _write(carry, layer, slot, k, v):

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from atgrpo_jax.models.strategies import select_rows
 from atgrpo_jax.sampling.cache import constrain_cache
 from atgrpo_jax.sampling.decode import (Decoded, DecodeSettings, Prefilled, Rows, SamplingParams, empty_outputs,
                                         layer_weights_jit, prefill_jit, segment_jit, start, start_jit)
@@ -97,8 +98,8 @@ def _admit(rows: Rows, pre: Prefilled, stop_ids, budget, row_keys, new_ids, bran
     caller = jnp.maximum(new_ids, 0)
     prompt = caller // branches
 
-    def admit(old, new, axis=0):  # new rows where fill, along the row axis
-        return jnp.where(fill.reshape((1,) * axis + (-1,) + (1,) * (old.ndim - axis - 1)), new, old)
+    def admit(old, new):  # new rows where fill
+        return select_rows(fill, new, old)
 
     prefix = constrain_cache(rows.prefix.where_rows(fill, pre.cache.take_rows(prompt)))
     o = rows.out

@@ -64,3 +64,10 @@ def test_a_profile_that_fails_is_reported_not_raised():
     text = table({"parts": {"update": {"status": "ok", "update_profile": prof, "update_split": prof}}})
     assert "kernels, update: no profile (RuntimeError: CUPTI is not available)" in text
     assert "update step split: RuntimeError" in text
+
+
+def test_in_place_cache_writes_are_not_copies():
+    events = meta(1, 7, "/device:GPU:0", "Stream #7(Compute)") + [
+        kernel(1, 7, "dynamic-update-slice_fusion.2", 0, 5), kernel(1, 7, "bitcast_dynamic_update_slice_fusion", 5, 5),
+        kernel(1, 7, "slice_fusion.1", 10, 5)]
+    assert summarize({"traceEvents": events})["copy_kernels_per_call"] == 1
