@@ -86,12 +86,24 @@ def _kept(logits, inv_temp, targets, top_p, how: SampledFrom):
     return keep | (jnp.arange(scaled.shape[-1]) == targets[:, None])
 
 
-def _chunk_stats(h, w, targets, how: SampledFrom = SampledFrom(), inv_temp=None, top_p=None, penalty=None,
-                 sample=None, order=None, first=None):
+def _head(w, how: SampledFrom):
+    """The LM head's columns the sampler could draw from."""
+    return w[:, :how.vocab_limit] if how.vocab_limit else w
+
+
+def _chunk_logits(h, w, how: SampledFrom):
+    """[c, V'] float32 logits of one chunk (V' = the drawable ids)."""
+    return jnp.einsum("nd,dv->nv", h, _head(w, how), preferred_element_type=jnp.float32)
+
+
+def _chunk_stats(h, w, targets, how: SampledFrom = SampledFrom(), **sampling):
     """log p(target) and the entropy, per row of one chunk, under the sampling distribution."""
-    if how.vocab_limit:
-        w = w[:, :how.vocab_limit]
-    logits = jnp.einsum("nd,dv->nv", h, w, preferred_element_type=jnp.float32)
+    return _logit_stats(_chunk_logits(h, w, how), targets, how, **sampling)
+
+
+def _logit_stats(logits, targets, how: SampledFrom, inv_temp=None, top_p=None, penalty=None, sample=None,
+                 order=None, first=None):
+    """`_chunk_stats` from the chunk's float32 logits."""
     if penalty is not None:  # as the sampler: before temperature and truncation (sampling/sample.py)
         seen = jnp.take(first, jnp.maximum(sample, 0), axis=0)[:, :logits.shape[1]] < order[:, None]
         logits = penalize(logits, seen, penalty)
@@ -186,15 +198,20 @@ def fused_head_loss(hidden: jax.Array, head: jax.Array, targets: jax.Array, toke
     def forward(hs, w):
         def body(dw, c):
             hc, yc, xc, sc = c
-            stats = lambda h, w: _chunk_stats(h, w, yc, how, **sc, **first)  # noqa: E731
-            if head_grad:
-                (lp, ent), pull = jax.vjp(stats, hc, w)
-            else:
-                (lp, ent), pull_h = jax.vjp(lambda h: stats(h, w), hc)
-                pull = lambda g: (*pull_h(g), None)
+            head = _head(w, how)
+            logits = jnp.einsum("nd,dv->nv", hc, head, preferred_element_type=jnp.float32)
+            (lp, ent), pull = jax.vjp(lambda lg: _logit_stats(lg, yc, how, **sc, **first), logits)
             terms, pull_terms = jax.vjp(lambda lp, ent: loss_of_tokens(lp, ent, xc), lp, ent)
-            dh, dwc = pull(pull_terms(jnp.ones_like(terms)))
-            return (dw + dwc if head_grad else dw), (terms.sum(), dh, lp, ent)
+            # The head matmul's two gradients by hand, on the logits' gradient rounded to the
+            # compute dtype (as autocast's backward does): autodiff would multiply the float32
+            # gradient into the bf16 operands, a float32 GEMM at half the bf16 rate (H100 profile,
+            # docs/device.md). In float32 the cast is a no-op.
+            g = pull(pull_terms(jnp.ones_like(terms)))[0].astype(hc.dtype)
+            dh = jnp.einsum("nv,dv->nd", g, head, preferred_element_type=jnp.float32).astype(hc.dtype)
+            if head_grad:
+                dwc = jnp.einsum("nd,nv->dv", hc, g, preferred_element_type=jnp.float32)
+                dw = dw.at[:, :dwc.shape[1]].add(dwc) if how.vocab_limit else dw + dwc
+            return dw, (terms.sum(), dh, lp, ent)
 
         dw0 = jnp.zeros(w.shape, jnp.float32) if head_grad else jnp.zeros((), jnp.float32)
         dw, (sums, dh, lp, ent) = jax.lax.scan(body, dw0, (hs, ys, xs, ss))

@@ -5,8 +5,10 @@ the update's peak device memory against the planner's prediction.
 
 - Ours: `train.update.make_update_fns` (chunked log-probs, clipped token-mean loss, clip 1.0,
   AdamW wd 0.01), jitted with donated state, one compile per backend.
-- Where our step goes (first backend): its kernels in a profile (`bench.kernels`), and the
-  forward pass alone and the optimizer alone.
+- Where our step goes (first backend): its kernels in a profile (`bench.kernels`), the forward
+  pass alone and the optimizer alone; then the step at larger log-prob chunks and twice the
+  tokens (`Shapes.update_sweep`: each chunk adds the head gradient's float32 [D, V] accumulation
+  once more); and the compiled step's HLO (`update_hlo.txt.gz`) for reading off the device.
 - PyTorch: transformers' Qwen3 in float32 under `torch.autocast(bfloat16)` (its default sdpa
   attention), full `log_softmax`, the same loss, `clip_grad_norm_`, fused AdamW.
 MFU = useful FLOPs (`bench.train.update_flops`: 6 x params per token plus causal attention) /
@@ -15,7 +17,9 @@ step time / the device's datasheet bf16 peak.
 from __future__ import annotations
 
 import functools
+import gzip
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +58,18 @@ def peak_bytes() -> int | None:
     return (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
 
 
-def ours(shapes: Shapes, record, backends=None) -> None:
+def timed_steps(update_fn, state, batch, steps: int):
+    """(state, metrics, compile-and-first seconds, [step seconds]) of `steps` steps after the first."""
+    times = []
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        state, m = update_fn(state, batch)
+        jax.block_until_ready(m)
+        times.append(time.perf_counter() - start)
+    return state, m, times[0], times[1:]
+
+
+def ours(shapes: Shapes, record, backends=None, out_dir: str | None = None) -> None:
     """Time each backend's update (compile first), in an order that lets the process-wide peak
     be read for each: cuDNN / splash (smallest score memory) before the einsum's [B, H, T, T]."""
     rows, width = shapes.update_rows
@@ -72,16 +87,7 @@ def ours(shapes: Shapes, record, backends=None) -> None:
             del model
             if batch is None:  # one batch for every backend
                 batch = jax_batch(data, old_logprobs(logprobs_fn, state.params, data))
-            start = time.perf_counter()
-            state, m = update_fn(state, batch)
-            jax.block_until_ready(m)
-            first = time.perf_counter() - start
-            times = []
-            for _ in range(shapes.update_steps):
-                start = time.perf_counter()
-                state, m = update_fn(state, batch)
-                jax.block_until_ready(m)
-                times.append(time.perf_counter() - start)
+            state, m, first, times = timed_steps(update_fn, state, batch, shapes.update_steps)
             best = min(times)
             record(f"update_{backend}", {
                 "rows": rows, "width": width, "tokens": rows * width, "compile_and_first_s": first,
@@ -94,8 +100,34 @@ def ours(shapes: Shapes, record, backends=None) -> None:
         if backend == (backends or backends_here())[0]:
             try:
                 where_time_goes(record, update_fn, logprobs_fn, state, batch, data, best)
+                if out_dir:
+                    hlo = update_fn.lower(state, batch).compile().as_text()
+                    (Path(out_dir) / "update_hlo.txt.gz").write_bytes(gzip.compress(hlo.encode()))
             except Exception as e:  # a diagnosis: it must not cost the timings above
                 record("update_split", {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
+    state = update_fn = None
+    sweep(shapes, record, base.replace(attention=(backends or backends_here())[0]), peak)
+
+
+def sweep(shapes: Shapes, record, cfg, peak) -> None:
+    """The first backend's step at other log-prob chunks and token counts (`Shapes.update_sweep`)."""
+    width = shapes.update_rows[1]
+    found = {}
+    for chunk, rows in shapes.update_sweep:
+        state = update_fn = None  # freed before the next variant's are made
+        try:
+            model = nnx.jit(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))()
+            logprobs_fn, update_fn, state = jax_update(model, optim_config(), LossConfig(), chunk)
+            del model
+            data = make_batch(cfg.vocab_size, rows, width)
+            batch = jax_batch(data, old_logprobs(logprobs_fn, state.params, data))
+            state, m, first, times = timed_steps(update_fn, state, batch, shapes.update_steps)
+            found[f"{chunk}:{rows}"] = {"chunk": chunk, "rows": rows, "tokens": rows * width, "step_seconds": times,
+                                        "mfu": update_flops(cfg, rows, width) / min(times) / peak if peak else None,
+                                        "loss": float(m["loss"])}
+        except Exception as e:  # one variant that does not fit must not hide the others
+            found[f"{chunk}:{rows}"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        record("update_sweep", found)
 
 
 def where_time_goes(record, update_fn, logprobs_fn, state, batch, data: dict, step_s: float) -> None:
@@ -182,11 +214,11 @@ def pytorch(shapes: Shapes, record) -> None:
                               "peak_bytes": torch.cuda.max_memory_allocated() if dev.type == "cuda" else None})
 
 
-def update(shapes: Shapes, record) -> None:
+def update(shapes: Shapes, record, out_dir: str | None = None) -> None:
     """PyTorch first (it frees its memory after), so a slow compile on our side cannot cost the
     baseline; JAX's peak-memory figure counts JAX's allocations only."""
     pytorch(shapes, record)  # its model and optimizer are freed when it returns
     if torch_device().type == "cuda":
         import torch
         torch.cuda.empty_cache()  # give the cached blocks back for JAX's allocator
-    ours(shapes, record)
+    ours(shapes, record, out_dir=out_dir)

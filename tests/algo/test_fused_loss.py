@@ -12,6 +12,7 @@ from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.train.batch import rows_packed
 from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns, sequence_logprobs
 from atgrpo_jax.train.config import base_config
+from jaxpr_walk import all_eqns
 
 CONFIGS = [LossConfig(), LossConfig(aggregation="seq-mean-token-mean"),
            LossConfig(dual_clip=3.0, eps_high=0.28), LossConfig(kl_coef=0.1, entropy_coef=0.01)]
@@ -118,3 +119,39 @@ def test_gradients_through_a_truncated_distribution_are_finite(how):
     for g_fused, g_plain in zip(jax.grad(fused, (0, 1))(h, w), jax.grad(plain, (0, 1))(h, w)):
         assert bool(jnp.isfinite(g_fused).all()) and bool(jnp.isfinite(g_plain).all())
         np.testing.assert_allclose(g_fused, g_plain, rtol=1e-4, atol=1e-5)
+
+
+def test_vocab_limit_gradients_equal_the_plain_path_and_leave_the_unused_columns_zero():
+    """With a head wider than the tokenizer, only the drawable columns get a gradient."""
+    b, t, d, v, limit = 2, 5, 8, 40, 33
+    h, w = jax.random.normal(jax.random.key(0), (b, t, d)), jax.random.normal(jax.random.key(1), (d, v))
+    y = jax.random.randint(jax.random.key(2), (b, t), 0, limit)
+    adv = jax.random.normal(jax.random.key(3), (b, t))
+    how = SampledFrom(vocab_limit=limit)
+    fused = lambda h, w: fused_head_loss(h, w, y, {"adv": adv}, lambda lp, en, x: x["adv"] * lp, 4, how=how)[0]
+    plain = lambda h, w: (adv * token_logprobs(h, w, y, 4, how=how)[0]).sum()
+    g_fused, g_plain = jax.grad(fused, (0, 1))(h, w), jax.grad(plain, (0, 1))(h, w)
+    for a, b_ in zip(g_fused, g_plain):
+        np.testing.assert_allclose(a, b_, rtol=1e-4, atol=1e-6)
+    assert not jnp.any(g_fused[1][:, limit:]) and float(jnp.abs(g_fused[1][:, :limit]).max()) > 0
+
+
+def test_bf16_head_gradients_multiply_bf16_operands_and_stay_close_to_float32():
+    """In bf16 compute the head's gradients multiply the logits' gradient rounded to bf16 (a float32
+    operand would make the backward GEMMs float32 ones), and stay within bf16 rounding of float32."""
+    hidden, head, targets, mask, old, ref, adv = random_inputs(2, b=4, t=16, d=32, v=96)
+    hidden, head = hidden.astype(jnp.bfloat16), head.astype(jnp.bfloat16)
+    cfg = LossConfig()
+    x = {"old": old, "adv": jnp.broadcast_to(adv[:, None], old.shape), "w": aggregation_weights(mask, cfg.aggregation)}
+    terms = lambda lp, en, xc: token_loss_terms(cfg, lp, en, xc)
+    loss = lambda h, w: fused_head_loss(h, w, targets, x, terms, 16)[0]
+    dots = [e for e in all_eqns(jax.make_jaxpr(jax.grad(loss, (0, 1)))(hidden, head).jaxpr)
+            if e.primitive.name == "dot_general"]
+    assert len(dots) >= 3  # the logits, and the two gradients
+    assert all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars), \
+        [tuple(str(v.aval.dtype) for v in e.invars) for e in dots]
+    got = jax.grad(loss, (0, 1))(hidden, head)
+    want = jax.grad(loss, (0, 1))(hidden.astype(jnp.float32), head.astype(jnp.float32))
+    for g, r in zip(got, want):
+        g, r = np.asarray(g, np.float32), np.asarray(r)
+        assert np.linalg.norm(g - r) / np.linalg.norm(r) < 2e-2

@@ -24,11 +24,11 @@ def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("device")
     proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.bench", "device", "--tiny", f"--out={out}",
                            "--time-scale=8", f"--parts={','.join(TINY_PARTS)}"], capture_output=True, text=True, timeout=900)
-    return proc, json.loads((out / "device.json").read_text())
+    return proc, json.loads((out / "device.json").read_text()), out
 
 
 def test_every_part_reports(tiny_run):
-    proc, res = tiny_run
+    proc, res, _ = tiny_run
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert list(res["parts"]) == list(TINY_PARTS)
     assert all(r["status"] == "ok" for r in res["parts"].values()), res
@@ -41,7 +41,7 @@ def test_every_part_reports(tiny_run):
 
 def test_update_figures(tiny_run):
     p = tiny_run[1]["parts"]
-    losses = {k: r["loss"] for k, r in p["update"].items() if k.startswith("update_") and k not in ("update_split", "update_profile")}
+    losses = {k: r["loss"] for k, r in p["update"].items() if k.startswith("update_") and k not in device.UPDATE_DIAGNOSES}
     assert set(losses) == {"update_pytorch", "update_xla", "update_chunked"}  # no cuDNN/splash on a CPU
     ours = [v for k, v in losses.items() if k != "update_pytorch"]
     assert max(ours) - min(ours) < 1e-2  # same weights and batch: the backends agree
@@ -50,6 +50,10 @@ def test_update_figures(tiny_run):
     assert split["forward_s"] > 0 and split["optimizer_s"] > 0
     assert split["step_s"] == pytest.approx(split["forward_s"] + split["optimizer_s"] + split["backward_and_rest_s"])
     assert "no device timeline" in p["update"]["update_profile"]["note"]  # a CPU; kernels on a GPU
+    sweep = p["update"]["update_sweep"]  # the first backend at other chunks and token counts
+    assert list(sweep) == [f"{c}:{r}" for c, r in device_parts.TINY.update_sweep]
+    assert all(r["step_seconds"] and r["tokens"] == r["rows"] * device_parts.TINY.update_rows[1] for r in sweep.values())
+    assert (tiny_run[2] / "update_hlo.txt.gz").stat().st_size > 0  # the compiled step, for reading offline
 
 
 if FULL:  # the parts of the full tier (TINY_PARTS)

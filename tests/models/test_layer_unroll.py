@@ -15,6 +15,7 @@ from atgrpo_jax.models.qwen3 import decodes_per_layer, layer_unroll
 from atgrpo_jax.models.strategies import KVCache
 from atgrpo_jax.sampling import decode, generate
 from atgrpo_jax.sampling.generate import row_keys_for
+from jaxpr_walk import sub_jaxprs
 
 CFG = get_preset("test-tiny").replace(num_layers=3)
 
@@ -54,22 +55,13 @@ def test_an_unrolled_decode_step_has_no_layer_loop_and_prefill_keeps_it():
     assert loops_in_step(unrolled, 4) == 1
 
 
-def _sub_jaxprs(params):
-    for value in params.values():
-        for x in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(x, jax.extend.core.ClosedJaxpr):
-                yield x.jaxpr
-            elif isinstance(x, jax.extend.core.Jaxpr):
-                yield x
-
-
 def shapes_in_loops(jaxpr, inside: bool = False, found=None) -> set:
     """Shapes of the arrays that the equations inside while loops take (nested jaxprs included)."""
     found = set() if found is None else found
     for eqn in jaxpr.eqns:
         if inside:
             found.update(tuple(v.aval.shape) for v in eqn.invars if hasattr(v.aval, "shape"))
-        for sub in _sub_jaxprs(eqn.params):
+        for sub in sub_jaxprs(eqn.params):
             shapes_in_loops(sub, inside or eqn.primitive.name == "while", found)
     return found
 
