@@ -6,9 +6,10 @@ the update's peak device memory against the planner's prediction.
 - Ours: `train.update.make_update_fns` (chunked log-probs, clipped token-mean loss, clip 1.0,
   AdamW wd 0.01), jitted with donated state, one compile per backend.
 - Where our step goes (first backend): its kernels in a profile (`bench.kernels`), the forward
-  pass alone and the optimizer alone; then the step at larger log-prob chunks and twice the
-  tokens (`Shapes.update_sweep`: each chunk adds the head gradient's float32 [D, V] accumulation
-  once more); and the compiled step's HLO (`update_hlo.txt.gz`) for reading off the device.
+  pass alone and the optimizer alone; then the step at larger log-prob chunks, twice the tokens
+  and with the layer loop unrolled (`Shapes.update_sweep`: each chunk adds the head gradient's
+  float32 [D, V] accumulation once more; the rolled loop zero-fills its stacked activations and
+  slices each layer's weights every step); and the compiled step's HLO (`update_hlo.txt.gz`).
 - PyTorch: transformers' Qwen3 in float32 under `torch.autocast(bfloat16)` (its default sdpa
   attention), full `log_softmax`, the same loss, `clip_grad_norm_`, fused AdamW.
 MFU = useful FLOPs (`bench.train.update_flops`: 6 x params per token plus causal attention) /
@@ -110,23 +111,26 @@ def ours(shapes: Shapes, record, backends=None, out_dir: str | None = None) -> N
 
 
 def sweep(shapes: Shapes, record, cfg, peak) -> None:
-    """The first backend's step at other log-prob chunks and token counts (`Shapes.update_sweep`)."""
+    """The first backend's step at other log-prob chunks, token counts and layer unrolls
+    (`Shapes.update_sweep`)."""
     width = shapes.update_rows[1]
     found = {}
-    for chunk, rows in shapes.update_sweep:
+    for chunk, rows, unroll in shapes.update_sweep:
+        key = f"{chunk}:{rows}:{unroll}"
         state = update_fn = None  # freed before the next variant's are made
         try:
-            model = nnx.jit(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))()
+            model = nnx.jit(lambda: Qwen3(cfg.replace(sequence_unroll=unroll), rngs=nnx.Rngs(0)))()
             logprobs_fn, update_fn, state = jax_update(model, optim_config(), LossConfig(), chunk)
             del model
             data = make_batch(cfg.vocab_size, rows, width)
             batch = jax_batch(data, old_logprobs(logprobs_fn, state.params, data))
             state, m, first, times = timed_steps(update_fn, state, batch, shapes.update_steps)
-            found[f"{chunk}:{rows}"] = {"chunk": chunk, "rows": rows, "tokens": rows * width, "step_seconds": times,
-                                        "mfu": update_flops(cfg, rows, width) / min(times) / peak if peak else None,
-                                        "loss": float(m["loss"])}
+            found[key] = {"chunk": chunk, "rows": rows, "unroll": unroll, "tokens": rows * width,
+                          "compile_and_first_s": first, "step_seconds": times,
+                          "mfu": update_flops(cfg, rows, width) / min(times) / peak if peak else None,
+                          "loss": float(m["loss"])}
         except Exception as e:  # one variant that does not fit must not hide the others
-            found[f"{chunk}:{rows}"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+            found[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         record("update_sweep", found)
 
 

@@ -130,10 +130,12 @@ def layer_unroll(cfg: Qwen3Config, t: int, platform: str | None = None) -> int:
     keeps XLA from fetching the next layer's weights during this one's work. A CPU keeps the
     rolled loop: its per-layer step won with wide layers and many rows (1.2-1.5x at 64 rows) but
     lost with 28 narrow ones (0.75-0.8x at 1-4 rows) and compiles 2.8x slower at 28 layers.
-    Longer calls (prefill, the update) keep one layer per iteration: compile time stays flat
-    in depth."""
+    Longer calls (prefill, the update) keep one layer per iteration by default
+    (`sequence_unroll`): compile time stays flat in depth. Whether unrolling them pays on a GPU
+    (the rolled update zero-fills its stacked activations and slices each layer's weights at
+    every step) is for `bench device`'s update sweep to say."""
     if t != 1:
-        return 1
+        return min(cfg.sequence_unroll, cfg.num_layers)
     if cfg.decode_unroll:
         return min(cfg.decode_unroll, cfg.num_layers)
     return 1 if (platform or jax.default_backend()) == "cpu" else cfg.num_layers

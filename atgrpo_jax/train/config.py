@@ -33,6 +33,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.decode_unroll = 0  # decoder layers per loop iteration in decode steps; all (auto on GPU and TPU):
     # unrolled on per-layer copies of the weights and caches (no per-step copies, one more copy of the layer
     # weights while sampling); 1 (auto on CPU): a rolled loop over the stacked ones (models/qwen3.py: layer_unroll)
+    c.model.sequence_unroll = 1  # decoder layers per loop iteration in prefill and the update (the same
+    # math; more: a longer compile, fewer per-iteration slices and copies; bench device's update sweep)
     c.model.init_seed = 0  # seed of random weights and of LoRA adapters
     c.model.vocab_size = 0  # embedding rows of a random model; 0 = the preset's
     c.tokenizer = "qwen3"  # "qwen3" (offline, or model.hf_path's own), "char", or a directory (or hub id) with
@@ -288,12 +290,14 @@ def flat(c) -> dict:
 
 
 # Keys a resumed run may change: how long and how often, and where it runs.
-# rollout.decode_slots and model.decode_unroll change how rows decode, never what they sample;
+# rollout.decode_slots, model.decode_unroll and model.sequence_unroll change how the layers run,
+# never the math (rounding aside);
 # train.compile_cache only where compiled programs are kept.
 RESUMABLE = ("train.steps", "train.time_budget_s", "train.eval_every", "train.eval_tasks", "train.eval_k",
              "train.log_every", "train.log_episodes", "train.checkpoint_every", "train.keep_last",
              "train.max_skipped_updates", "train.loggers", "train.wandb_", "train.compile_cache", "mesh.",
-             "distributed.", "rollout.decode_slots", "model.decode_unroll", "system.schedule", "system.cohorts",
+             "distributed.", "rollout.decode_slots", "model.decode_unroll", "model.sequence_unroll",
+             "system.schedule", "system.cohorts",
              "system.host_workers", "system.trace_every", "system.stage_timeout_s")
 
 

@@ -51,7 +51,7 @@ def test_update_figures(tiny_run):
     assert split["step_s"] == pytest.approx(split["forward_s"] + split["optimizer_s"] + split["backward_and_rest_s"])
     assert "no device timeline" in p["update"]["update_profile"]["note"]  # a CPU; kernels on a GPU
     sweep = p["update"]["update_sweep"]  # the first backend at other chunks and token counts
-    assert list(sweep) == [f"{c}:{r}" for c, r in device_parts.TINY.update_sweep]
+    assert list(sweep) == [f"{c}:{r}:{u}" for c, r, u in device_parts.TINY.update_sweep]
     assert all(r["step_seconds"] and r["tokens"] == r["rows"] * device_parts.TINY.update_rows[1] for r in sweep.values())
     assert (tiny_run[2] / "update_hlo.txt.gz").stat().st_size > 0  # the compiled step, for reading offline
 

@@ -15,7 +15,7 @@ from atgrpo_jax.models.qwen3 import decodes_per_layer, layer_unroll
 from atgrpo_jax.models.strategies import KVCache
 from atgrpo_jax.sampling import decode, generate
 from atgrpo_jax.sampling.generate import row_keys_for
-from jaxpr_walk import sub_jaxprs
+from jaxpr_walk import all_eqns, sub_jaxprs
 
 CFG = get_preset("test-tiny").replace(num_layers=3)
 
@@ -45,6 +45,32 @@ def test_auto_runs_one_token_steps_per_layer_on_accelerators_only():
         assert decodes_per_layer(CFG.replace(decode_unroll=n), "cpu") == (layers == 3)
     with pytest.raises(ValueError, match="decode_unroll must be >= 0"):
         CFG.replace(decode_unroll=-1)
+    assert layer_unroll(CFG.replace(sequence_unroll=2), 16, "gpu") == 2  # prefill and the update, on request
+    assert layer_unroll(CFG.replace(sequence_unroll=9), 16, "cpu") == 3
+    with pytest.raises(ValueError, match="sequence_unroll must be >= 1"):
+        CFG.replace(sequence_unroll=0)
+
+
+def test_an_unrolled_update_computes_the_same_loss_and_gradients():
+    """`sequence_unroll` changes how the layer loop runs, not what the forward and backward compute."""
+    model = Qwen3(CFG, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, CFG.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(12), tokens.shape)
+
+    def loss(params, n):
+        m = nnx.merge(graphdef, params)
+        m.cfg = m.cfg.replace(sequence_unroll=n)
+        h, _ = m.hidden_states(tokens, positions)
+        return jnp.sum(jnp.tanh(m.logits(h)))
+
+    (l1, g1), (l3, g3) = (jax.value_and_grad(loss)(params, n) for n in (1, 3))
+    unrolls = {n: [e.params["unroll"] for e in all_eqns(jax.make_jaxpr(loss, static_argnums=1)(params, n).jaxpr)
+                   if e.primitive.name == "scan"] for n in (1, 3)}
+    assert unrolls == {1: [1], 3: [3]}, unrolls
+    np.testing.assert_allclose(l3, l1, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g3)):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
 
 def test_an_unrolled_decode_step_has_no_layer_loop_and_prefill_keeps_it():
