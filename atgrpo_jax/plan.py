@@ -20,7 +20,8 @@ from absl import flags
 
 from atgrpo_jax import cli
 from atgrpo_jax.models.qwen3 import decodes_per_layer
-from atgrpo_jax.plan_memory import GiB, Advice, Device, Plan, device_platform, model_config, parse_device, plan
+from atgrpo_jax.plan_devices import GiB, Device, device_platform, parse_device
+from atgrpo_jax.plan_memory import Advice, Plan, model_config, plan
 from atgrpo_jax.train.config import ConfigError
 from atgrpo_jax.train.validate import resolve, validate
 

@@ -32,18 +32,18 @@ import functools
 import json
 import math
 import os
-import re
 from typing import Any, Sequence
 
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType
 
+from atgrpo_jax.algo.logprobs import chunks_per_head_product
 from atgrpo_jax.models.config import DTYPES, Qwen3Config, get_preset
 from atgrpo_jax.models.qwen3 import LAYER_PARAMS, LORA_TARGETS, KVCache, decodes_per_layer
+from atgrpo_jax.plan_devices import Device, device_platform
 from atgrpo_jax.sharding import MESH_AXES, RULES, MeshConfig, logical_spec, pool_sizes
 from atgrpo_jax.train.config import max_new_tokens, sharing
 
-GiB = 1024**3
 
 # Working sets of the backward pass, in units of one layer's tensors (see docstring).
 NO_REMAT_SCORE_BUFFERS = 3.0  # [B, H, T, T] float32 gradients in flight
@@ -52,48 +52,6 @@ REMAT_SCORE_BUFFERS = 2.0  # the recomputed scores and probabilities
 REMAT_SEQ_FACTOR = 1.4  # the recomputed residuals plus their gradients in flight
 HEADROOM = 0.10  # fraction of memory kept free: estimate error, fragmentation, runtime
 AGENTS = 2  # every multi-agent workflow in envs/ has two roles (per_role: two models, lora: two adapters)
-
-
-@dataclasses.dataclass(frozen=True)
-class Device:
-    name: str
-    hbm_bytes: int
-    default_chips: int  # chips of the smallest common slice (one host)
-
-
-TPUS = {
-    "v4": Device("TPU v4", 32 * GiB, 4),
-    "v5e": Device("TPU v5e", 16 * GiB, 8),
-    "v5p": Device("TPU v5p", 95 * GiB, 4),
-    "v6e": Device("TPU v6e", 32 * GiB, 8),
-}
-# Accelerator types: v4-N and v5p-N count TensorCores (2 per chip); v5litepod-N and v6e-N count chips.
-_ACCEL = re.compile(r"^(v4|v5p|v5litepod|v5e|v6e)-(\d+)$")
-
-
-def parse_device(name: str, gpu_memory_gb: float = 80.0) -> tuple[Device, int]:
-    """`v5p`, an accelerator type (`v5p-32`, `v5litepod-8`) or `gpu` -> (device, chips)."""
-    name = name.strip().lower()
-    if name == "gpu":
-        if gpu_memory_gb <= 0:
-            raise ValueError(f"--gpu-memory-gb must be > 0, got {gpu_memory_gb}")
-        return Device(f"GPU ({gpu_memory_gb:g} GiB)", int(gpu_memory_gb * GiB), 8), 8
-    if name in TPUS:
-        return TPUS[name], TPUS[name].default_chips
-    m = _ACCEL.match(name)
-    if not m:
-        raise ValueError(f"unknown device {name!r}; use one of {sorted(TPUS)}, gpu, "
-                         "or an accelerator type such as v5p-32, v5litepod-8, v6e-16")
-    family, count = m.group(1), int(m.group(2))
-    chips = count // 2 if family in ("v4", "v5p") else count
-    if chips < 1:
-        raise ValueError(f"{name}: no whole chip in {count} TensorCores")
-    return TPUS["v5e" if family == "v5litepod" else family], chips
-
-
-def device_platform(device: Device) -> str:
-    """The JAX platform of a planned device: "gpu" or "tpu"."""
-    return "gpu" if device.name.startswith("GPU") else "tpu"
 
 
 def abstract_mesh(sizes: dict[str, int]) -> AbstractMesh:
@@ -184,9 +142,12 @@ def update_activations(cfg: Qwen3Config, mesh, batch: int, seq: int, chunk: int,
     else:
         saved = cfg.num_layers * ((2 if backend == "xla" else 1) * scores + seq_sized)
         layer = NO_REMAT_SCORE_BUFFERS * working + NO_REMAT_SEQ_FACTOR * seq_sized + gathered
-    # Chunked log-probs: the head's gradient accumulator and one [chunk, V] float32 logits block.
-    head = local_bytes((d, v), ("embed", "vocab"), act, mesh)
-    logits = local_bytes((min(chunk, batch * seq), v), (None, "vocab"), 4, mesh)
+    # Chunked log-probs: the head's float32 gradient, the logits' gradients of the chunks multiplied
+    # into it at once (`chunks_per_head_product`) and one [chunk, V] float32 logits block.
+    chunk = min(chunk, batch * seq)
+    kept = chunk * chunks_per_head_product(-(-batch * seq // chunk), chunk, d, act)
+    head = local_bytes((d, v), ("embed", "vocab"), 4, mesh) + local_bytes((kept, v), (None, "vocab"), act, mesh)
+    logits = local_bytes((chunk, v), (None, "vocab"), 4, mesh)
     terms = {
         "saved_residuals": saved,
         "attention_mask": attn["mask"],

@@ -15,9 +15,9 @@ from atgrpo_jax import plan as plan_cli
 from atgrpo_jax.algo.logprobs import token_logprobs
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.plan_memory import (GiB, TPUS, abstract_mesh, kv_cache_bytes, local_bytes, model_params,
-                                    param_bytes, parse_device, plan, pool_mesh_sizes, sampling_memory,
-                                    update_activations, update_memory)
+from atgrpo_jax.plan_devices import GiB, TPUS, parse_device
+from atgrpo_jax.plan_memory import (abstract_mesh, kv_cache_bytes, local_bytes, model_params, param_bytes, plan,
+                                    pool_mesh_sizes, sampling_memory, update_activations, update_memory)
 from atgrpo_jax.sampling import decode, segments
 from atgrpo_jax.sampling.cache import init_cache
 from atgrpo_jax.sharding import MeshConfig, logical_sharding, make_mesh, sub_meshes

@@ -175,6 +175,15 @@ def token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, chunk
     return _from_chunks(logp, b, t), _from_chunks(ent, b, t)
 
 
+def chunks_per_head_product(num_chunks: int, chunk: int, hidden_size: int, itemsize: int) -> int:
+    """Chunks whose logits' gradients `fused_head_loss` keeps (in the compute dtype) and multiplies
+    into the head's gradient at once: the most that divide num_chunks and take no more memory than
+    the float32 [D, V] gradient itself (tokens <= 4 D / itemsize). Each product reads and writes
+    that gradient once; per chunk of 512 that was ~1 ms of an H100 update step (docs/device.md)."""
+    bound = max(1, (4 * hidden_size) // (itemsize * chunk))
+    return max(k for k in range(1, min(bound, num_chunks) + 1) if num_chunks % k == 0)
+
+
 def fused_head_loss(hidden: jax.Array, head: jax.Array, targets: jax.Array, token_inputs: dict,
                     loss_of_tokens: Callable, chunk_size: int = 1024, head_grad: bool = True,
                     how: SampledFrom = SampledFrom(), inv_temp=None, top_p=None, repeats: Repeats | None = None):
@@ -195,26 +204,35 @@ def fused_head_loss(hidden: jax.Array, head: jax.Array, targets: jax.Array, toke
     ss = {k: _to_chunks(v, chunk) for k, v in _sampling_inputs(how, inv_temp, top_p, b, t, repeats).items()}
     first = _first(how, repeats)
 
+    per_group = chunks_per_head_product(hs.shape[0], chunk, hidden.shape[-1], hidden.dtype.itemsize)
+
     def forward(hs, w):
-        def body(dw, c):
+        head = _head(w, how)
+
+        def chunk_body(_, c):
             hc, yc, xc, sc = c
-            head = _head(w, how)
             logits = jnp.einsum("nd,dv->nv", hc, head, preferred_element_type=jnp.float32)
             (lp, ent), pull = jax.vjp(lambda lg: _logit_stats(lg, yc, how, **sc, **first), logits)
             terms, pull_terms = jax.vjp(lambda lp, ent: loss_of_tokens(lp, ent, xc), lp, ent)
-            # The head matmul's two gradients by hand, on the logits' gradient rounded to the
-            # compute dtype (as autocast's backward does): autodiff would multiply the float32
-            # gradient into the bf16 operands, a float32 GEMM at half the bf16 rate (H100 profile,
+            # The head matmul's gradients by hand, on the logits' gradient rounded to the compute
+            # dtype (as autocast's backward does): autodiff would multiply the float32 gradient
+            # into the bf16 operands, a float32 GEMM at half the bf16 rate (H100 profile,
             # docs/device.md). In float32 the cast is a no-op.
             g = pull(pull_terms(jnp.ones_like(terms)))[0].astype(hc.dtype)
             dh = jnp.einsum("nv,dv->nd", g, head, preferred_element_type=jnp.float32).astype(hc.dtype)
-            if head_grad:
-                dwc = jnp.einsum("nd,nv->dv", hc, g, preferred_element_type=jnp.float32)
-                dw = dw.at[:, :dwc.shape[1]].add(dwc) if how.vocab_limit else dw + dwc
-            return dw, (terms.sum(), dh, lp, ent)
+            return None, (terms.sum(), dh, lp, ent, g if head_grad else None)
 
+        def group_body(dw, group):
+            _, (sums, dh, lp, ent, g) = jax.lax.scan(chunk_body, None, group)
+            if head_grad:  # one product for the group's chunks: dW is read and written once per group
+                dwg = jnp.einsum("knd,knv->dv", group[0], g, preferred_element_type=jnp.float32)
+                dw = dw.at[:, :dwg.shape[1]].add(dwg) if how.vocab_limit else dw + dwg
+            return dw, (sums, dh, lp, ent)
+
+        grouped = jax.tree.map(lambda x: x.reshape(-1, per_group, *x.shape[1:]), (hs, ys, xs, ss))
         dw0 = jnp.zeros(w.shape, jnp.float32) if head_grad else jnp.zeros((), jnp.float32)
-        dw, (sums, dh, lp, ent) = jax.lax.scan(body, dw0, (hs, ys, xs, ss))
+        dw, outs = jax.lax.scan(group_body, dw0, grouped)
+        sums, dh, lp, ent = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), outs)
         return (sums.sum(), (lp, ent)), (dh, dw.astype(w.dtype) if head_grad else None)
 
     @jax.custom_vjp

@@ -155,3 +155,16 @@ def test_bf16_head_gradients_multiply_bf16_operands_and_stay_close_to_float32():
     for g, r in zip(got, want):
         g, r = np.asarray(g, np.float32), np.asarray(r)
         assert np.linalg.norm(g - r) / np.linalg.norm(r) < 2e-2
+
+
+def test_chunks_per_head_product_divide_the_chunks_and_keep_within_the_head_gradient():
+    from atgrpo_jax.algo.logprobs import chunks_per_head_product
+    d = 2048  # Qwen3-1.7B: 4,096 tokens in bf16 are one product; 8,192 two; in float32 half as many per product
+    assert chunks_per_head_product(8, 512, d, 2) == 8
+    assert chunks_per_head_product(16, 512, d, 2) == 8
+    assert chunks_per_head_product(8, 512, d, 4) == 4
+    assert chunks_per_head_product(7, 512, d, 4) == 1  # no divisor of 7 up to 4: one chunk at a time
+    assert chunks_per_head_product(3, 8192, d, 2) == 1  # a chunk larger than the bound still runs
+    for n in range(1, 40):
+        k = chunks_per_head_product(n, 96, 256, 2)
+        assert n % k == 0 and (k == 1 or k * 96 * 2 <= 4 * 256)
