@@ -19,7 +19,9 @@ Two ways to differentiate through it:
 - `fused_head_loss` takes a loss that is a sum of per-token terms and computes
   that loss's gradients for the hidden states and the head inside the forward
   chunk pass, so the backward pass only scales them (the head matmul runs
-  once forward and twice for gradients, with no recompute).
+  once forward and twice for gradients, with no recompute; the gradient
+  products take the logits' gradient in the compute dtype, and the head's
+  takes several chunks at once: `chunks_per_head_product`).
 """
 from __future__ import annotations
 
@@ -91,14 +93,14 @@ def _head(w, how: SampledFrom):
     return w[:, :how.vocab_limit] if how.vocab_limit else w
 
 
-def _chunk_logits(h, w, how: SampledFrom):
-    """[c, V'] float32 logits of one chunk (V' = the drawable ids)."""
-    return jnp.einsum("nd,dv->nv", h, _head(w, how), preferred_element_type=jnp.float32)
+def _logits(h, head):
+    """[c, V'] float32 logits of one chunk of hidden states [c, D] under head [D, V']."""
+    return jnp.einsum("nd,dv->nv", h, head, preferred_element_type=jnp.float32)
 
 
 def _chunk_stats(h, w, targets, how: SampledFrom = SampledFrom(), **sampling):
     """log p(target) and the entropy, per row of one chunk, under the sampling distribution."""
-    return _logit_stats(_chunk_logits(h, w, how), targets, how, **sampling)
+    return _logit_stats(_logits(h, _head(w, how)), targets, how, **sampling)
 
 
 def _logit_stats(logits, targets, how: SampledFrom, inv_temp=None, top_p=None, penalty=None, sample=None,
@@ -211,8 +213,7 @@ def fused_head_loss(hidden: jax.Array, head: jax.Array, targets: jax.Array, toke
 
         def chunk_body(_, c):
             hc, yc, xc, sc = c
-            logits = jnp.einsum("nd,dv->nv", hc, head, preferred_element_type=jnp.float32)
-            (lp, ent), pull = jax.vjp(lambda lg: _logit_stats(lg, yc, how, **sc, **first), logits)
+            (lp, ent), pull = jax.vjp(lambda lg: _logit_stats(lg, yc, how, **sc, **first), _logits(hc, head))
             terms, pull_terms = jax.vjp(lambda lp, ent: loss_of_tokens(lp, ent, xc), lp, ent)
             # The head matmul's gradients by hand, on the logits' gradient rounded to the compute
             # dtype (as autocast's backward does): autodiff would multiply the float32 gradient

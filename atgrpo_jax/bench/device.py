@@ -35,7 +35,8 @@ DEFAULT_PARTS = PARTS[:-1]  # decode (where a decode step's time goes) is asked 
 # default five add up to 575 s of limits, under the device tool's 600 s per call, so a part that
 # overruns still leaves the others' figures.
 LIMITS = {"facts": 20, "parity": 75, "sampler": 200, "update": 180, "step": 100, "decode": 240}
-UPDATE_DIAGNOSES = ("update_split", "update_profile", "update_sweep")  # the update part's figures that are not a backend's
+# The update part's figures that are not a backend's timing.
+UPDATE_DIAGNOSES = ("update_split", "update_profile", "update_sweep", "update_hlo")
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
@@ -206,6 +207,8 @@ def table(results: dict) -> str:
             f"{r['chunk']} x {r['tokens']} tokens x {r['unroll']} {min(r['step_seconds']) * 1e3:.1f} ms "
             f"(MFU {_fmt(r.get('mfu'), '.1%')}, compile {r['compile_and_first_s']:.0f} s)"
             for k, r in u["update_sweep"].items()))
+    if u.get("update_hlo"):
+        lines.append(f"update HLO not written: {u['update_hlo'].get('error')}")
     sp = u.get("update_split")
     if sp and sp.get("error"):
         lines.append(f"update step split: {sp['error']}")

@@ -70,6 +70,16 @@ def timed_steps(update_fn, state, batch, steps: int):
     return state, m, times[0], times[1:]
 
 
+def new_update(cfg, chunk: int):
+    """(logprobs_fn, update_fn, state) of the trainer's update of a fresh random `cfg` model."""
+    model = nnx.jit(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))()
+    return jax_update(model, optim_config(), LossConfig(), chunk)
+
+
+def error(e: Exception) -> dict:
+    return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+
+
 def ours(shapes: Shapes, record, backends=None, out_dir: str | None = None) -> None:
     """Time each backend's update (compile first), in an order that lets the process-wide peak
     be read for each: cuDNN / splash (smallest score memory) before the einsum's [B, H, T, T]."""
@@ -83,9 +93,7 @@ def ours(shapes: Shapes, record, backends=None, out_dir: str | None = None) -> N
         cfg = base.replace(attention=backend)
         state = update_fn = None  # the last backend's state is freed before the next one's is made
         try:
-            model = nnx.jit(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))()
-            logprobs_fn, update_fn, state = jax_update(model, optim_config(), LossConfig(), CHUNK)
-            del model
+            logprobs_fn, update_fn, state = new_update(cfg, CHUNK)
             if batch is None:  # one batch for every backend
                 batch = jax_batch(data, old_logprobs(logprobs_fn, state.params, data))
             state, m, first, times = timed_steps(update_fn, state, batch, shapes.update_steps)
@@ -96,16 +104,19 @@ def ours(shapes: Shapes, record, backends=None, out_dir: str | None = None) -> N
                 "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]), "skipped": float(m["skipped"]),
                 "peak_bytes_so_far": peak_bytes(), "planned_peak_bytes": planned_peak(cfg, rows, width, backend)})
         except Exception as e:  # one backend that does not run here must not hide the others
-            record(f"update_{backend}", {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
+            record(f"update_{backend}", error(e))
             continue
         if backend == (backends or backends_here())[0]:
             try:
                 where_time_goes(record, update_fn, logprobs_fn, state, batch, data, best)
-                if out_dir:
+            except Exception as e:  # a diagnosis: it must not cost the timings above
+                record("update_split", error(e))
+            if out_dir:  # the compiled step, for reading off the device
+                try:
                     hlo = update_fn.lower(state, batch).compile().as_text()
                     (Path(out_dir) / "update_hlo.txt.gz").write_bytes(gzip.compress(hlo.encode()))
-            except Exception as e:  # a diagnosis: it must not cost the timings above
-                record("update_split", {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
+                except Exception as e:
+                    record("update_hlo", error(e))
     state = update_fn = None
     sweep(shapes, record, base.replace(attention=(backends or backends_here())[0]), peak)
 
@@ -119,9 +130,7 @@ def sweep(shapes: Shapes, record, cfg, peak) -> None:
         key = f"{chunk}:{rows}:{unroll}"
         state = update_fn = None  # freed before the next variant's are made
         try:
-            model = nnx.jit(lambda: Qwen3(cfg.replace(sequence_unroll=unroll), rngs=nnx.Rngs(0)))()
-            logprobs_fn, update_fn, state = jax_update(model, optim_config(), LossConfig(), chunk)
-            del model
+            logprobs_fn, update_fn, state = new_update(cfg.replace(sequence_unroll=unroll), chunk)
             data = make_batch(cfg.vocab_size, rows, width)
             batch = jax_batch(data, old_logprobs(logprobs_fn, state.params, data))
             state, m, first, times = timed_steps(update_fn, state, batch, shapes.update_steps)
@@ -130,7 +139,7 @@ def sweep(shapes: Shapes, record, cfg, peak) -> None:
                           "mfu": update_flops(cfg, rows, width) / min(times) / peak if peak else None,
                           "loss": float(m["loss"])}
         except Exception as e:  # one variant that does not fit must not hide the others
-            found[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+            found[key] = error(e)
         record("update_sweep", found)
 
 

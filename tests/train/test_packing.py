@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tiers import FULL
 
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
@@ -139,7 +140,11 @@ def test_packed_logprobs_equal_unshared_rows(tiny):
         np.testing.assert_allclose(packed[r, e], want[i][rows["is_resp"][i]], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("cfg", [LossConfig(), LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1)], ids=str)
+# The default tier packs for the loss that reads the most per-token inputs (per-sample weights, the
+# reference log-probs); the plain token-mean loss in the full tier (tiers.py). The losses' math is
+# held to the rows' loss in tests/algo/test_fused_loss.py; this test is about the packing.
+@pytest.mark.parametrize("cfg", [LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1)] + [LossConfig()] * FULL,
+                         ids=str)
 def test_packed_update_equals_unshared_rows(tiny, cfg):
     graphdef, params = tiny
     mb, r = minibatch()
