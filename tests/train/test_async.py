@@ -1,5 +1,6 @@
 """The asynchronous schedule: the same samples, metrics and parameters as the synchronous one;
 pools and host workers really overlap; staleness 1 samples with the weights from before the update."""
+import threading
 import time
 
 import jax
@@ -85,17 +86,22 @@ def slow_sample_fn(delay_s):
 
 
 class SlowEnv:
-    """The workflow with host time added to every step (a sandbox run, say)."""
+    """The workflow with host time added to every step (a sandbox run, say): the calls take the
+    delays in turn, so cohorts fall out of step as they do in a real run. With one delay for all,
+    the cohorts that one call sampled together stay in lockstep and the two pools can end up
+    strictly alternating (seen under load); uneven host times are what let them overlap."""
 
-    def __init__(self, wf, delay_s):
-        self.wf, self.delay_s = wf, delay_s
+    def __init__(self, wf, delays_s):
+        self.wf, self.delays_s, self.calls, self.lock = wf, delays_s, 0, threading.Lock()
         self.agents, self.max_turns, self.name, self.splits = wf.agents, wf.max_turns, wf.name, wf.splits
 
     def __getattr__(self, name):
         return getattr(self.wf, name)
 
     def step(self, *args):
-        time.sleep(self.delay_s)
+        with self.lock:
+            delay, self.calls = self.delays_s[self.calls % len(self.delays_s)], self.calls + 1
+        time.sleep(delay)
         return self.wf.step(*args)
 
 
@@ -104,7 +110,8 @@ def test_pools_and_host_workers_overlap_on_the_timeline():
     checked is the schedule, not this machine's speed): the timeline shows them at work at once."""
     from atgrpo_jax.envs.registry import make_workflow
 
-    wf = SlowEnv(make_workflow("plan_path_demo", view="local", lenient=True, plan_len=2, exec_len=2), 0.1)
+    wf = SlowEnv(make_workflow("plan_path_demo", view="local", lenient=True, plan_len=2, exec_len=2),
+                 (0.02, 0.05, 0.2, 0.3))
     tracer = Tracer()
     schedule = Schedule(cohorts=4, asynchronous=True, host_workers=2, pool_of_agent=(0, 1),
                         pool_names=("A", "B"), tracer=tracer)
