@@ -7,7 +7,8 @@ there. Both thus produce the same number of tokens per row. Reported: useful tok
 (the forced lengths summed, over wall time), their ratio, and the fraction of decode work spent on
 rows that had already finished (ours: rows x steps over all decode segments, as the sampler
 counts them; transformers: batch x longest, since `generate` keeps finished rows in the batch).
-Timed alongside: our run with `segment=0` (no dropping, the old sampler), our run with continuous
+Timed alongside: our run with the rows' own caches at full width from the start (`grow_own=False`:
+every step reads all `--new` slots), our run with `segment=0` (no dropping, the old sampler), our run with continuous
 batching (`--slots` rows decode at once, a finished row's slot takes the next waiting row; default
 B/2), and ours on the same number of tokens at one fixed length (every row useful/B tokens, the
 remainder spread one each, all B rows at once): the long tail should cost little more per useful
@@ -39,10 +40,11 @@ def wasted_fraction(useful: int, row_steps: int) -> float:
     return 1.0 - useful / row_steps
 
 
-def run_ours(model, prompts, lengths, repeats, segment, slots=None):
+def run_ours(model, prompts, lengths, repeats, segment, slots=None, grow_own=True):
     key = jax.random.key(0)
     gen = lambda: generate(model, prompts, max_new_tokens=[int(n) for n in lengths], key=key,  # noqa: E731
-                           buckets=(prompts.shape[1],), temperature=1.0, segment=segment, slots=slots)
+                           buckets=(prompts.shape[1],), temperature=1.0, segment=segment, slots=slots,
+                           grow_own=grow_own)
     seconds = min(timed(gen, repeats=repeats, warmup=1))
     out = gen()
     assert (out.lengths == lengths).all(), "every row must produce exactly its forced length"
@@ -100,10 +102,12 @@ def bench_longtail(cfg, ours_model, torch_model, args) -> dict:
     even = np.full(args.batch, useful // args.batch) + (np.arange(args.batch) < useful % args.batch)
     slots = args.slots or max(1, args.batch // 2)
     res["slots"] = slots
-    for name, segment, rows, s in (("ours", args.segment, lengths, None), ("ours_no_drop", 0, lengths, None),
-                                   ("ours_continuous", args.segment, lengths, slots),
-                                   ("ours_fixed_lengths", args.segment, even, None)):
-        seconds, steps = run_ours(ours_model, prompts, rows, args.repeats, segment, s)
+    for name, segment, rows, s, grow in (("ours", args.segment, lengths, None, True),
+                                         ("ours_full_own", args.segment, lengths, None, False),
+                                         ("ours_no_drop", 0, lengths, None, False),
+                                         ("ours_continuous", args.segment, lengths, slots, False),
+                                         ("ours_fixed_lengths", args.segment, even, None, True)):
+        seconds, steps = run_ours(ours_model, prompts, rows, args.repeats, segment, s, grow)
         res[name] = {"seconds": seconds, "useful_tokens_per_s": useful / seconds,
                      "wasted_fraction": wasted_fraction(useful, steps)}
     if torch_model is not None:
@@ -113,6 +117,7 @@ def bench_longtail(cfg, ours_model, torch_model, args) -> dict:
         res["speedup"] = res["transformers"]["seconds"] / res["ours"]["seconds"]
         res["continuous_speedup"] = res["transformers"]["seconds"] / res["ours_continuous"]["seconds"]
     res["speedup_over_no_drop"] = res["ours_no_drop"]["seconds"] / res["ours"]["seconds"]
+    res["speedup_over_full_own"] = res["ours_full_own"]["seconds"] / res["ours"]["seconds"]
     fixed = res["ours_fixed_lengths"]["useful_tokens_per_s"]
     res["vs_fixed_lengths"] = res["ours"]["useful_tokens_per_s"] / fixed
     res["continuous_vs_fixed_lengths"] = res["ours_continuous"]["useful_tokens_per_s"] / fixed
@@ -122,7 +127,7 @@ def bench_longtail(cfg, ours_model, torch_model, args) -> dict:
 def report_longtail(name, r):
     print(f"== {name}: long-tail lengths, batch {r['batch']}, prompt {r['prompt']}, budget {r['new']} "
           f"(median {r['median_length']:.0f}, longest {r['max_length']}, {r['useful_tokens']} useful tokens)")
-    for side in ("ours", "ours_no_drop", "ours_continuous", "ours_fixed_lengths", "transformers"):
+    for side in ("ours", "ours_full_own", "ours_no_drop", "ours_continuous", "ours_fixed_lengths", "transformers"):
         if side in r:
             s = r[side]
             print(f"  {side:<18} {s['useful_tokens_per_s']:8.1f} useful tok/s  {s['seconds']:6.2f} s  "
@@ -130,6 +135,7 @@ def report_longtail(name, r):
                   + (f"  ({r['slots']} slots)" if side == "ours_continuous" else ""))
     if "speedup" in r:
         print(f"  speedup vs transformers: {r['speedup']:.2f}x dropping rows, {r['continuous_speedup']:.2f}x continuous")
+    print(f"  own caches grown as needed vs full width from the start: {r['speedup_over_full_own']:.2f}x")
     print(f"  dropping finished rows vs not: {r['speedup_over_no_drop']:.2f}x; long tail vs fixed lengths, "
           f"same tokens: {r['vs_fixed_lengths']:.2f}x dropping rows, {r['continuous_vs_fixed_lengths']:.2f}x "
           "continuous (useful tok/s)")

@@ -86,6 +86,13 @@ class KVCache(NamedTuple):
         return KVCache(jax.tree.map(take, self.k), jax.tree.map(take, self.v), jnp.take(self.valid, index, axis=0),
                        self.index)
 
+    def grow(self, slots: int) -> "KVCache":
+        """The same cache with `slots` slots, the new ones empty (a copy of the old, once)."""
+        more = slots - self.slots
+        pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, more), (0, 0)])  # noqa: E731 (the cache_seq axis)
+        return KVCache(jax.tree.map(pad, self.k), jax.tree.map(pad, self.v), jnp.pad(self.valid, ((0, 0), (0, more))),
+                       self.index)
+
     def where_rows(self, rows, other: "KVCache") -> "KVCache":
         """`other`'s rows where rows [batch] is True, else this cache's (same layout and shapes)."""
         axis = 0 if self.layered else 1

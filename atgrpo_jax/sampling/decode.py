@@ -112,7 +112,8 @@ class Rows(NamedTuple):
     """The decode state of R rows in groups of G = R // groups consecutive rows."""
 
     prefix: KVCache | None  # [layers, groups, kv_heads, P, head_dim]: group g's prompt (not carried by the loop)
-    own: KVCache  # [layers, R, kv_heads, max_new, head_dim]: each row's new tokens
+    own: KVCache  # [layers, R, kv_heads, slots, head_dim]: each row's new tokens (max_new slots, or
+    # fewer while rows that all started at step 0 need no more: `segments.run`)
     logits: jax.Array  # [R, V]
     positions: jax.Array  # [R]
     done: jax.Array  # [R] bool
@@ -185,11 +186,14 @@ def empty_outputs(rows: int, settings: DecodeSettings) -> Decoded:
                    jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool), jnp.zeros((), jnp.int32))
 
 
-def start(model, pre: Prefilled, settings: DecodeSettings, stop_ids=None, row_keys=None, budget=None) -> Rows:
+def start(model, pre: Prefilled, settings: DecodeSettings, stop_ids=None, row_keys=None, budget=None,
+          own_slots: int | None = None) -> Rows:
     """The first state, groups = the B prompts of K rows: all that grows with K before decoding.
 
     stop_ids [B, S] (default none), row_keys [B*K] (default fold_in(key(0), r)),
-    budget [B] int32 (default max_new_tokens for every prompt).
+    budget [B] int32 (default max_new_tokens for every prompt); own_slots: slots of the rows' own
+    caches (default max_new_tokens; fewer, for rows that all start now, grown as they decode:
+    `segments.run`).
     """
     k, new = settings.num_branches, settings.max_new_tokens
     b = pre.logits.shape[0]
@@ -200,16 +204,17 @@ def start(model, pre: Prefilled, settings: DecodeSettings, stop_ids=None, row_ke
         row_keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.key(0), r))(jnp.arange(n))
     # The K branches of a prompt start from its logits; copying them is the first step's work.
     logits = constrain(jnp.repeat(pre.logits, k, axis=0), ("batch", "vocab"))
-    own = init_branch_cache(model, n, new, pre.cache.dtype)
+    own = init_branch_cache(model, n, own_slots or new, pre.cache.dtype)
     present = None if pre.present is None else constrain(jnp.repeat(pre.present, k, axis=0), ("batch", "vocab"))
     return Rows(pre.cache, own, logits, jnp.repeat(pre.lengths, k), jnp.zeros((n,), bool),
                 jnp.repeat(budget, k), jnp.repeat(stop_ids, k, axis=0), row_keys, jnp.zeros((n,), jnp.int32),
                 empty_outputs(n, settings), present)
 
 
-def _start(graphdef, weights, pre: Prefilled, stop_ids, row_keys, budget, settings) -> tuple[Rows, Decoded]:
+def _start(graphdef, weights, pre: Prefilled, stop_ids, row_keys, budget, settings,
+           own_slots: int | None = None) -> tuple[Rows, Decoded]:
     """The first rows and the caller-ordered output buffers."""
-    rows = start(nnx.merge(graphdef, weights), pre, settings, stop_ids, row_keys, budget)
+    rows = start(nnx.merge(graphdef, weights), pre, settings, stop_ids, row_keys, budget, own_slots)
     return rows, empty_outputs(rows.logits.shape[0], settings)
 
 
@@ -271,7 +276,7 @@ def _layer_weights(graphdef, weights):
 
 prefill_jit = jax.jit(_prefill, static_argnames=("graphdef", "cache_dtype", "presence"))
 layer_weights_jit = jax.jit(_layer_weights, static_argnames=("graphdef",))
-start_jit = jax.jit(_start, static_argnames=("graphdef", "settings"))
+start_jit = jax.jit(_start, static_argnames=("graphdef", "settings", "own_slots"))
 segment_jit = jax.jit(_segment, static_argnames=("graphdef", "settings"), donate_argnames=("rows", "full"))
 
 

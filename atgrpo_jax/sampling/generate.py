@@ -111,7 +111,7 @@ def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, tempera
              buckets: Sequence[int] = DEFAULT_BUCKETS, batch_buckets: Sequence[int] | None = None,
              prompt_lengths=None, raw_logprobs: bool = False, cache_dtype: str | None = None,
              top_p_cap: int = 256, vocab_limit: int | None = None, segment: int = 16,
-             slots: int | None = None) -> Generation:
+             slots: int | None = None, grow_own: bool = True) -> Generation:
     """Sample `num_branches` continuations of each prompt.
 
     prompts: B sequences of token ids (ragged), or a [B, P] array whose row b
@@ -137,7 +137,9 @@ def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, tempera
     batching: the B*K rows start in order as slots free up, every `segment`
     steps); it bounds the cache of new tokens to slots x max_new_tokens and
     keeps the batch full while long rows finish. None: all rows at once.
-    The result depends on neither.
+    grow_own: the rows' own caches start at 128 slots and double as the steps
+    need them (segments.py); False: max_new_tokens slots from the start.
+    The result depends on none of these.
     """
     prompt_list = _as_prompt_list(prompts, prompt_lengths)
     b = len(prompt_list)
@@ -179,7 +181,8 @@ def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, tempera
     stops = stop_array(stop_ids, b)
     stops = np.concatenate([stops, np.full((b_padded - b, stops.shape[1]), -1, np.int32)])
     budget = np.concatenate([budget, np.ones(b_padded - b, np.int32)])  # filler prompts: one token
-    decoded, row_steps = run(model, ids, mask, stops, keys, params, settings, budget, segment, slots=slots)
+    decoded, row_steps = run(model, ids, mask, stops, keys, params, settings, budget, segment, slots=slots,
+                             grow_own=grow_own)
     out = jax.device_get({"tokens": decoded.tokens, "lengths": decoded.lengths, "logprobs": decoded.logprobs,
                           "raw": decoded.raw_logprobs, "stopped": decoded.stopped})
     lengths = out["lengths"][:n]

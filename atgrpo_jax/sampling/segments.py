@@ -17,6 +17,13 @@ prompt's live rows, in chunks of G, need at most R // G groups. Each bucket
 compiles one segment and one compaction (to the next bucket); shapes never
 depend on where rows end, so nothing recompiles after the buckets are warm.
 
+The rows' own caches (their new tokens' keys and values) start small when
+every row starts at step 0 and grow by doubling before the steps that need
+the slots (`own_slots`): a decode step reads all of its rows' own slots,
+written or not, so with a budget of 2,048 tokens and answers of a few
+hundred, full-width caches would make most of the step's reads empty slots
+(docs/device.md). Each width compiles one segment per row bucket.
+
 A row's computation does not depend on its neighbours (its own key, its
 own prompt row, its own cache slots), so its tokens and log-probs are those
 of the plain loop; floats can still differ in the last bit where XLA's CPU
@@ -122,10 +129,17 @@ def _empty(graphdef, weights, pre: Prefilled, stop_ids, row_keys, budget, slots:
     return _compact(one, first, jnp.zeros(slots, bool), first), empty_outputs(row_keys.shape[0], settings)
 
 
+def own_slots(steps: int, max_new: int, first: int = 128) -> int:
+    """Own-cache slots for `steps` steps of rows that started at step 0: a power of 2 from `first`
+    slots, at most max_new (few widths, so few compiled segments)."""
+    return min(max_new, max(first, 1 << max(steps - 1, 0).bit_length()))
+
+
 compact_jit = jax.jit(_compact)
+grow_jit = jax.jit(lambda cache, slots: constrain_cache(cache.grow(slots)), static_argnames=("slots",))
 admit_jit = jax.jit(_admit, static_argnames=("branches",), donate_argnames=("rows",))
 empty_jit = jax.jit(_empty, static_argnames=("graphdef", "slots", "settings"))
-JITTED = (prefill_jit, start_jit, segment_jit, compact_jit, admit_jit, empty_jit)  # what a call compiles
+JITTED = (prefill_jit, start_jit, segment_jit, compact_jit, admit_jit, empty_jit, grow_jit)  # what a call compiles
 
 
 class Run(NamedTuple):
@@ -134,7 +148,7 @@ class Run(NamedTuple):
 
 
 def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingParams, settings: DecodeSettings,
-        budget=None, segment: int = 16, min_rows: int = 1, slots: int | None = None) -> Run:
+        budget=None, segment: int = 16, min_rows: int = 1, slots: int | None = None, grow_own: bool = True) -> Run:
     """Prefill, then decode to the end in segments of `segment` steps (0: one segment, no compaction).
 
     prompt_ids, prompt_mask [B, P] left-padded (every row's last column is
@@ -142,7 +156,8 @@ def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingPara
     budget [B] tokens each prompt's rows may produce (default max_new_tokens).
     slots < B*K: continuous batching; at most `slots` rows decode at once,
     the caller's rows start in order as slots free up (at segment ends), then
-    the last ones are compacted as usual.
+    the last ones are compacted as usual. grow_own: start the rows' own caches small and grow
+    them as the steps need (rows that all start at step 0, in segments); False: full width.
     """
     graphdef, weights = nnx.split(model)
     b, k, new = prompt_ids.shape[0], settings.num_branches, settings.max_new_tokens
@@ -162,7 +177,9 @@ def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingPara
         buckets = [(r, r) for r, _ in row_buckets(slots, 1, min_rows)]  # groups of one row
         ids, done, waiting = np.full(slots, -1, np.int32), np.ones(slots, bool), 0
     else:
-        rows, full = start_jit(graphdef, weights, pre, stop_ids, row_keys, budget, settings=settings)
+        grow_own = grow_own and segment > 0
+        rows, full = start_jit(graphdef, weights, pre, stop_ids, row_keys, budget, settings=settings,
+                               own_slots=own_slots(segment, new) if grow_own else None)
         buckets = row_buckets(b, k, min_rows)
         ids, waiting = np.arange(n, dtype=np.int32), n
     level, step, row_steps = 0, 0, 0
@@ -174,6 +191,8 @@ def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingPara
             rows = admit_jit(rows, pre, stop_ids, budget, row_keys, new_ids, branches=k)
             ids, waiting = np.where(new_ids >= 0, new_ids, ids), waiting + len(free)
         until = step + segment if segment > 0 else new  # every row is done by step `new` unless it started late
+        if not continuous and grow_own and rows.own.slots < min(until, new):
+            rows = rows._replace(own=grow_jit(rows.own, slots=own_slots(min(until, new), new)))
         rows, full = segment_jit(graphdef, weights, layers, rows, full, ids, np.int32(until), params,
                                  settings=settings)
         done, reached = jax.device_get((rows.done, rows.out.steps))

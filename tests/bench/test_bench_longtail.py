@@ -21,8 +21,9 @@ def test_longtail_bench_forces_equal_lengths_and_dropping_rows_saves_work(capsys
                        "--new", "24", "--segment", "4", "--repeats", "1", "--json"]) == 0
     (r,) = json.loads(capsys.readouterr().out.splitlines()[-1])["results"]
     assert r["useful_tokens"] == longtail_lengths(8, 24).sum()
-    assert set(r) >= {"ours", "ours_no_drop", "ours_continuous", "ours_fixed_lengths", "transformers", "speedup",
-                      "vs_fixed_lengths", "continuous_vs_fixed_lengths"}
+    assert set(r) >= {"ours", "ours_full_own", "ours_no_drop", "ours_continuous", "ours_fixed_lengths", "transformers",
+                      "speedup", "speedup_over_full_own", "vs_fixed_lengths", "continuous_vs_fixed_lengths"}
+    assert r["ours_full_own"]["wasted_fraction"] == r["ours"]["wasted_fraction"]  # the same rows and steps
     # without drops every row runs to the longest; with them, less of the work is wasted
     assert r["ours"]["wasted_fraction"] < r["ours_no_drop"]["wasted_fraction"]
     assert abs(r["ours_no_drop"]["wasted_fraction"] - r["transformers"]["wasted_fraction"]) < 0.1

@@ -165,3 +165,45 @@ def test_continuous_batching_checks_its_arguments_and_does_not_recompile(model):
         g = call(b, seed)
         np.testing.assert_array_equal(g.lengths, np.repeat(b, K))
     assert [f._cache_size() for f in segments.JITTED] == sizes
+
+
+def test_own_caches_grow_by_doubling_from_128_slots_to_the_budget():
+    assert [segments.own_slots(s, 2048) for s in (1, 16, 128, 129, 700, 2048)] == [128, 128, 128, 256, 1024, 2048]
+    assert segments.own_slots(16, 40) == 40 and segments.own_slots(300, 300) == 300
+
+
+def test_rows_with_grown_own_caches_equal_the_plain_loop(model, monkeypatch):
+    """Segments start the rows' own caches at 128 slots and grow them (128 -> 200 here); the plain
+    loop (segment 0) reads all 200 from the start: the same tokens."""
+    ps = prompts(7, (4, 6))
+    run = lambda segment: gen(model, ps, max_new_tokens=200, key=jax.random.key(3), segment=segment)  # noqa: E731
+    widths, grow = [], segments.grow_jit
+
+    def spy(cache, slots):
+        widths.append((cache.slots, slots))
+        return grow(cache, slots=slots)
+    monkeypatch.setattr(segments, "grow_jit", spy)
+    plain, got = run(0), run(100)
+    assert widths == [(128, 200)]  # the plain loop started at full width; the segments grew once
+    assert (plain.lengths > 128).any()  # rows wrote past the first width
+    for field in FIELDS:
+        np.testing.assert_array_equal(getattr(got, field), getattr(plain, field), err_msg=field)
+    np.testing.assert_allclose(got.logprobs, plain.logprobs, atol=2e-6, rtol=0)
+
+
+def test_a_grown_cache_keeps_its_slots_and_adds_empty_ones_in_either_layout():
+    from atgrpo_jax.models.strategies import KVCache
+    cfg = get_preset("test-tiny")
+    base = KVCache.init(cfg, 3, 5)
+    rng = np.random.RandomState(0)
+    base = base._replace(k=jax.numpy.asarray(rng.randn(*base.k.shape), base.k.dtype),
+                         v=jax.numpy.asarray(rng.randn(*base.v.shape), base.v.dtype), valid=base.valid.at[:, :2].set(True))
+    for cache in (base, base.per_layer()):
+        grown = cache.grow(8)
+        assert grown.slots == 8 and grown.layered == cache.layered and grown.index == cache.index
+        for old, new in zip(jax.tree.leaves((cache.k, cache.v)), jax.tree.leaves((grown.k, grown.v))):
+            assert new.shape == old.shape[:-2] + (8, old.shape[-1])
+            np.testing.assert_array_equal(new[..., :5, :], old)
+            assert not new[..., 5:, :].any()
+        np.testing.assert_array_equal(grown.valid[:, :5], cache.valid)
+        assert not grown.valid[:, 5:].any()
