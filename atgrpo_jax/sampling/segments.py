@@ -170,6 +170,7 @@ def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingPara
     pre = prefill_jit(graphdef, weights, prompt_ids, prompt_mask, cache_dtype=settings.cache_dtype,
                       presence=settings.repetition_penalty)
     layers = layer_weights_jit(graphdef, weights)  # sliced once for every decode step of the call
+    grow_own = grow_own and segment > 0 and not continuous  # late rows' rings wrap: full width for them
     prompt_of = np.arange(n) // k
     if continuous:
         stop_ids, budget = jnp.asarray(stop_ids), jnp.asarray(budget)  # read at every admission
@@ -177,7 +178,6 @@ def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingPara
         buckets = [(r, r) for r, _ in row_buckets(slots, 1, min_rows)]  # groups of one row
         ids, done, waiting = np.full(slots, -1, np.int32), np.ones(slots, bool), 0
     else:
-        grow_own = grow_own and segment > 0
         rows, full = start_jit(graphdef, weights, pre, stop_ids, row_keys, budget, settings=settings,
                                own_slots=own_slots(segment, new) if grow_own else None)
         buckets = row_buckets(b, k, min_rows)
@@ -191,7 +191,7 @@ def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingPara
             rows = admit_jit(rows, pre, stop_ids, budget, row_keys, new_ids, branches=k)
             ids, waiting = np.where(new_ids >= 0, new_ids, ids), waiting + len(free)
         until = step + segment if segment > 0 else new  # every row is done by step `new` unless it started late
-        if not continuous and grow_own and rows.own.slots < min(until, new):
+        if grow_own and rows.own.slots < min(until, new):
             rows = rows._replace(own=grow_jit(rows.own, slots=own_slots(min(until, new), new)))
         rows, full = segment_jit(graphdef, weights, layers, rows, full, ids, np.int32(until), params,
                                  settings=settings)
