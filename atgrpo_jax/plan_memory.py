@@ -129,7 +129,12 @@ def update_activations(cfg: Qwen3Config, mesh, batch: int, seq: int, chunk: int,
     mlp = local_bytes((batch, seq, f), ("batch", "seq", "mlp"), act, mesh)
     attn = attention_buffers(cfg, mesh, batch, seq, seq, backend)
     scores, working = attn["scores"], attn["working"]
-    seq_sized = 6 * hidden + 4 * q + 4 * kvs + 6 * mlp
+    seq_sized = 6 * hidden + 4 * q + 4 * kvs + 6 * mlp  # one layer's tensors: the unit of its working set
+    # What the backward pass of a layer reads from its forward: with `recompute_elementwise` the layer's
+    # input and the MLP's input, q and k before the norms and RoPE and after them (as the attention
+    # keeps them), v, the attention's output, gate and up; without it the norms' float32 copies and
+    # SwiGLU's intermediates besides (the 20 of `seq_sized`).
+    residuals = 2 * hidden + 2 * q + 3 * kvs + 2 * mlp if cfg.recompute_elementwise else seq_sized
     # Under FSDP each layer's weights are gathered for its matmuls.
     no_fsdp = {**RULES, "embed": ()}
     gathered = sum(local_bytes(fn(cfg), axes, act, mesh, no_fsdp) for fn, axes in LAYER_PARAMS.values())
@@ -140,7 +145,7 @@ def update_activations(cfg: Qwen3Config, mesh, batch: int, seq: int, chunk: int,
         saved = cfg.num_layers * hidden
         layer = REMAT_SCORE_BUFFERS * working + REMAT_SEQ_FACTOR * seq_sized + gathered
     else:
-        saved = cfg.num_layers * ((2 if backend == "xla" else 1) * scores + seq_sized)
+        saved = cfg.num_layers * ((2 if backend == "xla" else 1) * scores + residuals)
         layer = NO_REMAT_SCORE_BUFFERS * working + NO_REMAT_SEQ_FACTOR * seq_sized + gathered
     # Chunked log-probs: the head's float32 gradient, the logits' gradients of the chunks multiplied
     # into it at once (`chunks_per_head_product`) and one [chunk, V] float32 logits block.
@@ -273,6 +278,7 @@ def model_config(config) -> Qwen3Config:
     """The architecture a training config names (preset, or the HF checkpoint's config.json)."""
     m = config.model
     kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=bool(m.remat),
+              recompute_elementwise=bool(m.get("recompute_elementwise", True)),
               attention_block=int(m.get("attention_block", 512)))
     layout = sharing(config)
     if layout.lora:

@@ -75,32 +75,56 @@ def project(x: jax.Array, w: jax.Array) -> jax.Array:
     return (x.reshape(b * t, d_in) @ w.reshape(d_in, -1)).reshape(b, t, *w.shape[n_in:])
 
 
-def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend):
+def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend, recompute: bool = False):
     """One pre-norm block. `attend(q [B,T,H,D], k, v [B,T,KV,D]) -> ([B,T,H,D], carry)` is the
     attention over whatever keys apply (the carry: a cache it wrote k, v into, or None).
-    Returns the new hidden states and that carry."""
-    dt = cfg.dtype
-    x = rms_norm(h, w["attn_norm"], cfg.rms_norm_eps)
-    if "wqkv" in w:  # fused (`fuse_projections`): [B, T, KV, G + 2, D], each kv head's queries, key, value
-        qkv = project(x, w["wqkv"].astype(dt))
-        g = qkv.shape[3] - 2
-        q, k, v = qkv[:, :, :, :g].reshape(*qkv.shape[:2], -1, qkv.shape[-1]), qkv[:, :, :, g], qkv[:, :, :, g + 1]
-    else:
-        q, k, v = (project(x, w[name].astype(dt)) for name in ("wq", "wk", "wv"))
-    q = rope(rms_norm(q, w["q_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
-    k = rope(rms_norm(k, w["k_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
+    Returns the new hidden states and that carry.
+
+    recompute (a layer that is differentiated, with `cfg.recompute_elementwise`): the norms, RoPE
+    and SwiGLU run under `jax.checkpoint`, so the backward pass recomputes them from what the
+    matmuls need anyway (the layer's input, the q/k/v projections, gate and up) instead of keeping
+    their intermediates: the float32 copies the norms make, and four of the MLP's six [T, mlp]
+    tensors. The matmuls inside those blocks are not run again (their outputs are not needed by
+    the backward pass, so JAX drops them). docs/device.md has what this saves."""
+    dt, eps = cfg.dtype, cfg.rms_norm_eps
+    block = jax.checkpoint if recompute else (lambda f: f)
+
+    @block
+    def qkv_of(h, norm, *ws):
+        x = rms_norm(h, norm, eps)
+        if len(ws) == 1:  # fused (`fuse_projections`): [B, T, KV, G + 2, D], each kv head's queries, key, value
+            qkv = project(x, ws[0])
+            g = qkv.shape[3] - 2
+            return qkv[:, :, :, :g].reshape(*qkv.shape[:2], -1, qkv.shape[-1]), qkv[:, :, :, g], qkv[:, :, :, g + 1]
+        return tuple(project(x, wi) for wi in ws)
+
+    @block
+    def norm_rope(x, norm):
+        return rope(rms_norm(x, norm, eps), positions, cfg.rope_theta)
+
+    @block
+    def gate_up_of(h, norm, *ws):
+        x = rms_norm(h, norm, eps)
+        if len(ws) == 1:  # fused: [B, T, 2, mlp]
+            gate_up = project(x, ws[0])
+            return gate_up[:, :, 0], gate_up[:, :, 1]
+        return project(x, ws[0]), project(x, ws[1])
+
+    @block
+    def mlp_out(gate, up, w_down):
+        mlp = constrain(jax.nn.silu(gate) * up, ("batch", "seq", "mlp"))
+        return project(mlp, w_down)
+
+    names = ("wqkv",) if "wqkv" in w else ("wq", "wk", "wv")
+    q, k, v = qkv_of(h, w["attn_norm"], *(w[name].astype(dt) for name in names))
+    q, k = norm_rope(q, w["q_norm"]), norm_rope(k, w["k_norm"])
     q = constrain(q, ("batch", "seq", "heads", "head_dim"))
     a, carry = attend(q, k, v)
     h = h + project(a, w["wo"].astype(dt))
     h = constrain(h, ("batch", "seq", "embed"))
-    x = rms_norm(h, w["mlp_norm"], cfg.rms_norm_eps)
-    if "w_gate_up" in w:
-        gate_up = project(x, w["w_gate_up"].astype(dt))  # [B, T, 2, mlp]
-        mlp = jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1]
-    else:
-        mlp = jax.nn.silu(project(x, w["w_gate"].astype(dt))) * project(x, w["w_up"].astype(dt))
-    mlp = constrain(mlp, ("batch", "seq", "mlp"))
-    h = h + project(mlp, w["w_down"].astype(dt))
+    names = ("w_gate_up",) if "w_gate_up" in w else ("w_gate", "w_up")
+    gate, up = gate_up_of(h, w["mlp_norm"], *(w[name].astype(dt) for name in names))
+    h = h + mlp_out(gate, up, w["w_down"].astype(dt))
     return constrain(h, ("batch", "seq", "embed")), carry
 
 
@@ -215,7 +239,8 @@ class Qwen3(nnx.Module):
         def body(carry, xs):
             h, kv = carry
             w, i = xs
-            h, kv = decoder_layer(cfg, w, h, positions, lambda q, k, v: attention.attend(cfg, i, q, k, v, kv))
+            h, kv = decoder_layer(cfg, w, h, positions, lambda q, k, v: attention.attend(cfg, i, q, k, v, kv),
+                                  recompute=attention.remat and cfg.recompute_elementwise)
             return (h, kv), None
 
         if layers is not None:

@@ -27,6 +27,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"  # storage dtype of the weights: float32, bfloat16 or float16
     c.model.compute_dtype = "float32"  # dtype of matmul inputs, activations and the KV cache
     c.model.remat = False  # recompute each layer in the backward pass (less memory, ~30% more compute)
+    c.model.recompute_elementwise = True  # the backward pass recomputes norms, RoPE and SwiGLU instead of keeping
+    # their intermediates: 9 of a layer's 20 sequence-sized tensors kept, no matmul run twice (models/qwen3.py)
     c.model.attention = "auto"  # auto|xla|chunked|splash|cudnn; auto: splash on TPU where it applies, cuDNN on
     # GPU, einsum on CPU for short rows, chunked (O(T) memory) otherwise; see README "Long responses"
     c.model.attention_block = 512  # query/key block of the chunked backend
@@ -290,13 +292,14 @@ def flat(c) -> dict:
 
 
 # Keys a resumed run may change: how long and how often, and where it runs.
-# rollout.decode_slots, model.decode_unroll and model.sequence_unroll change how the layers run,
-# never the math (rounding aside);
+# rollout.decode_slots, model.decode_unroll, model.sequence_unroll and model.recompute_elementwise change
+# how the layers run, never the math (rounding aside);
 # train.compile_cache only where compiled programs are kept.
 RESUMABLE = ("train.steps", "train.time_budget_s", "train.eval_every", "train.eval_tasks", "train.eval_k",
              "train.log_every", "train.log_episodes", "train.checkpoint_every", "train.keep_last",
              "train.max_skipped_updates", "train.loggers", "train.wandb_", "train.compile_cache", "mesh.",
              "distributed.", "rollout.decode_slots", "model.decode_unroll", "model.sequence_unroll",
+             "model.recompute_elementwise",
              "system.schedule", "system.cohorts",
              "system.host_workers", "system.trace_every", "system.stage_timeout_s")
 

@@ -85,7 +85,8 @@ def make_tokenizer(name: str, hf_path: str = "", alphabet: str = ""):
 def build_model(config, mesh) -> Qwen3:
     m = config.model
     attention = configured_backend(m.attention, jax.default_backend(), config.optim.share_prompts)
-    kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat, attention=attention,
+    kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat,
+              recompute_elementwise=m.recompute_elementwise, attention=attention,
               attention_block=m.attention_block, decode_unroll=m.decode_unroll, sequence_unroll=m.sequence_unroll)
     if m.hf_path:
         expected = get_preset(m.preset) if m.preset else None
