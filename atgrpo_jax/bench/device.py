@@ -202,9 +202,10 @@ def table(results: dict) -> str:
                          f"{prof.get('copy_s_per_call', 0) / per * 1e3:.2f} ms; top: " + ", ".join(
                              f"{k['name'][:40]} {k['s_per_call'] / per * 1e3:.2f} ms" for k in prof["top"][:3]))
     if u.get("update_sweep"):
-        lines.append("update by (log-prob chunk, rows, layers per loop iteration): " + ", ".join(
+        lines.append("update by (log-prob chunk, tokens, layers per loop iteration, elementwise): " + ", ".join(
             f"{k} {r['error'][:60]}" if "error" in r else
-            f"{r['chunk']} x {r['tokens']} tokens x {r['unroll']} {min(r['step_seconds']) * 1e3:.1f} ms "
+            f"{r['chunk']} x {r['tokens']} x {r['unroll']} x {'recompute' if r.get('recompute', True) else 'keep'} "
+            f"{min(r['step_seconds']) * 1e3:.1f} ms "
             f"(MFU {_fmt(r.get('mfu'), '.1%')}, compile {r['compile_and_first_s']:.0f} s)"
             for k, r in u["update_sweep"].items()))
     if u.get("update_hlo"):

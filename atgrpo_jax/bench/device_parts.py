@@ -38,17 +38,19 @@ class Shapes:
     new: int  # new tokens per row (fixed lengths); the long tail's budget
     update_rows: tuple[int, int]  # [rows, width]: rows x width tokens per update step
     update_steps: int  # timed steps per backend
-    update_sweep: tuple[tuple[int, int, int], ...]  # (log-prob chunk, rows, sequence_unroll): the first backend's
+    update_sweep: tuple[tuple[int, int, int, bool], ...]  # (log-prob chunk, rows, sequence_unroll,
+    # recompute_elementwise): the first backend's
     copy_mib: int  # buffer of the bandwidth measurement
     matmul: int  # size of the peak matmul
     step_overrides: tuple[str, ...]  # flags of the one AT-GRPO step
 
 
-REAL = Shapes("qwen3-1.7b", 4, (2, 256), 64, 512, 512, (4, 1024), 3, ((2048, 4, 1), (4096, 4, 1), (2048, 8, 1), (512, 4, 28)), 4096, 8192,
+REAL = Shapes("qwen3-1.7b", 4, (2, 256), 64, 512, 512, (4, 1024), 3, ((2048, 4, 1, True), (4096, 4, 1, True), (2048, 8, 1, True), (512, 4, 28, True),
+                                                                     (512, 4, 1, False)), 4096, 8192,
               ("--config.rollout.num_tasks=2", "--config.rollout.k=4", "--config.rollout.max_turns=2",
                "--config.rollout.max_new_tokens=256", "--config.rollout.max_prompt_len=1024",
                "--config.rollout.prompt_buckets=(512,1024)"))
-TINY = Shapes("test-tiny", 2, (2, 16), 4, 16, 16, (2, 32), 1, ((16, 2, 2),), 8, 256,
+TINY = Shapes("test-tiny", 2, (2, 16), 4, 16, 16, (2, 32), 1, ((16, 2, 2, True), (16, 2, 1, False)), 8, 256,
               ("--config.model.preset=test-tiny", "--config.model.vocab_size=151936",
                "--config.rollout.num_tasks=2", "--config.rollout.k=2", "--config.rollout.max_turns=1",
                "--config.rollout.max_new_tokens=8", "--config.rollout.max_prompt_len=512",

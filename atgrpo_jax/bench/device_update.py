@@ -7,9 +7,11 @@ the update's peak device memory against the planner's prediction.
   AdamW wd 0.01), jitted with donated state, one compile per backend.
 - Where our step goes (first backend): its kernels in a profile (`bench.kernels`), the forward
   pass alone and the optimizer alone; then the step at larger log-prob chunks, twice the tokens
-  and with the layer loop unrolled (`Shapes.update_sweep`: each chunk adds the head gradient's
-  float32 [D, V] accumulation once more; the rolled loop zero-fills its stacked activations and
-  slices each layer's weights every step); and the compiled step's HLO (`update_hlo.txt.gz`).
+  with the layer loop unrolled, and keeping the layers' elementwise intermediates instead of
+  recomputing them (`Shapes.update_sweep`: each chunk adds the head gradient's float32 [D, V]
+  accumulation once more; the rolled loop zero-fills its stacked activations and slices each
+  layer's weights every step; `recompute_elementwise` keeps 9 of a layer's 20 sequence-sized
+  tensors); and the compiled step's HLO (`update_hlo.txt.gz`).
 - PyTorch: transformers' Qwen3 in float32 under `torch.autocast(bfloat16)` (its default sdpa
   attention), full `log_softmax`, the same loss, `clip_grad_norm_`, fused AdamW.
 MFU = useful FLOPs (`bench.train.update_flops`: 6 x params per token plus causal attention) /
@@ -121,20 +123,25 @@ def ours(shapes: Shapes, record, backends=None, out_dir: str | None = None) -> N
     sweep(shapes, record, base.replace(attention=(backends or backends_here())[0]), peak)
 
 
+def sweep_key(chunk: int, rows: int, unroll: int, recompute: bool) -> str:
+    return f"{chunk}:{rows}:{unroll}:{'recompute' if recompute else 'keep'}"
+
+
 def sweep(shapes: Shapes, record, cfg, peak) -> None:
     """The first backend's step at other log-prob chunks, token counts and layer unrolls
     (`Shapes.update_sweep`)."""
     width = shapes.update_rows[1]
     found = {}
-    for chunk, rows, unroll in shapes.update_sweep:
-        key = f"{chunk}:{rows}:{unroll}"
+    for chunk, rows, unroll, recompute in shapes.update_sweep:
+        key = sweep_key(chunk, rows, unroll, recompute)
         state = update_fn = None  # freed before the next variant's are made
         try:
-            logprobs_fn, update_fn, state = new_update(cfg.replace(sequence_unroll=unroll), chunk)
+            logprobs_fn, update_fn, state = new_update(
+                cfg.replace(sequence_unroll=unroll, recompute_elementwise=recompute), chunk)
             data = make_batch(cfg.vocab_size, rows, width)
             batch = jax_batch(data, old_logprobs(logprobs_fn, state.params, data))
             state, m, first, times = timed_steps(update_fn, state, batch, shapes.update_steps)
-            found[key] = {"chunk": chunk, "rows": rows, "unroll": unroll, "tokens": rows * width,
+            found[key] = {"chunk": chunk, "rows": rows, "unroll": unroll, "recompute": recompute, "tokens": rows * width,
                           "compile_and_first_s": first, "step_seconds": times,
                           "mfu": update_flops(cfg, rows, width) / min(times) / peak if peak else None,
                           "loss": float(m["loss"])}

@@ -115,13 +115,15 @@ def test_peak_rss_sees_a_buffer_that_is_freed_inside_the_block():
 
 def test_main_prints_a_json_line_with_all_figures(capsys):
     assert bench.main(["--configs", "test-tiny", "--batch", "2", "--seq", "16", "--steps", "2",
-                       "--chunk", "8", "--sweep-chunks", "4", "--json"]) == 0
+                       "--chunk", "8", "--sweep-chunks", "4", "--keep-elementwise", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["benchmark"] == "train" and out["matmul_peak_flops_per_s"] > 0
     (r,) = out["results"]
     assert r["tokens_per_step"] == 32 and len(r["jax_step_seconds"]) == len(r["torch_step_seconds"]) == 2
     assert r["speedup"] == pytest.approx(min(r["torch_step_seconds"]) / min(r["jax_step_seconds"]))
     assert r["jax_tokens_per_s"] == pytest.approx(32 / min(r["jax_step_seconds"]))
+    assert len(r["jax_keep_step_seconds"]) == 2  # our update keeping the elementwise intermediates, interleaved
+    assert r["recompute_speedup"] == pytest.approx(min(r["jax_keep_step_seconds"]) / min(r["jax_step_seconds"]))
     assert r["jax_fraction_of_peak"] == pytest.approx(
         r["useful_flops_per_step"] / min(r["jax_step_seconds"]) / out["matmul_peak_flops_per_s"])
     np.testing.assert_allclose(r["first_step_loss"]["jax"], r["first_step_loss"]["torch"], rtol=1e-4, atol=1e-6)
