@@ -59,7 +59,7 @@ def run_part(name: str, tiny: bool, out: str) -> None:
         elif name == "parity":
             device_parts.parity(shapes, record, tmp)
         elif name == "sampler":
-            device_parts.sampler(shapes, record, tmp)
+            device_parts.sampler(shapes, record, tmp, out_dir=str(Path(out).parent))
         elif name == "update":
             device_update.update(shapes, record, out_dir=str(Path(out).parent))
         elif name == "decode":
@@ -173,6 +173,8 @@ def table(results: dict) -> str:
                      f"weight-read floor {_fmt(floor, '.2f', 1e3, ' ms')} "
                      f"({_fmt(step / 1e3 / floor if step and floor else None, '.2f', unit='x')}; with the mean KV "
                      f"cache read {_fmt((fx['weight_bytes'] + fx['mean_cache_bytes_per_step']) / bw if bw else None, '.2f', 1e3, ' ms')})")
+    if s.get("decode_hlo"):
+        lines.append(f"decode HLO not written: {s['decode_hlo'].get('error')}")
     lt, ltt = s.get("sampler_longtail", {}), s.get("sampler_longtail_transformers", {})
     if lt:
         lines.append(f"long tail (median {lt['median_length']:.0f}): ours {lt['ours_useful_tokens_per_s']:.0f} useful "

@@ -9,8 +9,11 @@ device memory is its own).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gzip
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +27,7 @@ from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.config import Qwen3Config
 from atgrpo_jax.models.hf_io import load_pretrained, save_pretrained
 from atgrpo_jax.models.qwen3 import layer_unroll
-from atgrpo_jax.sampling import generate
+from atgrpo_jax.sampling import generate, segments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,9 +193,44 @@ def _theirs(hf, prompts, max_new, processors=None):
     return time.perf_counter() - start, out[:, prompts.shape[1]:].cpu().numpy()
 
 
-def sampler(shapes: Shapes, record, tmp: str) -> None:
+@contextlib.contextmanager
+def first_call_of(module, name: str):
+    """Inside the block, the jitted `module.name` keeps its first call's arguments (as shapes:
+    the call may donate its buffers) in the list this yields."""
+    jitted, seen = getattr(module, name), []
+
+    def spy(*args, **kwargs):
+        if not seen:
+            as_shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) \
+                if isinstance(x, jax.Array) else x  # noqa: E731
+            seen.append(jax.tree.map(as_shape, (args, kwargs)))
+        return jitted(*args, **kwargs)
+    setattr(module, name, spy)
+    try:
+        yield seen
+    finally:
+        setattr(module, name, jitted)
+
+
+def write_hlo(jitted, call, path: Path, record, key: str) -> None:
+    """The compiled HLO of `jitted` for `call` ((args, kwargs)), gzipped to `path`, for reading
+    off the device; an error is recorded under `key`, not raised (a diagnosis must not cost the
+    part's timings)."""
+    try:
+        args, kwargs = call
+        path.write_bytes(gzip.compress(jitted.lower(*args, **kwargs).compile().as_text().encode()))
+    except Exception as e:
+        record(key, error(e))
+
+
+def error(e: Exception) -> dict:
+    return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+
+
+def sampler(shapes: Shapes, record, tmp: str, out_dir: str | None = None) -> None:
     """Tokens/s of ours vs transformers' generate, bf16, same weights and settings (temperature
-    1, no top-k/top-p); the decode step against the weight-read floor; then long-tailed lengths."""
+    1, no top-k/top-p); the decode step against the weight-read floor; then long-tailed lengths.
+    The decode segment's compiled HLO goes to `out_dir/decode_hlo.txt.gz`."""
     import transformers
     from atgrpo_jax.bench.longtail import forced_eos
     from atgrpo_jax.bench.sampler import generate_flops, prefill_times
@@ -201,8 +239,11 @@ def sampler(shapes: Shapes, record, tmp: str) -> None:
     save_pretrained(model, tmp)
     b, p, n = shapes.batch, shapes.prompt, shapes.new
     prompts = np.random.RandomState(0).randint(2, cfg.vocab_size, (b, p)).astype(np.int32)
-    first, seconds, out = _ours(model, prompts, n)
+    with first_call_of(segments, "segment_jit") as segment_call:
+        first, seconds, out = _ours(model, prompts, n)
     assert out.lengths.min() == n, "every row must produce all new tokens"
+    if out_dir:
+        write_hlo(segments.segment_jit, segment_call[0], Path(out_dir) / "decode_hlo.txt.gz", record, "decode_hlo")
     prefill_s, setup_s, _ = prefill_times(model, prompts, n, 1, 2)
     step = (seconds - prefill_s - setup_s) / (n - 1)  # the first token comes from the prefill
     record("sampler_fixed", {"batch": b, "prompt": p, "new": n, "params": cfg.num_params(),

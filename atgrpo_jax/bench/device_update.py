@@ -20,7 +20,6 @@ step time / the device's datasheet bf16 peak.
 from __future__ import annotations
 
 import functools
-import gzip
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from flax import nnx
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.bench.common import timed
 from atgrpo_jax.bench.kernels import profile_kernels
-from atgrpo_jax.bench.device_parts import Shapes, datasheet_peak, torch_device, torch_sync
+from atgrpo_jax.bench.device_parts import Shapes, datasheet_peak, error, torch_device, torch_sync, write_hlo
 from atgrpo_jax.bench.train import (bench_optimizer, jax_batch, jax_update, make_batch, old_logprobs, optim_config,
                                     scoring_rows, update_flops)
 from atgrpo_jax.models import Qwen3, get_preset
@@ -78,10 +77,6 @@ def new_update(cfg, chunk: int):
     return jax_update(model, optim_config(), LossConfig(), chunk)
 
 
-def error(e: Exception) -> dict:
-    return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
-
-
 def ours(shapes: Shapes, record, backends=None, out_dir: str | None = None) -> None:
     """Time each backend's update (compile first), in an order that lets the process-wide peak
     be read for each: cuDNN / splash (smallest score memory) before the einsum's [B, H, T, T]."""
@@ -114,11 +109,7 @@ def ours(shapes: Shapes, record, backends=None, out_dir: str | None = None) -> N
             except Exception as e:  # a diagnosis: it must not cost the timings above
                 record("update_split", error(e))
             if out_dir:  # the compiled step, for reading off the device
-                try:
-                    hlo = update_fn.lower(state, batch).compile().as_text()
-                    (Path(out_dir) / "update_hlo.txt.gz").write_bytes(gzip.compress(hlo.encode()))
-                except Exception as e:
-                    record("update_hlo", error(e))
+                write_hlo(update_fn, ((state, batch), {}), Path(out_dir) / "update_hlo.txt.gz", record, "update_hlo")
     state = update_fn = None
     sweep(shapes, record, base.replace(attention=(backends or backends_here())[0]), peak)
 

@@ -2,6 +2,7 @@
 issue asks for (so the check cannot rot before a session with a GPU runs it); a part that
 overruns its limit or fails is reported as such without losing the others; the floors count
 what they say."""
+import gzip
 import json
 import subprocess
 import sys
@@ -75,6 +76,8 @@ if FULL:  # the parts of the full tier (TINY_PARTS)
             shapes.batch * shapes.new / s["sampler_fixed"]["ours_seconds"])
         assert s["sampler_fixed_transformers"]["tokens_per_s"] > 0
         assert s["sampler_longtail"]["useful_tokens"] < shapes.batch * shapes.new
+        hlo = gzip.decompress((tiny_run[2] / "decode_hlo.txt.gz").read_bytes()).decode()
+        assert "HloModule" in hlo and "while" in hlo  # the decode segment's compiled loop, for reading offline
         st = p["step"]["step"]
         assert st["sampling_seconds"] > 0 and st["environment_seconds"] >= 0 and st["update_seconds"] > 0
         assert st["first_step_seconds"] > st["step_seconds"]  # the first step compiles
