@@ -90,12 +90,8 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend, recompute: bo
     block = jax.checkpoint if recompute else (lambda f: f)
 
     @block
-    def qkv_of(h, norm, *ws):
+    def normed_projections(h, norm, *ws):
         x = rms_norm(h, norm, eps)
-        if len(ws) == 1:  # fused (`fuse_projections`): [B, T, KV, G + 2, D], each kv head's queries, key, value
-            qkv = project(x, ws[0])
-            g = qkv.shape[3] - 2
-            return qkv[:, :, :, :g].reshape(*qkv.shape[:2], -1, qkv.shape[-1]), qkv[:, :, :, g], qkv[:, :, :, g + 1]
         return tuple(project(x, wi) for wi in ws)
 
     @block
@@ -103,27 +99,26 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend, recompute: bo
         return rope(rms_norm(x, norm, eps), positions, cfg.rope_theta)
 
     @block
-    def gate_up_of(h, norm, *ws):
-        x = rms_norm(h, norm, eps)
-        if len(ws) == 1:  # fused: [B, T, 2, mlp]
-            gate_up = project(x, ws[0])
-            return gate_up[:, :, 0], gate_up[:, :, 1]
-        return project(x, ws[0]), project(x, ws[1])
-
-    @block
     def mlp_out(gate, up, w_down):
         mlp = constrain(jax.nn.silu(gate) * up, ("batch", "seq", "mlp"))
         return project(mlp, w_down)
 
-    names = ("wqkv",) if "wqkv" in w else ("wq", "wk", "wv")
-    q, k, v = qkv_of(h, w["attn_norm"], *(w[name].astype(dt) for name in names))
+    if "wqkv" in w:  # fused (`fuse_projections`): [B, T, KV, G + 2, D], each kv head's queries, key, value
+        (qkv,) = normed_projections(h, w["attn_norm"], w["wqkv"].astype(dt))
+        g = qkv.shape[3] - 2
+        q, k, v = qkv[:, :, :, :g].reshape(*qkv.shape[:2], -1, qkv.shape[-1]), qkv[:, :, :, g], qkv[:, :, :, g + 1]
+    else:
+        q, k, v = normed_projections(h, w["attn_norm"], *(w[name].astype(dt) for name in ("wq", "wk", "wv")))
     q, k = norm_rope(q, w["q_norm"]), norm_rope(k, w["k_norm"])
     q = constrain(q, ("batch", "seq", "heads", "head_dim"))
     a, carry = attend(q, k, v)
     h = h + project(a, w["wo"].astype(dt))
     h = constrain(h, ("batch", "seq", "embed"))
-    names = ("w_gate_up",) if "w_gate_up" in w else ("w_gate", "w_up")
-    gate, up = gate_up_of(h, w["mlp_norm"], *(w[name].astype(dt) for name in names))
+    if "w_gate_up" in w:  # fused: [B, T, 2, mlp]
+        (gate_up,) = normed_projections(h, w["mlp_norm"], w["w_gate_up"].astype(dt))
+        gate, up = gate_up[:, :, 0], gate_up[:, :, 1]
+    else:
+        gate, up = normed_projections(h, w["mlp_norm"], w["w_gate"].astype(dt), w["w_up"].astype(dt))
     h = h + mlp_out(gate, up, w["w_down"].astype(dt))
     return constrain(h, ("batch", "seq", "embed")), carry
 
