@@ -48,8 +48,8 @@ class Shapes:
     step_overrides: tuple[str, ...]  # flags of the one AT-GRPO step
 
 
-REAL = Shapes("qwen3-1.7b", 4, (2, 256), 64, 512, 512, (4, 1024), 3, ((2048, 4, 1, True), (4096, 4, 1, True), (2048, 8, 1, True), (512, 4, 28, True),
-                                                                     (512, 4, 1, False)), 4096, 8192,
+REAL = Shapes("qwen3-1.7b", 4, (2, 256), 64, 512, 512, (4, 1024), 3, ((2048, 4, 1, True), (4096, 4, 1, True), (2048, 8, 1, True), (512, 4, 1, False),
+                                                                     (512, 4, 28, True)), 4096, 8192,
               ("--config.rollout.num_tasks=2", "--config.rollout.k=4", "--config.rollout.max_turns=2",
                "--config.rollout.max_new_tokens=256", "--config.rollout.max_prompt_len=1024",
                "--config.rollout.prompt_buckets=(512,1024)"))
