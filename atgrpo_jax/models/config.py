@@ -31,7 +31,7 @@ class Qwen3Config:
     param_dtype: str = "float32"  # storage of weights
     compute_dtype: str = "float32"  # matmul inputs and activations
     remat: bool = False  # recompute each layer in the backward pass
-    recompute_elementwise: bool = True  # the backward pass recomputes norms, RoPE, SwiGLU (`decoder_layer`)
+    recompute_elementwise: bool = True  # without remat: the backward recomputes norms, RoPE, SwiGLU (`decoder_layer`)
     attention: str = "auto"  # backend: auto|xla|chunked|splash|cudnn (models/attention.py)
     attention_block: int = 512  # query/key block of the chunked backend
     decode_unroll: int = 0  # layers per loop iteration in one-token steps; 0 = auto (`layer_unroll`)

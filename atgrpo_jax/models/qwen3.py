@@ -80,7 +80,8 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend, recompute: bo
     attention over whatever keys apply (the carry: a cache it wrote k, v into, or None).
     Returns the new hidden states and that carry.
 
-    recompute (a layer that is differentiated, with `cfg.recompute_elementwise`): the norms, RoPE
+    recompute (a differentiated layer with `cfg.recompute_elementwise`, and not `cfg.remat`, which
+    recomputes the whole layer anyway): the norms, RoPE
     and SwiGLU run under `jax.checkpoint`, so the backward pass recomputes them from what the
     matmuls need anyway (the layer's input, the q/k/v projections, gate and up) instead of keeping
     their intermediates: the float32 copies the norms make, and four of the MLP's six [T, mlp]
@@ -235,7 +236,7 @@ class Qwen3(nnx.Module):
             h, kv = carry
             w, i = xs
             h, kv = decoder_layer(cfg, w, h, positions, lambda q, k, v: attention.attend(cfg, i, q, k, v, kv),
-                                  recompute=attention.remat and cfg.recompute_elementwise)
+                                  recompute=attention.remat and cfg.recompute_elementwise and not cfg.remat)
             return (h, kv), None
 
         if layers is not None:

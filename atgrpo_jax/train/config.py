@@ -27,8 +27,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"  # storage dtype of the weights: float32, bfloat16 or float16
     c.model.compute_dtype = "float32"  # dtype of matmul inputs, activations and the KV cache
     c.model.remat = False  # recompute each layer in the backward pass (less memory, ~30% more compute)
-    c.model.recompute_elementwise = True  # the backward pass recomputes norms, RoPE and SwiGLU instead of keeping
-    # their intermediates: 9 of a layer's 20 sequence-sized tensors kept, no matmul run twice (models/qwen3.py)
+    c.model.recompute_elementwise = True  # without remat: the backward recomputes norms, RoPE and SwiGLU instead of
+    # keeping their intermediates: 9 of a layer's 20 sequence-sized tensors kept, no matmul run twice (models/qwen3.py)
     c.model.attention = "auto"  # auto|xla|chunked|splash|cudnn; auto: splash on TPU where it applies, cuDNN on
     # GPU, einsum on CPU for short rows, chunked (O(T) memory) otherwise; see README "Long responses"
     c.model.attention_block = 512  # query/key block of the chunked backend
