@@ -1,6 +1,7 @@
 """The train benchmark's correctness claims (not its timings): both sides compute the same
 loss and gradient norm on the same weights and batch, step after step; the FLOP count and
 the memory figures measure what they say; the JSON line parses."""
+import gc
 import json
 import time
 
@@ -98,23 +99,24 @@ def test_full_logits_version_agrees_and_chunked_needs_4x_less_temp_memory():
     (loss_c, ent_c), grads_c = chunked(*args)
     np.testing.assert_allclose(loss_c, loss_f, rtol=1e-5)
     np.testing.assert_allclose(ent_c, ent_f, rtol=1e-5)
-    for gc, gf in zip(grads_c, grads_f):
-        np.testing.assert_allclose(gc, gf, rtol=1e-4, atol=1e-6)
+    for g_chunked, g_full in zip(grads_c, grads_f):
+        np.testing.assert_allclose(g_chunked, g_full, rtol=1e-4, atol=1e-6)
     temp = lambda fn: fn.lower(*args).compile().memory_analysis().temp_size_in_bytes  # noqa: E731
     assert temp(full) >= bench.TARGET_MEMORY_RATIO * temp(chunked)
     assert temp(full) >= 128 * v * 4  # at least one [N, V] float32 buffer
 
 
 def test_peak_rss_sees_a_buffer_that_is_freed_inside_the_block():
+    gc.collect()  # earlier tests' garbage freed now, not while the block is measured
     with memory.rss_follows_live_buffers():
         with memory.PeakRSS() as rss:
             x = np.ones(50_000_000 // 8)  # 50 MB, touched
             x.sum()
-            # alive 20 ms with the GIL released, as a JAX buffer is while XLA runs: NumPy holds the GIL,
-            # and under load the sampling thread can miss a buffer freed right after it is filled
-            time.sleep(0.02)
+            time.sleep(0.02)  # alive 20 ms with the GIL released, as a JAX buffer is while XLA runs
             del x
-    assert 45e6 < rss.peak < 200e6
+    # The rise over the block's start: memory the process frees meanwhile (an xdist worker's, JAX's
+    # threads') lowers it; CI saw 44.7 of the 50 MB twice. Not seeing the buffer would give ~0.
+    assert 40e6 < rss.peak < 200e6
 
 
 def test_main_prints_a_json_line_with_all_figures(capsys):
