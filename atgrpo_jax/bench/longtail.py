@@ -102,10 +102,11 @@ def bench_longtail(cfg, ours_model, torch_model, args) -> dict:
     even = np.full(args.batch, useful // args.batch) + (np.arange(args.batch) < useful % args.batch)
     slots = args.slots or max(1, args.batch // 2)
     res["slots"] = slots
+    # (own caches grow wherever segments.run can grow them: not without segments, nor for late rows)
     for name, segment, rows, s, grow in (("ours", args.segment, lengths, None, True),
                                          ("ours_full_own", args.segment, lengths, None, False),
-                                         ("ours_no_drop", 0, lengths, None, False),
-                                         ("ours_continuous", args.segment, lengths, slots, False),
+                                         ("ours_no_drop", 0, lengths, None, True),
+                                         ("ours_continuous", args.segment, lengths, slots, True),
                                          ("ours_fixed_lengths", args.segment, even, None, True)):
         seconds, steps = run_ours(ours_model, prompts, rows, args.repeats, segment, s, grow)
         res[name] = {"seconds": seconds, "useful_tokens_per_s": useful / seconds,

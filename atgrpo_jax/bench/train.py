@@ -172,8 +172,8 @@ def bench_speed(name: str, args, peak: float) -> tuple[dict, dict]:
     if args.keep_elementwise:  # the same weights, keeping the layers' elementwise intermediates
         other = nnx.eval_shape(lambda: Qwen3(cfg.replace(recompute_elementwise=False), rngs=nnx.Rngs(0)))
         nnx.update(other, nnx.state(ours))
-        keep = dict(update_fn=jax_update(other, optim, loss_cfg, args.chunk)[1], jb=sides["jb"])
-        keep["state"] = jax.tree.map(jnp.copy, state)
+        _, keep_update, keep_state = jax_update(other, optim, loss_cfg, args.chunk)  # a state of its own
+        keep = dict(update_fn=keep_update, state=keep_state, jb=sides["jb"])
         jax_step(keep)  # compiles
         timed_sides.append(("jax_keep", lambda: jax_step(keep)))
     del ours
