@@ -206,7 +206,7 @@ def table(results: dict) -> str:
     if u.get("update_sweep"):
         lines.append("update by (log-prob chunk, tokens, layers per loop iteration, elementwise): " + ", ".join(
             f"{k} {r['error'][:60]}" if "error" in r else
-            f"{r['chunk']} x {r['tokens']} x {r['unroll']} x {'recompute' if r.get('recompute', True) else 'keep'} "
+            f"{r['chunk']} x {r['tokens']} x {r['unroll']} x {'recompute' if r.get('recompute') else 'keep'} "
             f"{min(r['step_seconds']) * 1e3:.1f} ms "
             f"(MFU {_fmt(r.get('mfu'), '.1%')}, compile {r['compile_and_first_s']:.0f} s)"
             for k, r in u["update_sweep"].items()))
