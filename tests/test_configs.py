@@ -69,7 +69,8 @@ def _leaves(c, prefix=""):
 
 
 def test_every_config_key_has_a_comment_and_the_readme_lists_them():
-    from atgrpo_jax.train.config import base_config, config_docs, config_docs_markdown
+    from atgrpo_jax.train.config import base_config
+    from atgrpo_jax.train.config_docs import config_docs, config_docs_markdown
 
     docs = {key: comment for key, _, comment in config_docs()}
     leaves = set(_leaves(base_config()))

@@ -2,15 +2,12 @@
 
 Config files in `configs/` start from `base_config()` and change what their
 task needs. Each key below has one comment: it is the key's documentation
-(`config_docs()` reads it; the README's config reference is checked against
+(`config_docs.py` reads it; the README's config reference is checked against
 it by a test). Validation lives in `validate.py`.
 """
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import io
-import tokenize
 
 import ml_collections
 
@@ -311,38 +308,6 @@ def changed_keys(saved: ml_collections.ConfigDict, now: ml_collections.ConfigDic
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if norm(a.get(k)) != norm(b.get(k))}
 
 
-# ---------------------------------------------------------------- documentation
-
-def config_docs() -> list[tuple[str, str, str]]:
-    """(key, default, meaning) of every key of `base_config`, read from its source: the comment
-    on the line that sets the key, plus the comment-only lines right below it (sections
-    included, with an empty default)."""
-    rows: list[list[str]] = []
-    for line in inspect.getsource(base_config).splitlines():
-        text = line.strip()
-        if text.startswith("#") and rows:
-            rows[-1][2] += " " + text[1:].strip()
-            continue
-        tokens = [t for t in tokenize.generate_tokens(io.StringIO(text + "\n").readline)
-                  if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)]
-        if len(tokens) < 4 or tokens[0].string != "c" or tokens[1].string != ".":
-            continue
-        comment = tokens[-1].string[1:].strip() if tokens[-1].type == tokenize.COMMENT else ""
-        code = text[:tokens[-1].start[1]].strip() if comment else text
-        key, _, value = code.partition(" = ")
-        rows.append([key[2:], "" if value.startswith("ml_collections.ConfigDict") else value, comment])
-    return [tuple(r) for r in rows]
-
-
-def config_docs_markdown() -> str:
-    """The config reference table of the README."""
-    lines = ["| key | default | meaning |", "|---|---|---|"]
-    for key, value, comment in config_docs():
-        shown = f"`{value}`" if value else ""
-        lines.append(f"| `{key}` | {shown} | {comment.replace('|', '/')} |")
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------- the paper's runs
 
 # Per-task settings of the paper's system (docs/paper.md): workflow, turns (T = 5 for the games and code, as
@@ -397,4 +362,5 @@ def paper_config(task: str, preset: str) -> ml_collections.ConfigDict:
 
 
 if __name__ == "__main__":  # python -m atgrpo_jax.train.config: the README's config reference
+    from atgrpo_jax.train.config_docs import config_docs_markdown
     print(config_docs_markdown())
