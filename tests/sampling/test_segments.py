@@ -97,34 +97,37 @@ def test_per_prompt_budgets_are_honoured_exactly(model):
 
 
 def test_no_recompilation_after_warm_up_across_20_calls(model):
+    """Twenty calls with other prompts, budgets, stops and temperatures compile one program per row
+    bucket and per pair of buckets a compaction moves between, whatever rows end where: after a
+    warm-up through every bucket, only compactions between buckets it did not pair may compile.
+    (Counted on emptied jit caches: what other tests compiled in this process, and JAX's persistent
+    cache, which skips the compile of a program seen before, would hide a recompilation.)"""
+    for f in segments.JITTED:
+        f.clear_cache()
     ps, kw = prompts(5), dict(segment=2, max_new_tokens=[NEW, 1, 1, 1])
     # warm-up through every bucket: prompt 0's branches stopped one after another by tokens only they draw
     free = gen(model, ps, **kw).tokens[:K]
     stops = [int(free[r, j]) for r, j in ((3, 2), (2, 4), (1, 6)) if free[r, j] not in free[0]]
     warm = gen(model, ps, stop_ids=stops + [-1] * (4 - len(stops)), **kw)
+    gen(model, ps, segment=2, max_new_tokens=[NEW, NEW, 1, 1])  # 8 live rows: the (8 rows, 4 groups) bucket
     live = [(warm.lengths > step).sum() for step in range(2, NEW, 2)]  # at each segment's end
     assert {1, 2} <= set(live), warm.lengths  # so batches of 4, 2 and 1 rows ran too
-    sizes = [f._cache_size() for f in segments.JITTED]
-    compiles = []
-
-    def listener(event, duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(duration)
+    buckets = segments.row_buckets(4, K)
+    assert segments.segment_jit._cache_size() == len(buckets)  # every bucket's segment is warm
+    sizes = {f: f._cache_size() for f in segments.JITTED}
 
     rng = np.random.RandomState(6)
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        work = []
-        for call in range(20):
-            budget = [int(x) for x in rng.randint(1, NEW + 1, 4)]
-            budget[call % 4] = NEW  # the same output width each call
-            g = gen(model, prompts(call, rng.randint(1, 16, 4)), max_new_tokens=budget, key=jax.random.key(call),
-                    temperature=float(rng.uniform(0.5, 1.5)), segment=2, stop_ids=[int(s) for s in rng.randint(1, 512, 4)])
-            work.append(g.row_steps / (len(g.lengths) * g.lengths.max()))
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    assert compiles == []
-    assert [f._cache_size() for f in segments.JITTED] == sizes
+    work = []
+    for call in range(20):
+        budget = [int(x) for x in rng.randint(1, NEW + 1, 4)]
+        budget[call % 4] = NEW  # the same output width each call
+        g = gen(model, prompts(call, rng.randint(1, 16, 4)), max_new_tokens=budget, key=jax.random.key(call),
+                temperature=float(rng.uniform(0.5, 1.5)), segment=2, stop_ids=[int(s) for s in rng.randint(1, 512, 4)])
+        work.append(g.row_steps / (len(g.lengths) * g.lengths.max()))
+    grown = {f.__name__: f._cache_size() - n for f, n in sizes.items() if f._cache_size() != n}
+    assert set(grown) <= {"_compact"}, grown  # no segment, prefill or set-up compiled again
+    pairs = len(buckets) * (len(buckets) - 1) // 2  # from a bucket to any smaller one
+    assert segments.compact_jit._cache_size() <= pairs, segments.compact_jit._cache_size()
     assert min(work) < 0.6  # rows were dropped: well under one full batch per step
 
 
