@@ -193,7 +193,8 @@ def table(results: dict) -> str:
         lines.append(f"{key}: {r['tokens_per_s']:.0f} tok/s, MFU {_fmt(r.get('mfu'), '.1%')}{extra}")
     d = p.get("decode", {})
     for name, prof in (("update", u.get("update_profile")), ("decode, layers rolled", d.get("profile_rolled")),
-                       ("decode, layers unrolled", d.get("profile_unrolled"))):
+                       ("decode, layers unrolled", d.get("profile_unrolled")),
+                       ("decode, Pallas attention", d.get("profile_kernel"))):
         if prof and prof.get("error"):
             lines.append(f"kernels, {name}: no profile ({prof['error']})")
         elif prof and prof.get("kernels_per_call"):
@@ -223,10 +224,15 @@ def table(results: dict) -> str:
         lines.append(f"AT-GRPO step (2nd): {st['step_seconds']:.1f} s = sampling {st['sampling_seconds']:.1f} + "
                      f"environment {st['environment_seconds']:.1f} + update {st['update_seconds']:.1f} "
                      f"(first step {st['first_step_seconds']:.1f} s)")
-    for key, form in (("decode_step_ms_by_rows", "rolled"), ("decode_step_ms_by_rows_unrolled", "unrolled")):
-        if d.get(key):
-            lines.append(f"decode step by rows, layers {form}: "
+    for key, form in (("decode_step_ms_by_rows", "layers rolled"), ("decode_step_ms_by_rows_unrolled", "layers unrolled"),
+                      ("decode_step_ms_by_rows_kernel", "layers unrolled, Pallas attention")):
+        if d.get(key, {}).get("error"):
+            lines.append(f"decode step, {form}: {d[key]['error']}")
+        elif d.get(key):
+            lines.append(f"decode step by rows, {form}: "
                          + ", ".join(f"{r} rows {ms:.2f} ms" for r, ms in d[key].items()))
+    if "kernel_applies" in d and not d["kernel_applies"]:
+        lines.append("decode: the Pallas attention does not take these shapes; its form ran the einsum")
     if d.get("lm_head_ms"):
         lines.append(f"LM head alone {_fmt(d.get('lm_head_ms'), '.2f', unit=' ms')}, selection (t=1) "
                      f"{_fmt(d.get('select_t1_ms'), '.2f', unit=' ms')}")

@@ -278,23 +278,31 @@ def sampler(shapes: Shapes, record, tmp: str, out_dir: str | None = None) -> Non
 def decode(shapes: Shapes, record) -> None:
     """Where a decode step's time goes: the step at 1 row and at the sampler's rows (a cost that
     does not grow with rows is per-step overhead, not reading weights), with the decoder layers
-    as a rolled loop over the stacked weights and caches (`model.decode_unroll=1`) and unrolled
-    over per-layer ones (auto, `decodes_per_layer`), and its
-    pieces alone: the LM head's matmul and the token selection over [rows, V] logits."""
+    as a rolled loop over the stacked weights and caches (`model.decode_unroll=1`), unrolled
+    over per-layer ones (auto, `decodes_per_layer`), and unrolled with the Pallas decode attention
+    (`model.decode_attention="pallas"`), and its pieces alone: the LM head's matmul and the token
+    selection over [rows, V] logits."""
+    from atgrpo_jax.models.decode_kernel import supported
     from atgrpo_jax.sampling import select
     cfg = get_preset(shapes.preset).replace(param_dtype="bfloat16", compute_dtype="bfloat16")
     rng = np.random.RandomState(0)
     prompts = {rows: rng.randint(2, cfg.vocab_size, (rows, shapes.prompt)).astype(np.int32)
                for rows in sorted({1, shapes.batch})}  # two run lengths each: 4 compiles per loop form
     short, long_ = max(2, shapes.new // 8), shapes.new
-    for unroll in sorted({1, cfg.num_layers}):  # the same weights (seed 0) under each loop form
-        model = nnx.jit(lambda: Qwen3(cfg.replace(decode_unroll=unroll), rngs=nnx.Rngs(0)))()
-        steps = {}
-        form = "rolled" if unroll == 1 else "unrolled"
-        for rows, ids in prompts.items():
-            t = {n: _ours(model, ids, n, segment=0)[1] for n in (short, long_)}
-            steps[rows] = 1e3 * (t[long_] - t[short]) / (long_ - short)  # prefill and set-up cancel
-            record("decode_step_ms_by_rows" + ("" if form == "rolled" else "_unrolled"), steps)
+    record("kernel_applies", supported(cfg.head_dim, shapes.prompt, shapes.new))  # else the einsum runs
+    forms = (("rolled", dict(decode_unroll=1)), ("unrolled", dict(decode_unroll=cfg.num_layers)),
+             ("kernel", dict(decode_unroll=cfg.num_layers, decode_attention="pallas")))
+    for form, change in forms:  # the same weights (seed 0) under each form
+        model = nnx.jit(lambda: Qwen3(cfg.replace(**change), rngs=nnx.Rngs(0)))()
+        steps, key = {}, "decode_step_ms_by_rows" + ("" if form == "rolled" else f"_{form}")
+        try:
+            for rows, ids in prompts.items():
+                t = {n: _ours(model, ids, n, segment=0)[1] for n in (short, long_)}
+                steps[rows] = 1e3 * (t[long_] - t[short]) / (long_ - short)  # prefill and set-up cancel
+                record(key, steps)
+        except Exception as e:  # a form that does not compile here loses only itself
+            record(key, error(e))
+            continue
         # the kernels of one short run at the most rows (decode dominates it: divide by `steps`)
         run = lambda: _ours(model, prompts[shapes.batch], short, segment=0)[2].tokens  # noqa: E731
         record(f"profile_{form}", {"rows": shapes.batch, "steps": short - 1, **profile_kernels(run)})

@@ -1,7 +1,8 @@
 """Attention with a backend per platform: one call, `attention(q, k, v, mask, backend)`.
 
 - `xla`: the einsum with a [B, H, T, S] float32 score matrix. Fast for short rows,
-  and always used to decode (one query: O(S) already).
+  and always used to decode (one query: O(S) already), except the sampler's branch rows with
+  `decode_attention="pallas"` (`decode_kernel.py`: one Triton kernel per cache, on GPUs).
 - `chunked`: blockwise with an online softmax and an O(T) backward (flash.py), plain JAX,
   any platform: the CPU choice for long rows.
 - `splash`: the Pallas TPU splash-attention kernel that ships with JAX, per device under

@@ -11,6 +11,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from atgrpo_jax.models.attention import BACKENDS
+from atgrpo_jax.models.decode_kernel import DECODE_ATTENTION
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -34,6 +35,7 @@ class Qwen3Config:
     recompute_elementwise: bool = True  # without remat: the backward recomputes norms, RoPE, SwiGLU (`decoder_layer`)
     attention: str = "auto"  # backend: auto|xla|chunked|splash|cudnn (models/attention.py)
     attention_block: int = 512  # query/key block of the chunked backend
+    decode_attention: str = "xla"  # the sampler's one-token steps: xla|pallas (models/decode_kernel.py)
     decode_unroll: int = 0  # layers per loop iteration in one-token steps; 0 = auto (`layer_unroll`)
     sequence_unroll: int = 1  # layers per loop iteration in calls of many tokens per row (prefill, the update)
     lora_rank: int = 0  # > 0 adds low-rank adapters to every projection
@@ -52,6 +54,9 @@ class Qwen3Config:
             raise ValueError(f"Qwen3Config.head_dim must be even for RoPE, got {self.head_dim}")
         if self.attention not in BACKENDS:
             raise ValueError(f"Qwen3Config.attention must be one of {BACKENDS}, got {self.attention!r}")
+        if self.decode_attention not in DECODE_ATTENTION:
+            raise ValueError(f"Qwen3Config.decode_attention must be one of {DECODE_ATTENTION}, "
+                             f"got {self.decode_attention!r}")
         if int(self.decode_unroll) < 0:
             raise ValueError(f"Qwen3Config.decode_unroll must be >= 0 (0 = auto), got {self.decode_unroll}")
         if int(self.sequence_unroll) <= 0:

@@ -26,6 +26,8 @@ import jax.numpy as jnp
 
 from atgrpo_jax.models.attention import Mask, attention, shared_prefix_attention
 from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.decode_kernel import kernel_shared_prefix_attention
+from atgrpo_jax.models.decode_kernel import supported as kernel_takes
 
 
 class KVCache(NamedTuple):
@@ -176,7 +178,9 @@ def cached(cache: KVCache, valid) -> Cached:
 class SharedPrefix(NamedTuple):
     """One new token per row for N = B*K branch rows (prompt-major): each reads its prompt's
     keys in `prefix` ([layers, B, ...] or per layer, as prefill wrote them) in place, and writes and
-    reads its own slots in `own` ([layers, N, ...] or per layer, slot own.index is written)."""
+    reads its own slots in `own` ([layers, N, ...] or per layer, slot own.index is written).
+    With cfg.decode_attention "pallas", the attention is `decode_kernel.py`'s where it takes the
+    shapes (head_dim a power of two, both caches' slots multiples of 16), else the einsums."""
 
     prefix: KVCache
     own: KVCache
@@ -190,8 +194,11 @@ class SharedPrefix(NamedTuple):
     def attend(self, cfg: Qwen3Config, layer, q, k, v, carry):
         ks, vs = carry = _write(carry, layer, self.own.index, k, v)
         dt, p = cfg.dtype, self.prefix
-        return shared_prefix_attention(q, p.k[layer].astype(dt), p.v[layer].astype(dt), p.valid, ks[layer].astype(dt),
-                                       vs[layer].astype(dt), self.own_allowed, self.branches), carry
+        args = (q, p.k[layer].astype(dt), p.v[layer].astype(dt), p.valid, ks[layer].astype(dt), vs[layer].astype(dt),
+                self.own_allowed)
+        if cfg.decode_attention == "pallas" and q.shape[1] == 1 and kernel_takes(cfg.head_dim, p.slots, self.own.slots):
+            return kernel_shared_prefix_attention(*args, self.branches), carry
+        return shared_prefix_attention(*args, self.branches), carry
 
     def finish(self, carry, t):
         return self.own._replace(k=carry[0], v=carry[1], index=self.own.index + t)

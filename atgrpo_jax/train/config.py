@@ -29,6 +29,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.attention = "auto"  # auto|xla|chunked|splash|cudnn; auto: splash on TPU where it applies, cuDNN on
     # GPU, einsum on CPU for short rows, chunked (O(T) memory) otherwise; see README "Long responses"
     c.model.attention_block = 512  # query/key block of the chunked backend
+    c.model.decode_attention = "xla"  # the sampler's decode steps: "xla" (einsums) or "pallas" (GPU: one Triton
+    # kernel per part that skips masked key blocks, models/decode_kernel.py; CPU: its interpreter, tests only)
     c.model.decode_unroll = 0  # decoder layers per loop iteration in decode steps; all (auto on GPU and TPU):
     # unrolled on per-layer copies of the weights and caches (no per-step copies, one more copy of the layer
     # weights while sampling); 1 (auto on CPU): a rolled loop over the stacked ones (models/qwen3.py: layer_unroll)
@@ -289,13 +291,14 @@ def flat(c) -> dict:
 
 
 # Keys a resumed run may change: how long and how often, and where it runs.
-# rollout.decode_slots, model.decode_unroll, model.sequence_unroll and model.recompute_elementwise change
-# how the layers run, never the math (rounding aside);
+# rollout.decode_slots, model.decode_attention, model.decode_unroll, model.sequence_unroll and
+# model.recompute_elementwise change how the layers run, never the math (rounding aside);
 # train.compile_cache only where compiled programs are kept.
 RESUMABLE = ("train.steps", "train.time_budget_s", "train.eval_every", "train.eval_tasks", "train.eval_k",
              "train.log_every", "train.log_episodes", "train.checkpoint_every", "train.keep_last",
              "train.max_skipped_updates", "train.loggers", "train.wandb_", "train.compile_cache", "mesh.",
-             "distributed.", "rollout.decode_slots", "model.decode_unroll", "model.sequence_unroll",
+             "distributed.", "rollout.decode_slots", "model.decode_attention", "model.decode_unroll",
+             "model.sequence_unroll",
              "model.recompute_elementwise",
              "system.schedule", "system.cohorts",
              "system.host_workers", "system.trace_every", "system.stage_timeout_s")

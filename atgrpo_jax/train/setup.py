@@ -87,7 +87,8 @@ def build_model(config, mesh) -> Qwen3:
     attention = configured_backend(m.attention, jax.default_backend(), config.optim.share_prompts)
     kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat,
               recompute_elementwise=m.recompute_elementwise, attention=attention,
-              attention_block=m.attention_block, decode_unroll=m.decode_unroll, sequence_unroll=m.sequence_unroll)
+              attention_block=m.attention_block, decode_attention=m.decode_attention, decode_unroll=m.decode_unroll,
+              sequence_unroll=m.sequence_unroll)
     if m.hf_path:
         expected = get_preset(m.preset) if m.preset else None
         return load_pretrained(local_model_dir(m.hf_path), mesh=mesh, expected=expected, expected_name=f"model.preset={m.preset!r}", **kw)

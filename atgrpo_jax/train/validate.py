@@ -58,6 +58,7 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     from atgrpo_jax.algo.advantages import ADVANTAGES
     from atgrpo_jax.models.attention import BACKENDS
     from atgrpo_jax.models.config import DTYPES, PRESETS
+    from atgrpo_jax.models.decode_kernel import DECODE_ATTENTION
     from atgrpo_jax.rollout.tree import PLAIN_GROUPINGS
     from atgrpo_jax.train.policies import MASTER_DTYPES
     from atgrpo_jax.train.update import SCHEDULES
@@ -85,6 +86,9 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
              "prompt: set optim.share_prompts=False with it")
     _require(isinstance(m.attention_block, int) and m.attention_block > 0, "model.attention_block",
              f"must be a positive int, got {m.attention_block!r}")
+    _require(m.decode_attention in DECODE_ATTENTION, "model.decode_attention",
+             f"unknown {m.decode_attention!r}{closest(m.decode_attention, DECODE_ATTENTION)}; "
+             f"known: {', '.join(DECODE_ATTENTION)}")
     _require(isinstance(m.decode_unroll, int) and m.decode_unroll >= 0, "model.decode_unroll",
              f"must be an int >= 0 (0 = auto), got {m.decode_unroll!r}")
     _require(isinstance(m.sequence_unroll, int) and m.sequence_unroll >= 1, "model.sequence_unroll",
