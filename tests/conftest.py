@@ -39,12 +39,20 @@ def pytest_configure(config):
 
     if not hasattr(config, "workerinput") and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         # (an xdist worker inherits the controller's directory; a user's own cache is kept)
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="atgrpo-jax-compile-cache-")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = config._atgrpo_cache_dir = tempfile.mkdtemp(
+            prefix="atgrpo-jax-compile-cache-")
         os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
     # jax was imported above (before this hook), so its config is set here too
     jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs",
                       float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")))
+
+
+def pytest_unconfigure(config):
+    """The session's compilation cache goes with the session (hundreds of MB per run, in /tmp)."""
+    import shutil
+    if getattr(config, "_atgrpo_cache_dir", None):
+        shutil.rmtree(config._atgrpo_cache_dir, ignore_errors=True)
 
 
 @pytest.fixture
