@@ -77,7 +77,7 @@ def test_every_config_key_has_a_comment_and_the_readme_lists_them():
     assert leaves <= set(docs), f"keys without a comment line: {sorted(leaves - set(docs))}"
     assert all(len(docs[k]) > 10 for k in leaves), [k for k in leaves if len(docs[k]) <= 10]
     readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
-    assert config_docs_markdown() in readme, "README's config reference is stale: paste `python -m atgrpo_jax.train.config`"
+    assert config_docs_markdown() in readme, "README's config reference is stale: paste `python -m atgrpo_jax.train.config_docs`"
 
 
 WORKFLOW_COLUMNS = {"games (Plan-Path, Sokoban, Sudoku)": ("plan_path", "sokoban", "sudoku"), "math": ("math",),

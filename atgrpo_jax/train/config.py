@@ -362,8 +362,3 @@ def paper_config(task: str, preset: str) -> ml_collections.ConfigDict:
     c.optim.update(**PAPER_OPTIM)
     c.algo.update(drop_low_mean_frac=t["drop_low_mean_frac"], drop_zero_variance=t["drop_zero_variance"])
     return c
-
-
-if __name__ == "__main__":  # python -m atgrpo_jax.train.config: the README's config reference
-    from atgrpo_jax.train.config_docs import config_docs_markdown
-    print(config_docs_markdown())

@@ -1,5 +1,5 @@
 """The config reference: every key of `base_config`, its default and its meaning, read from the
-comments in `config.py`'s source (`python -m atgrpo_jax.train.config` prints the README's table)."""
+comments in `config.py`'s source (`python -m atgrpo_jax.train.config_docs` prints the README's table)."""
 from __future__ import annotations
 
 import inspect
@@ -37,3 +37,7 @@ def config_docs_markdown() -> str:
         shown = f"`{value}`" if value else ""
         lines.append(f"| `{key}` | {shown} | {comment.replace('|', '/')} |")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m atgrpo_jax.train.config_docs: the README's config reference
+    print(config_docs_markdown())
