@@ -4,9 +4,11 @@ One new token per row attends to its prompt's keys (shared by the prompt's K bra
 own new keys, as `attention.shared_prefix_attention` does with einsums. The einsum form reads every
 slot of both caches, masked or not, and XLA runs it as several kernels per layer (scores, softmax,
 outputs, for the prompt and the own part). Here each part is one kernel that walks its keys in
-blocks, skips a block whose slots are all masked without loading it (the own cache's unwritten
-slots, the prompt's left padding), and keeps an online softmax (flash decoding: the keys are split
-across programs, and the programs' partial results are merged in float32 afterwards).
+blocks with an online softmax (flash decoding: the keys are split across programs, and the
+programs' partial results are merged in float32 afterwards), and reads in each split only the
+blocks from the first to the last that hold an allowed slot: not the prompt's left padding, not
+the own cache's unwritten slots, nor most of a continuous-batching ring that a late row has not
+reached yet.
 
 Layout: the caches are [rows, kv_heads, slots, head_dim] (`KVCache`), so one program reads one
 row's one kv head as contiguous [block, head_dim] tiles. A prompt's program takes the queries of
@@ -15,7 +17,7 @@ are read once per prompt, not once per branch. Triton's matmuls need at least 16
 queries are padded to 16 (the kernel is bound by reading keys, not by the matmuls).
 
 Runs compiled on GPUs, in Pallas' interpreter on the CPU (the tests: slow, for correctness only);
-TPUs have no Triton (`decode_attention="xla"` there). docs/device.md has what it measured.
+TPUs have no Triton (`decode_attention="xla"` there). docs/device.md says how to measure it.
 """
 from __future__ import annotations
 
@@ -161,5 +163,6 @@ def kernel_shared_prefix_attention(q, prefix_k, prefix_v, prefix_valid, own_k, o
     o, m, l = (jnp.concatenate(pair, axis=2) for pair in ((o_p, o_o), (m_p, m_o), (l_p, l_o)))
     top = jnp.max(m, axis=2, keepdims=True)
     weight = jnp.exp(m - top)  # [N, KV, S, G]; 0 for a split that saw no allowed key
-    out = jnp.sum(o * weight[..., None], axis=2) / jnp.sum(l * weight, axis=2)[..., None]
+    total = jnp.maximum(jnp.sum(l * weight, axis=2), jnp.finfo(jnp.float32).tiny)  # a row that sees no key: 0, not NaN
+    out = jnp.sum(o * weight[..., None], axis=2) / total[..., None]
     return out.reshape(n, 1, h, d).astype(own_v.dtype)

@@ -42,6 +42,14 @@ def test_the_kernel_equals_the_einsum_in_float32(shape):
     np.testing.assert_allclose(kernel(*args), einsum(*args), rtol=1e-5, atol=1e-5)
 
 
+def test_a_row_that_sees_no_key_gets_zeros_not_nan():
+    q, pk, pv, p_valid, ok, ov, own_allowed, k = inputs()
+    p_valid, own_allowed = p_valid.at[1].set(False), own_allowed.at[k:].set(False)  # prompt 1 and its rows
+    out = kernel(q, pk, pv, p_valid, ok, ov, own_allowed, k)
+    assert not jnp.any(out[k:]) and bool(jnp.all(jnp.isfinite(out)))
+    np.testing.assert_allclose(out[:k], einsum(q, pk, pv, p_valid, ok, ov, own_allowed, k)[:k], rtol=1e-5, atol=1e-5)
+
+
 def test_the_kernel_in_bf16_is_as_close_to_float32_as_the_einsum():
     exact = einsum(*inputs())
     args = inputs(dtype=jnp.bfloat16)
