@@ -141,7 +141,7 @@ def kernel_shared_prefix_attention(q, prefix_k, prefix_v, prefix_valid, own_k, o
                                    interpret: bool | None = None):
     """`attention.shared_prefix_attention` for one new token per row (T = 1), same arguments:
     q [N,1,H,D] (N = B*K rows, prompt-major); prefix_k/v [B,KV,P,D]; prefix_valid [B,P];
-    own_k/v [N,KV,S,D]; own_allowed [N,1,S]. Returns [N,1,H,D] in q's dtype."""
+    own_k/v [N,KV,S,D]; own_allowed [N,1,S]. Returns [N,1,H,D] in the caches' dtype, as the einsums do."""
     n, t, h, d = q.shape
     b, kv = prefix_k.shape[:2]
     g = h // kv
