@@ -157,7 +157,7 @@ def kernel_shared_prefix_attention(q, prefix_k, prefix_v, prefix_valid, own_k, o
     on_prefix = partials(q.transpose(0, 2, 1, 3, 4).reshape(b, kv, branches * g, d), prefix_k, prefix_v,
                          prefix_valid.astype(jnp.int32), interpret)
     # back to one entry per branch row: [B, KV, S, K*G, ...] -> [N, KV, S, G, ...]
-    o_p, m_p, l_p = (x.reshape(b, kv, x.shape[2], branches, g, *x.shape[4:]).swapaxes(1, 3).swapaxes(2, 3)
+    o_p, m_p, l_p = (jnp.moveaxis(x.reshape(b, kv, x.shape[2], branches, g, *x.shape[4:]), 3, 1)
                      .reshape(n, kv, x.shape[2], g, *x.shape[4:]) for x in on_prefix)
     o_o, m_o, l_o = partials(q.reshape(n, kv, g, d), own_k, own_v, own_allowed[:, 0].astype(jnp.int32), interpret)
     o, m, l = (jnp.concatenate(pair, axis=2) for pair in ((o_p, o_o), (m_p, m_o), (l_p, l_o)))
