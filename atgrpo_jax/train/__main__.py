@@ -15,11 +15,11 @@ from atgrpo_jax import cli
 
 def main(f, overrides=()):
     """The command (run by `cli.command`: flags parsed, errors as one line)."""
-    from atgrpo_jax.train.loop import run_training
-
     if not f.workdir.value:
         raise cli.UsageError("--workdir is required")
     config = cli.config_from_args(f.config.value, overrides)
+    from atgrpo_jax.train.loop import run_training  # (after the config: a bad one is refused in a second)
+
     run_training(config, f.workdir.value, allow_config_change=f.allow_config_change.value,
                  fresh_if_unreadable=f.fresh_if_unreadable.value)
 
