@@ -31,11 +31,13 @@ DECODE_ATTENTION = ("xla", "pallas")
 LOW = -1e30  # the running max before any key: finite, so exp(LOW - m) is 0, never inf - inf
 MIN_ROWS = 16  # Triton's smallest matmul tile
 TARGET_PROGRAMS = 512  # split the keys until about this many programs run (several per SM)
+# Triton's settings, untuned on a device (tools/triton_preflight.py compiles them for an H100 here)
+MAX_BLOCK, NUM_WARPS, NUM_STAGES = 128, 4, 2
 
 
 def key_block(slots: int) -> int | None:
-    """The largest power of two <= 128 (and >= 16) that divides `slots`, or None."""
-    return next((b for b in (128, 64, 32, 16) if slots % b == 0), None)
+    """The largest power of two <= MAX_BLOCK (and >= 16) that divides `slots`, or None."""
+    return next((b for b in (128, 64, 32, 16) if b <= MAX_BLOCK and slots % b == 0), None)
 
 
 def supported(head_dim: int, prefix_slots: int, own_slots: int) -> bool:
@@ -134,7 +136,7 @@ def _partials(q, k, v, mask, interpret: bool):
 
 def _gpu_params():
     from jax.experimental.pallas import triton as plgpu
-    return plgpu.CompilerParams(num_warps=4, num_stages=2)
+    return plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
 
 
 def kernel_shared_prefix_attention(q, prefix_k, prefix_v, prefix_valid, own_k, own_v, own_allowed, branches: int,
