@@ -32,7 +32,7 @@ LOW = -1e30  # the running max before any key: finite, so exp(LOW - m) is 0, nev
 MIN_ROWS = 16  # Triton's smallest matmul tile
 TARGET_PROGRAMS = 512  # split the keys until about this many programs run (several per SM)
 # Triton's settings, untuned on a device (tools/triton_preflight.py compiles them for an H100 here)
-MAX_BLOCK, NUM_WARPS, NUM_STAGES = 128, 4, 2
+MAX_BLOCK, NUM_WARPS, NUM_STAGES = 64, 4, 2
 
 
 def key_block(slots: int) -> int | None:
