@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compile the Pallas decode attention for an H100 here, without a GPU (tools/triton_preflight.py):
-# the project's Python lowers it to Triton IR, a venv with pip's triton (.triton/venv, ~300 MB,
+# the project's Python lowers it to Triton IR, a venv with pip's triton (.triton/venv, ~1 GB installed,
 # made once) compiles that to PTX and ptxas reports registers, spills and shared memory.
 #   bash tools/triton_preflight.sh [--block N] [--warps N] [--stages N]
 set -euo pipefail
