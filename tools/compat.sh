@@ -7,16 +7,7 @@
 #   JAX=0.11.2 tools/compat.sh -x   # the jax a lent GPU machine ships
 set -euo pipefail
 cd "$(dirname "$0")/.."
-find_python312() {
-  local c
-  for c in "${PYTHON312:-}" "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python python3.12; do
-    if [ -n "$c" ] && "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
-      echo "$c"
-      return 0
-    fi
-  done
-  return 1
-}
+source tools/python312.sh
 python312="$(find_python312)" || { echo "compat.sh: no Python 3.12 (set PYTHON312=/path/to/python3.12)" >&2; exit 2; }
 venv="${VENV:-/tmp/atgrpo-compat-py312-jax${JAX:-newest}}"
 [ -x "$venv/bin/python" ] || "$python312" -m venv "$venv"

@@ -1,0 +1,138 @@
+"""Compile the device check's update and decode step for an H100 on a machine without a GPU.
+
+JAX can compile for a GPU it does not have (a "compile only" topology made from a target
+description), if the CUDA plugin is installed. `tools/gpu_aot.sh` makes a venv with the device
+image's jax (0.11.2 + jax-cuda13-plugin, ~5 GB) and runs this there. Nothing is executed, so no
+timings; what a compile says without a device:
+  update  XLA's buffer assignment for the trainer's bf16 update of Qwen3-1.7B at the check's
+          4 x 1,024 tokens: peak = arguments + temporaries (the state is donated), against
+          `python -m atgrpo_jax.plan`'s prediction; per attention backend and recompute setting.
+  decode  the sampler's per-layer decode segment at the check's shape (64 rows, 512 + 512 tokens),
+          with the einsum attention and with the Pallas kernel (compiled by XLA's own Triton):
+          whether it compiles, and its Triton calls and fusions per step.
+
+The model picks its GPU code paths (cuDNN attention, per-layer decode, Triton) from
+`jax.default_backend()`, which is "cpu" here, so this script reports "gpu" to it.
+Without a device XLA skips autotuning (its GEMMs default to Triton, not cuBLAS), so kernel choices
+can differ from a real compile; buffer sizes matched: stop 32's update (commit 14d6b70) measured
+43.9 GiB on an H100, and compiled here 43.8 GiB.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import topologies
+from jax.sharding import NamedSharding, PartitionSpec
+
+# An H100 SXM 80GB as XLA's GpuTargetConfig (text proto): SMs, memory and limits of the device,
+# CUDA 13 and cuDNN 9 as in the device image.
+H100 = """
+gpu_device_info {
+  threads_per_block_limit: 1024  threads_per_warp: 32  threads_per_core_limit: 2048
+  shared_memory_per_block: 49152  shared_memory_per_block_optin: 232448  shared_memory_per_core: 233472
+  core_count: 132  fpus_per_core: 128  registers_per_core_limit: 65536  registers_per_block_limit: 65536
+  block_dim_limit_x: 2147483647  block_dim_limit_y: 65535  block_dim_limit_z: 65535
+  memory_bandwidth: 3352320000000  l2_cache_size: 52428800  clock_rate_ghz: 1.98
+  device_memory_size: 84929347584
+  cuda_compute_capability { major: 9 minor: 0 }
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 10 }
+runtime_version { major: 13 minor: 0 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+GiB = 2 ** 30
+
+
+def h100_mesh():
+    topology = topologies.get_topology_desc(platform="cuda", target_config=H100, topology="1x1x1")
+    return topologies.make_mesh(topo=topology, mesh_shape=(1,), axis_names=("x",))
+
+
+def placed(mesh, tree):
+    """Abstract arrays of `tree` (arrays or ShapeDtypeStructs), on the mesh's one device."""
+    one = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), tree)
+
+
+def update(mesh, variants) -> None:
+    from flax import nnx
+
+    from atgrpo_jax.algo.loss import LossConfig
+    from atgrpo_jax.bench.device_parts import REAL
+    from atgrpo_jax.bench.device_update import CHUNK, planned_peak
+    from atgrpo_jax.bench.train import bench_optimizer, optim_config
+    from atgrpo_jax.models import Qwen3, get_preset
+    from atgrpo_jax.train.batch import rows_update
+    from atgrpo_jax.train.update import TrainState, make_update_fns
+
+    rows, width = REAL.update_rows
+    for backend, recompute in variants:
+        cfg = get_preset(REAL.preset).replace(param_dtype="float32", compute_dtype="bfloat16", attention=backend,
+                                              recompute_elementwise=recompute)
+        graphdef, params = nnx.split(nnx.eval_shape(lambda cfg=cfg: Qwen3(cfg, rngs=nnx.Rngs(0))))
+        tx = bench_optimizer(optim_config())
+        update_fn = rows_update(make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), CHUNK)[1])
+        state = placed(mesh, TrainState(params, jax.eval_shape(tx.init, params), jax.ShapeDtypeStruct((), jnp.int32)))
+        batch = placed(mesh, tuple(jax.ShapeDtypeStruct(s, d) for s, d in (
+            ((rows, width), jnp.int32), ((rows, width), bool), ((rows, width), bool), ((rows, width), jnp.float32),
+            ((rows,), jnp.float32))))
+        start = time.perf_counter()
+        m = update_fn.lower(state, batch).compile().memory_analysis()
+        peak = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+        plan = planned_peak(cfg, rows, width, backend)
+        print(f"update {backend}, recompute {'on' if recompute else 'off'}: compiled in {time.perf_counter() - start:.0f} s;"
+              f" state {m.argument_size_in_bytes / GiB:.2f} GiB + temporaries {m.temp_size_in_bytes / GiB:.2f} GiB"
+              f" = peak {peak / GiB:.2f} GiB; planner {plan / GiB:.2f} GiB ({100 * (plan / peak - 1):+.1f}%)")
+
+
+def decode(mesh, forms) -> None:
+    from flax import nnx
+
+    from atgrpo_jax.bench.device_parts import REAL
+    from atgrpo_jax.models import Qwen3, get_preset
+    from atgrpo_jax.sampling import decode as dec
+
+    b, p, new = REAL.batch, REAL.prompt, REAL.new
+    base = get_preset(REAL.preset).replace(param_dtype="bfloat16", compute_dtype="bfloat16")
+    for form in forms:
+        cfg = base.replace(decode_unroll=base.num_layers, decode_attention="pallas" if form == "kernel" else "xla")
+        graphdef, weights = nnx.split(nnx.eval_shape(lambda cfg=cfg: Qwen3(cfg, rngs=nnx.Rngs(0))))
+        weights = placed(mesh, weights)
+        prompts = placed(mesh, (jax.ShapeDtypeStruct((b, p), jnp.int32), jax.ShapeDtypeStruct((b, p), bool)))
+        pre = jax.eval_shape(lambda w, i, m: dec._prefill(graphdef, w, i, m), weights, *prompts)
+        settings = dec.DecodeSettings(max_new_tokens=new)
+        rows, full = jax.eval_shape(lambda w, pre: dec._start(graphdef, w, pre, None, None, None, settings, new),
+                                    weights, pre)
+        layers = jax.eval_shape(lambda w: dec._layer_weights(graphdef, w), weights)
+        args = placed(mesh, (layers, rows, full, jax.ShapeDtypeStruct((b,), jnp.int32),
+                             jax.ShapeDtypeStruct((), jnp.int32), jax.eval_shape(dec.sampling_params)))
+        start = time.perf_counter()
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # Pallas asks it which GPU it lowers for
+            text = dec.segment_jit.lower(graphdef, weights, *args, settings).compile().as_text()
+        print(f"decode {form}: compiled in {time.perf_counter() - start:.0f} s; the segment program has "
+              f"{text.count('__gpu$xla.gpu.triton')} Pallas Triton calls and {len(re.findall(r' fusion[(]', text))} "
+              f"fusions (nearly all in the loop's step)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="update,decode")
+    args = parser.parse_args(argv)
+    jax.default_backend = lambda: "gpu"  # the model's GPU code paths (see the docstring)
+    mesh = h100_mesh()
+    parts = args.parts.split(",")
+    if "update" in parts:
+        update(mesh, (("cudnn", True), ("cudnn", False), ("chunked", True)))
+    if "decode" in parts:
+        decode(mesh, ("unrolled", "kernel"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
