@@ -60,6 +60,17 @@ def placed(mesh, tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), tree)
 
 
+def update_variants():
+    """(backend, log-prob chunk, rows, layer unroll, recompute) of the check's update part: each
+    backend at the check's rows, then its sweep (`Shapes.update_sweep`) on cuDNN."""
+    from atgrpo_jax.bench.device_parts import REAL
+    from atgrpo_jax.bench.device_update import CHUNK
+
+    rows = REAL.update_rows[0]
+    main = [("cudnn", CHUNK, rows, 1, True), ("chunked", CHUNK, rows, 1, True)]
+    return main + [("cudnn", *v) for v in REAL.update_sweep]
+
+
 def update(mesh, variants) -> None:
     from flax import nnx
 
@@ -71,13 +82,13 @@ def update(mesh, variants) -> None:
     from atgrpo_jax.train.batch import rows_update
     from atgrpo_jax.train.update import TrainState, make_update_fns
 
-    rows, width = REAL.update_rows
-    for backend, recompute in variants:
+    width = REAL.update_rows[1]
+    for backend, chunk, rows, unroll, recompute in variants:
         cfg = get_preset(REAL.preset).replace(param_dtype="float32", compute_dtype="bfloat16", attention=backend,
-                                              recompute_elementwise=recompute)
+                                              sequence_unroll=unroll, recompute_elementwise=recompute)
         graphdef, params = nnx.split(nnx.eval_shape(lambda cfg=cfg: Qwen3(cfg, rngs=nnx.Rngs(0))))
         tx = bench_optimizer(optim_config())
-        update_fn = rows_update(make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), CHUNK)[1])
+        update_fn = rows_update(make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), chunk)[1])
         state = placed(mesh, TrainState(params, jax.eval_shape(tx.init, params), jax.ShapeDtypeStruct((), jnp.int32)))
         batch = placed(mesh, tuple(jax.ShapeDtypeStruct(s, d) for s, d in (
             ((rows, width), jnp.int32), ((rows, width), bool), ((rows, width), bool), ((rows, width), jnp.float32),
@@ -85,10 +96,13 @@ def update(mesh, variants) -> None:
         start = time.perf_counter()
         m = update_fn.lower(state, batch).compile().memory_analysis()
         peak = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
-        plan = planned_peak(cfg, rows, width, backend)
-        print(f"update {backend}, recompute {'on' if recompute else 'off'}: compiled in {time.perf_counter() - start:.0f} s;"
-              f" state {m.argument_size_in_bytes / GiB:.2f} GiB + temporaries {m.temp_size_in_bytes / GiB:.2f} GiB"
-              f" = peak {peak / GiB:.2f} GiB; planner {plan / GiB:.2f} GiB ({100 * (plan / peak - 1):+.1f}%)")
+        name = f"update {backend}, {rows * width} tokens, chunk {chunk}, unroll {unroll}, recompute {'on' if recompute else 'off'}"
+        line = (f"{name}: compiled in {time.perf_counter() - start:.0f} s; arguments {m.argument_size_in_bytes / GiB:.2f}"
+                f" GiB + temporaries {m.temp_size_in_bytes / GiB:.2f} GiB = peak {peak / GiB:.2f} GiB")
+        if chunk == CHUNK and unroll == 1:  # what the planner models: the trainer's chunk, layers rolled
+            plan = planned_peak(cfg, rows, width, backend)
+            line += f"; planner {plan / GiB:.2f} GiB ({100 * (plan / peak - 1):+.1f}%)"
+        print(line)
 
 
 def decode(mesh, forms) -> None:
@@ -128,7 +142,7 @@ def main(argv=None) -> int:
     mesh = h100_mesh()
     parts = args.parts.split(",")
     if "update" in parts:
-        update(mesh, (("cudnn", True), ("cudnn", False), ("chunked", True)))
+        update(mesh, update_variants())
     if "decode" in parts:
         decode(mesh, ("unrolled", "kernel"))
     return 0
