@@ -6,10 +6,11 @@ image's jax (0.11.2 + jax-cuda13-plugin, ~5 GB) and runs this there. Nothing is 
 timings; what a compile says without a device:
   update  XLA's buffer assignment for the trainer's bf16 update of Qwen3-1.7B at the check's
           4 x 1,024 tokens: peak = arguments + temporaries (the state is donated), against
-          `python -m atgrpo_jax.plan`'s prediction; per attention backend and recompute setting.
+          `python -m atgrpo_jax.plan`'s prediction; per attention backend, then the check's sweep
+          (log-prob chunks, 8,192 tokens, recompute off, layers unrolled).
   decode  the sampler's per-layer decode segment at the check's shape (64 rows, 512 + 512 tokens),
           with the einsum attention and with the Pallas kernel (compiled by XLA's own Triton):
-          whether it compiles, and its Triton calls and fusions per step.
+          whether it compiles, and the Triton calls and fusions of its program.
 
 The model picks its GPU code paths (cuDNN attention, per-layer decode, Triton) from
 `jax.default_backend()`, which is "cpu" here, so this script reports "gpu" to it.
