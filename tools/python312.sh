@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by tools/*.sh: find_python312 prints a Python 3.12 (PYTHON312, pyenv's, or python3.12).
 find_python312() {
   local c
