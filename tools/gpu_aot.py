@@ -27,31 +27,17 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import topologies
 from jax.sharding import NamedSharding, PartitionSpec
 
-# An H100 SXM 80GB as XLA's GpuTargetConfig (text proto): SMs, memory and limits of the device,
-# CUDA 13 and cuDNN 9 as in the device image.
-H100 = """
-gpu_device_info {
-  threads_per_block_limit: 1024  threads_per_warp: 32  threads_per_core_limit: 2048
-  shared_memory_per_block: 49152  shared_memory_per_block_optin: 232448  shared_memory_per_core: 233472
-  core_count: 132  fpus_per_core: 128  registers_per_core_limit: 65536  registers_per_block_limit: 65536
-  block_dim_limit_x: 2147483647  block_dim_limit_y: 65535  block_dim_limit_z: 65535
-  memory_bandwidth: 3352320000000  l2_cache_size: 52428800  clock_rate_ghz: 1.98
-  device_memory_size: 84929347584
-  cuda_compute_capability { major: 9 minor: 0 }
-}
-platform_name: "CUDA"
-dnn_version_info { major: 9 minor: 10 }
-runtime_version { major: 13 minor: 0 }
-device_description_str: "NVIDIA H100 80GB HBM3"
-"""
+import h100  # (tools/, this script's directory)
+
 GiB = 2 ** 30
 
 
 def h100_mesh():
-    topology = topologies.get_topology_desc(platform="cuda", target_config=H100, topology="1x1x1")
+    topology = topologies.get_topology_desc(platform="cuda", target_config=h100.TARGET_CONFIG, topology="1x1x1")
     return topologies.make_mesh(topo=topology, mesh_shape=(1,), axis_names=("x",))
 
 
@@ -78,7 +64,7 @@ def update(mesh, variants) -> None:
     from atgrpo_jax.algo.loss import LossConfig
     from atgrpo_jax.bench.device_parts import REAL
     from atgrpo_jax.bench.device_update import CHUNK, planned_peak
-    from atgrpo_jax.bench.train import bench_optimizer, optim_config
+    from atgrpo_jax.bench.train import bench_optimizer, jax_batch, make_batch, optim_config
     from atgrpo_jax.models import Qwen3, get_preset
     from atgrpo_jax.train.batch import rows_update
     from atgrpo_jax.train.update import TrainState, make_update_fns
@@ -91,9 +77,8 @@ def update(mesh, variants) -> None:
         tx = bench_optimizer(optim_config())
         update_fn = rows_update(make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), chunk)[1])
         state = placed(mesh, TrainState(params, jax.eval_shape(tx.init, params), jax.ShapeDtypeStruct((), jnp.int32)))
-        batch = placed(mesh, tuple(jax.ShapeDtypeStruct(s, d) for s, d in (
-            ((rows, width), jnp.int32), ((rows, width), bool), ((rows, width), bool), ((rows, width), jnp.float32),
-            ((rows,), jnp.float32))))
+        data = make_batch(cfg.vocab_size, rows, width)  # the check's rows, as arrays: only their form is used
+        batch = placed(mesh, jax_batch(data, np.zeros(data["tokens"].shape, np.float32)))
         start = time.perf_counter()
         m = update_fn.lower(state, batch).compile().memory_analysis()
         peak = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes

@@ -23,11 +23,12 @@ import re
 import subprocess
 import sys
 
+import h100  # (tools/, this script's directory)
+
 # (name, prompts, branches, prompt slots, own slots): Qwen3-1.7B's heads (8 kv x 2, head_dim 128)
 SHAPES = (("check_b64_k1", 64, 1, 512, 512),  # bench device's decode part: 64 rows, each its own prompt
           ("tree_b16_k4", 16, 4, 512, 256))  # tree sampling: 16 prompts x 4 branches
 KV_HEADS, GROUPS, HEAD_DIM = 8, 2, 128
-H100 = {"smem_per_sm": 228 * 1024, "regs_per_sm": 65536, "max_warps_per_sm": 64}
 
 
 def lower(out_dir: str, block: int, warps: int, stages: int) -> None:
@@ -97,8 +98,8 @@ def compile_(out_dir: str) -> int:
             f.write(kernel.asm["ptx"])
         info = _ptxas(bin_dir, ptx)
         regs, spills, smem, warps = info["registers"], info["spill_bytes"], kernel.metadata.shared, meta["warps"]
-        ctas = min(H100["smem_per_sm"] // max(smem, 1), H100["regs_per_sm"] // (regs * 32 * warps),
-                   H100["max_warps_per_sm"] // warps)
+        ctas = min(h100.SMEM_PER_SM // max(smem, 1), h100.REGS_PER_SM // (regs * 32 * warps),
+                   h100.MAX_WARPS_PER_SM // warps)
         print(f"{name}: grid {meta['grid']}, block {meta['block']}, {warps} warps, {meta['stages']} stages: shared {smem / 1024:.1f} KiB, "
               f"{regs} registers, spills {spills} B -> {ctas} CTAs ({ctas * warps} warps) per SM")
     return failed
