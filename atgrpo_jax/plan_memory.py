@@ -39,7 +39,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from atgrpo_jax.algo.logprobs import chunks_per_head_product
 from atgrpo_jax.models.config import DTYPES, Qwen3Config, get_preset
-from atgrpo_jax.models.qwen3 import LAYER_PARAMS, LORA_TARGETS, KVCache, decodes_per_layer
+from atgrpo_jax.models.qwen3 import LAYER_PARAMS, LORA_TARGETS, KVCache, decodes_per_layer, layer_unroll
 from atgrpo_jax.plan_devices import Device, device_platform
 from atgrpo_jax.sharding import MESH_AXES, RULES, MeshConfig, logical_spec, pool_sizes
 from atgrpo_jax.train.config import max_new_tokens, sharing
@@ -117,6 +117,11 @@ def attention_buffers(cfg: Qwen3Config, mesh, batch: int, queries: int, keys: in
     return {"scores": lse, "working": 0, "mask": mask}
 
 
+def unrolled_on_gpu(cfg: Qwen3Config, seq: int, platform: str) -> bool:
+    """Whether the update runs every layer unrolled on a GPU (`layer_unroll`), which peaks lower."""
+    return platform == "gpu" and layer_unroll(cfg, seq, platform) == cfg.num_layers
+
+
 def update_activations(cfg: Qwen3Config, mesh, batch: int, seq: int, chunk: int,
                        remat: bool, backend: str = "xla") -> dict[str, int]:
     """Per-device bytes of the forward+backward activations over [batch, seq] tokens, by term."""
@@ -164,19 +169,25 @@ def update_activations(cfg: Qwen3Config, mesh, batch: int, seq: int, chunk: int,
 
 
 def update_memory(cfg: Qwen3Config, mesh, trainable, batch: int, width: int, chunk: int,
-                  with_ref_logp: bool = False, backend: str = "xla") -> dict[str, int]:
+                  with_ref_logp: bool = False, backend: str = "xla", platform: str = "cpu") -> dict[str, int]:
     """Per-device bytes that one jitted update (train/update.py) adds to the resident state.
 
     The mini-batch is [batch, width] rows (tokens, valid, is_resp, old log-probs,
     and reference log-probs with a KL term); the model reads tokens[:, :-1].
-    The gradients and the optimizer's `updates` tree are the size of the trainable params.
+    The gradients and the optimizer's `updates` tree are the size of the trainable params (no updates
+    tree with every layer unrolled on a GPU, below).
     """
     grads = param_bytes(trainable, mesh)
     acts = update_activations(cfg, mesh, batch, width - 1, chunk, cfg.remat, backend)
+    # With every layer unrolled on a GPU, the compiled update holds no second gradient-sized tree at its
+    # peak. Fitted to compiles for an H100 (tools/gpu_aot.sh, docs/device.md): this plan is 0.4% / 9.8% /
+    # 11.3% above the compiled peaks of Qwen3-0.6B / 1.7B / 4B at 4,096 tokens (26% with the elementwise
+    # intermediates kept); one device, no remat.
+    updates = 0 if unrolled_on_gpu(cfg, width - 1, platform) else grads
     row_bytes = 4 + 1 + 1 + 4 + (4 if with_ref_logp else 0)
     inputs = local_bytes((batch, width), ("batch", "seq"), row_bytes, mesh)
-    return {"gradients": grads, "updates": grads, "activations": acts["total"], "batch": inputs,
-            "total": 2 * grads + acts["total"] + inputs}
+    return {"gradients": grads, "updates": updates, "activations": acts["total"], "batch": inputs,
+            "total": grads + updates + acts["total"] + inputs}
 
 
 def kv_cache_bytes(cfg: Qwen3Config, mesh, rows: int, length: int, itemsize: int) -> int:
@@ -279,7 +290,8 @@ def model_config(config) -> Qwen3Config:
     m = config.model
     kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=bool(m.remat),
               recompute_elementwise=bool(m.get("recompute_elementwise", True)),
-              attention_block=int(m.get("attention_block", 512)))
+              attention_block=int(m.get("attention_block", 512)),
+              decode_unroll=int(m.get("decode_unroll", 0)), sequence_unroll=int(m.get("sequence_unroll", 0)))
     layout = sharing(config)
     if layout.lora:
         kw.update(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha)
@@ -339,7 +351,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     platform = device_platform(device)
     backend = planned_backend(config, cfg, platform, width - 1)
     upd = update_memory(cfg, mesh, trainable, config.optim.mini_batch_size, width, lo.logprob_chunk,
-                        bool(lo.kl_coef), backend)
+                        bool(lo.kl_coef), backend, platform)
     acts = {remat: update_activations(cfg.replace(remat=remat), mesh, config.optim.mini_batch_size, width - 1,
                                       lo.logprob_chunk, remat, backend) for remat in (False, True)}
     sampling = sampling_memory(cfg, mesh, r.num_tasks, r.k, r.max_prompt_len, max_new_tokens(config),

@@ -293,6 +293,17 @@ def test_kl_reference_and_lora_change_what_is_resident():
     assert lora.gradients < full.gradients / 10 and lora.optimizer < full.optimizer / 10
 
 
+def test_an_unrolled_update_on_a_gpu_plans_no_updates_tree():
+    """Auto `sequence_unroll` unrolls the update's layers on GPUs only, where the compiled peak holds no
+    second gradient-sized tree (plan_memory.update_memory); a rolled loop, or a TPU, keeps it."""
+    gpu, _ = parse_device("gpu", 80)
+    auto, rolled = plan(small_config(), gpu, 1), plan(small_config(sequence_unroll=1), gpu, 1)
+    assert auto.updates == 0 and rolled.updates == rolled.gradients > 0
+    assert rolled.update_peak - auto.update_peak == rolled.gradients
+    tpu = plan(small_config(), TPUS["v5p"], 1)
+    assert tpu.updates == tpu.gradients
+
+
 @pytest.mark.parametrize("name,family,chips", [
     ("v5p-8", "v5p", 4), ("v5p-32", "v5p", 16), ("v4-8", "v4", 4), ("v5litepod-8", "v5e", 8),
     ("v6e-16", "v6e", 16), ("v6e", "v6e", 8), ("v5p", "v5p", 4)])

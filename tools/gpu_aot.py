@@ -7,7 +7,7 @@ timings; what a compile says without a device:
   update  XLA's buffer assignment for the trainer's bf16 update of Qwen3-1.7B at the check's
           4 x 1,024 tokens: peak = arguments + temporaries (the state is donated), against
           `python -m atgrpo_jax.plan`'s prediction; per attention backend, then the check's sweep
-          (log-prob chunks, 8,192 tokens, recompute off, layers unrolled).
+          (8,192 tokens, recompute off, layers rolled).
   decode  the sampler's per-layer decode segment at the check's shape (64 rows, 512 + 512 tokens),
           with the einsum attention and with the Pallas kernel (compiled by XLA's own Triton):
           whether it compiles, and the Triton calls and fusions of its program.
@@ -85,7 +85,7 @@ def update(mesh, variants) -> None:
         name = f"update {backend}, {rows * width} tokens, chunk {chunk}, unroll {unroll}, recompute {'on' if recompute else 'off'}"
         line = (f"{name}: compiled in {time.perf_counter() - start:.0f} s; arguments {m.argument_size_in_bytes / GiB:.2f}"
                 f" GiB + temporaries {m.temp_size_in_bytes / GiB:.2f} GiB = peak {peak / GiB:.2f} GiB")
-        if chunk == CHUNK and unroll == 1:  # what the planner models: the trainer's chunk, layers rolled
+        if chunk == CHUNK:  # what the planner models: the trainer's log-prob chunk
             plan = planned_peak(cfg, rows, width, backend)
             line += f"; planner {plan / GiB:.2f} GiB ({100 * (plan / peak - 1):+.1f}%)"
         print(line)

@@ -31,9 +31,10 @@ PARTS = ("facts", "parity", "sampler", "update", "step", "decode")
 DEFAULT_PARTS = PARTS[:-1]  # decode (where a decode step's time goes) is asked for by name
 # Seconds each part may run on a device (compilation included). On an H100 the six parts took 430 s
 # (docs/device.md: sampler 151, update 60 before its sweep was added, decode 87, step 63, parity
-# 53); the update's sweep adds ~10 s a variant, and its unrolled variant (last) a compile of every
-# layer. The default five add up to 575 s of limits, under the device tool's 600 s per call, so a
-# part that overruns still leaves the others' figures.
+# 53); on an H200 (2026-11-27) facts 4, update 99, decode 122, sampler 154, step 62, parity 42.
+# Since then the update compiles its 28 layers unrolled (~17 s a variant instead of ~4). The
+# default five add up to 575 s of limits, under the device tool's 600 s per call, so a part that
+# overruns still leaves the others' figures.
 LIMITS = {"facts": 20, "parity": 75, "sampler": 185, "update": 205, "step": 90, "decode": 240}
 # The update part's figures that are not a backend's timing.
 UPDATE_DIAGNOSES = ("update_split", "update_profile", "update_sweep", "update_hlo")
@@ -190,7 +191,8 @@ def table(results: dict) -> str:
         if "planned_peak_bytes" in r and r.get("peak_bytes_so_far"):
             extra = (f", peak so far {r['peak_bytes_so_far'] / 2**30:.1f} GiB vs planned "
                      f"{r['planned_peak_bytes'] / 2**30:.1f} GiB")
-        lines.append(f"{key}: {r['tokens_per_s']:.0f} tok/s, MFU {_fmt(r.get('mfu'), '.1%')}{extra}")
+        layers = f" ({r['unroll']} layers per loop iteration)" if r.get("unroll") else ""
+        lines.append(f"{key}{layers}: {r['tokens_per_s']:.0f} tok/s, MFU {_fmt(r.get('mfu'), '.1%')}{extra}")
     d = p.get("decode", {})
     for name, prof in (("update", u.get("update_profile")), ("decode, layers rolled", d.get("profile_rolled")),
                        ("decode, layers unrolled", d.get("profile_unrolled")),
@@ -233,6 +235,11 @@ def table(results: dict) -> str:
                          + ", ".join(f"{r} rows {ms:.2f} ms" for r, ms in d[key].items()))
     if "kernel_applies" in d and not d["kernel_applies"]:
         lines.append("decode: the Pallas attention does not take these shapes; its form ran the einsum")
+    if (ag := d.get("kernel_vs_einsum")) and "error" not in ag:
+        lines.append(f"Pallas vs einsum sampling, same draws: {ag['rows_identical']:.0%} of rows identical over "
+                     f"{ag['steps']} steps, first difference after {ag['mean_steps_before_first_difference']:.0f} "
+                     f"steps on average (fewest {ag['min_steps_before_first_difference']}), largest log-prob gap "
+                     f"before it {_fmt(ag.get('max_logprob_gap_before_it'), '.2g')}")
     if d.get("lm_head_ms"):
         lines.append(f"LM head alone {_fmt(d.get('lm_head_ms'), '.2f', unit=' ms')}, selection (t=1) "
                      f"{_fmt(d.get('select_t1_ms'), '.2f', unit=' ms')}")

@@ -48,8 +48,10 @@ class Shapes:
     step_overrides: tuple[str, ...]  # flags of the one AT-GRPO step
 
 
-REAL = Shapes("qwen3-1.7b", 4, (2, 256), 64, 512, 512, (4, 1024), 3, ((2048, 4, 1, True), (4096, 4, 1, True), (2048, 8, 1, True), (512, 4, 1, False),
-                                                                     (512, 4, 28, True)), 4096, 8192,
+# The update's sweep on a GPU, where the layers run unrolled (`layer_unroll`): twice the tokens, the
+# elementwise intermediates kept, the layers rolled.
+REAL = Shapes("qwen3-1.7b", 4, (2, 256), 64, 512, 512, (4, 1024), 3,
+              ((2048, 8, 28, True), (512, 4, 28, False), (512, 4, 1, True)), 4096, 8192,
               ("--config.rollout.num_tasks=2", "--config.rollout.k=4", "--config.rollout.max_turns=2",
                "--config.rollout.max_new_tokens=256", "--config.rollout.max_prompt_len=1024",
                "--config.rollout.prompt_buckets=(512,1024)"))
@@ -275,13 +277,28 @@ def sampler(shapes: Shapes, record, tmp: str, out_dir: str | None = None) -> Non
                                              "speedup": theirs_s / seconds})
 
 
+def agreement(a, b) -> dict:
+    """How far two samplings of the same rows with the same draws agree: the steps before each
+    row's first different token, and the largest log-prob difference before it (bf16 rounding
+    flips a near tie now and then; a broken kernel differs from the first step)."""
+    tokens_a, tokens_b = np.asarray(a.tokens), np.asarray(b.tokens)
+    same = np.cumprod(tokens_a == tokens_b, axis=1).astype(bool)
+    first_diff = same.sum(axis=1)
+    gap = np.abs(np.asarray(a.logprobs, np.float64) - np.asarray(b.logprobs, np.float64))
+    return {"steps": int(tokens_a.shape[1]), "rows_identical": float((first_diff == tokens_a.shape[1]).mean()),
+            "mean_steps_before_first_difference": float(first_diff.mean()),
+            "min_steps_before_first_difference": int(first_diff.min()),
+            "max_logprob_gap_before_it": float(gap[same].max()) if same.any() else None}
+
+
 def decode(shapes: Shapes, record) -> None:
     """Where a decode step's time goes: the step at 1 row and at the sampler's rows (a cost that
     does not grow with rows is per-step overhead, not reading weights), with the decoder layers
     as a rolled loop over the stacked weights and caches (`model.decode_unroll=1`), unrolled
     over per-layer ones (auto, `decodes_per_layer`), and unrolled with the Pallas decode attention
     (`model.decode_attention="pallas"`), and its pieces alone: the LM head's matmul and the token
-    selection over [rows, V] logits."""
+    selection over [rows, V] logits. The Pallas form's tokens and log-probs are set against the
+    einsums' (same weights, same draws): `kernel_vs_einsum`."""
     from atgrpo_jax.models.decode_kernel import supported
     from atgrpo_jax.sampling import select
     cfg = get_preset(shapes.preset).replace(param_dtype="bfloat16", compute_dtype="bfloat16")
@@ -292,6 +309,7 @@ def decode(shapes: Shapes, record) -> None:
     record("kernel_applies", supported(cfg.head_dim, shapes.prompt, shapes.new))  # else the einsum runs
     forms = (("rolled", dict(decode_unroll=1)), ("unrolled", dict(decode_unroll=cfg.num_layers)),
              ("kernel", dict(decode_unroll=cfg.num_layers, decode_attention="pallas")))
+    outputs = {}
     for form, change in forms:  # the same weights (seed 0) under each form
         model = nnx.jit(lambda: Qwen3(cfg.replace(**change), rngs=nnx.Rngs(0)))()
         steps, key = {}, "decode_step_ms_by_rows" + ("" if form == "rolled" else f"_{form}")
@@ -306,6 +324,9 @@ def decode(shapes: Shapes, record) -> None:
         # the kernels of one short run at the most rows (decode dominates it: divide by `steps`)
         run = lambda: _ours(model, prompts[shapes.batch], short, segment=0)[2].tokens  # noqa: E731
         record(f"profile_{form}", {"rows": shapes.batch, "steps": short - 1, **profile_kernels(run)})
+        outputs[form] = _ours(model, prompts[shapes.batch], long_, segment=0)[2]
+    if "kernel" in outputs and "unrolled" in outputs:
+        record("kernel_vs_einsum", agreement(outputs["kernel"], outputs["unrolled"]))
     h = jax.random.normal(jax.random.key(0), (shapes.batch, cfg.hidden_size), jnp.bfloat16)
     head = jax.jit(lambda m, h: m.logits(h))
     record("lm_head_ms", 1e3 * min(timed(head, model, h, repeats=10, warmup=2)))

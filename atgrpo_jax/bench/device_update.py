@@ -6,12 +6,11 @@ the update's peak device memory against the planner's prediction.
 - Ours: `train.update.make_update_fns` (chunked log-probs, clipped token-mean loss, clip 1.0,
   AdamW wd 0.01), jitted with donated state, one compile per backend.
 - Where our step goes (first backend): its kernels in a profile (`bench.kernels`), the forward
-  pass alone and the optimizer alone; then the step at larger log-prob chunks, twice the tokens
-  with the layer loop unrolled, and keeping the layers' elementwise intermediates instead of
-  recomputing them (`Shapes.update_sweep`: each chunk adds the head gradient's float32 [D, V]
-  accumulation once more; the rolled loop zero-fills its stacked activations and slices each
-  layer's weights every step; `recompute_elementwise` keeps 9 of a layer's 20 sequence-sized
-  tensors); and the compiled step's HLO (`update_hlo.txt.gz`).
+  pass alone and the optimizer alone; then the step at twice the tokens, keeping the layers'
+  elementwise intermediates instead of recomputing them, and with the layers in a rolled loop
+  (`Shapes.update_sweep`: `recompute_elementwise` keeps 9 of a layer's 20 sequence-sized
+  tensors; the rolled loop zero-fills its stacked activations and slices each layer's weights
+  every step); and the compiled step's HLO (`update_hlo.txt.gz`).
 - PyTorch: transformers' Qwen3 in float32 under `torch.autocast(bfloat16)` (its default sdpa
   attention), full `log_softmax`, the same loss, `clip_grad_norm_`, fused AdamW.
 MFU = useful FLOPs (`bench.train.update_flops`: 6 x params per token plus causal attention) /
@@ -36,6 +35,7 @@ from atgrpo_jax.bench.train import (bench_optimizer, jax_batch, jax_update, make
                                     scoring_rows, update_flops)
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.attention import BACKENDS
+from atgrpo_jax.models.qwen3 import layer_unroll
 from atgrpo_jax.plan_memory import abstract_mesh, model_params, param_bytes, update_memory
 from atgrpo_jax.train.update import TrainState
 
@@ -53,7 +53,8 @@ def planned_peak(cfg, rows: int, width: int, backend: str) -> int:
     mesh = abstract_mesh({"data": 1, "fsdp": 1, "tensor": 1})
     params = model_params(cfg)
     resident = param_bytes(params, mesh) * 3  # weights, AdamW's mu and nu
-    return resident + update_memory(cfg, mesh, params, rows, width, CHUNK, False, backend)["total"]
+    return resident + update_memory(cfg, mesh, params, rows, width, CHUNK, False, backend,
+                                    jax.default_backend())["total"]
 
 
 def peak_bytes() -> int | None:
@@ -96,7 +97,8 @@ def ours(shapes: Shapes, record, backends=None, out_dir: str | None = None) -> N
             state, m, first, times = timed_steps(update_fn, state, batch, shapes.update_steps)
             best = min(times)
             record(f"update_{backend}", {
-                "rows": rows, "width": width, "tokens": rows * width, "compile_and_first_s": first,
+                "rows": rows, "width": width, "tokens": rows * width, "unroll": layer_unroll(cfg, width),
+                "compile_and_first_s": first,
                 "step_seconds": times, "tokens_per_s": rows * width / best, "mfu": flops / best / peak if peak else None,
                 "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]), "skipped": float(m["skipped"]),
                 "peak_bytes_so_far": peak_bytes(), "planned_peak_bytes": planned_peak(cfg, rows, width, backend)})
@@ -119,8 +121,8 @@ def sweep_key(chunk: int, rows: int, unroll: int, recompute: bool) -> str:
 
 
 def sweep(shapes: Shapes, record, cfg, peak) -> None:
-    """The first backend's step at other log-prob chunks, token counts and layer unrolls
-    (`Shapes.update_sweep`)."""
+    """The first backend's step at other log-prob chunks, token counts, layer unrolls and
+    elementwise recomputation (`Shapes.update_sweep`)."""
     width = shapes.update_rows[1]
     found = {}
     for chunk, rows, unroll, recompute in shapes.update_sweep:

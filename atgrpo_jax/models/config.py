@@ -37,7 +37,8 @@ class Qwen3Config:
     attention_block: int = 512  # query/key block of the chunked backend
     decode_attention: str = "xla"  # the sampler's one-token steps: xla|pallas (models/decode_kernel.py)
     decode_unroll: int = 0  # layers per loop iteration in one-token steps; 0 = auto (`layer_unroll`)
-    sequence_unroll: int = 1  # layers per loop iteration in calls of many tokens per row (prefill, the update)
+    sequence_unroll: int = 0  # layers per loop iteration in calls of many tokens per row (prefill, the update);
+    # 0 = auto (`layer_unroll`)
     lora_rank: int = 0  # > 0 adds low-rank adapters to every projection
     lora_alpha: float = 32.0
 
@@ -59,8 +60,8 @@ class Qwen3Config:
                              f"got {self.decode_attention!r}")
         if int(self.decode_unroll) < 0:
             raise ValueError(f"Qwen3Config.decode_unroll must be >= 0 (0 = auto), got {self.decode_unroll}")
-        if int(self.sequence_unroll) <= 0:
-            raise ValueError(f"Qwen3Config.sequence_unroll must be >= 1, got {self.sequence_unroll}")
+        if int(self.sequence_unroll) < 0:
+            raise ValueError(f"Qwen3Config.sequence_unroll must be >= 0 (0 = auto), got {self.sequence_unroll}")
         if int(self.attention_block) <= 0:
             raise ValueError(f"Qwen3Config.attention_block must be positive, got {self.attention_block}")
         for name in ("param_dtype", "compute_dtype"):

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from atgrpo_jax.bench import device, device_parts, device_update
@@ -90,6 +91,21 @@ if FULL:  # the parts of the full tier (TINY_PARTS)
         assert d["kernel_applies"] is False  # test-tiny's head_dim 24: that form ran the einsum (said in the table)
         assert d["lm_head_ms"] > 0 and d["select_t1_ms"] > 0
         assert d["profile_rolled"]["steps"] == d["profile_unrolled"]["steps"] == d["profile_kernel"]["steps"] > 0
+        ag = d["kernel_vs_einsum"]  # the einsum against itself here: identical
+        assert ag["rows_identical"] == 1.0 and ag["max_logprob_gap_before_it"] == 0.0
+
+
+def test_agreement_counts_the_steps_before_the_first_different_token():
+    from types import SimpleNamespace as S
+    tokens = np.arange(12).reshape(3, 4)
+    logprobs = np.zeros((3, 4), np.float32)
+    other_tokens, other_logprobs = tokens.copy(), logprobs.copy()
+    other_tokens[1, 2] = -1  # row 1 differs from step 2 on; its later steps do not count
+    other_logprobs[1, 3] = 5.0
+    other_logprobs[2, 1] = 0.25
+    ag = device_parts.agreement(S(tokens=tokens, logprobs=logprobs), S(tokens=other_tokens, logprobs=other_logprobs))
+    assert ag["rows_identical"] == 2 / 3 and ag["min_steps_before_first_difference"] == 2
+    assert ag["mean_steps_before_first_difference"] == (4 + 2 + 4) / 3 and ag["max_logprob_gap_before_it"] == 0.25
 
 
 def test_a_part_over_its_limit_is_reported_and_the_rest_goes_on(tmp_path):

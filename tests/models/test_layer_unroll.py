@@ -38,7 +38,8 @@ def loops_in_step(model: Qwen3, t: int) -> int:
 def test_auto_runs_one_token_steps_per_layer_on_accelerators_only():
     for platform in ("gpu", "tpu"):
         assert layer_unroll(CFG, 1, platform) == 3 and decodes_per_layer(CFG, platform)
-        assert layer_unroll(CFG, 16, platform) == 1  # prefill and the update keep the rolled loop
+    assert layer_unroll(CFG, 16, "gpu") == 3  # prefill and the update: unrolled on GPUs only
+    assert layer_unroll(CFG, 16, "tpu") == 1 and layer_unroll(CFG, 16, "cpu") == 1
     assert layer_unroll(CFG, 1, "cpu") == 1 and not decodes_per_layer(CFG, "cpu")
     for n, layers in ((1, 1), (2, 2), (8, 3)):
         assert layer_unroll(CFG.replace(decode_unroll=n), 1, "gpu") == layers
@@ -47,8 +48,9 @@ def test_auto_runs_one_token_steps_per_layer_on_accelerators_only():
         CFG.replace(decode_unroll=-1)
     assert layer_unroll(CFG.replace(sequence_unroll=2), 16, "gpu") == 2  # prefill and the update, on request
     assert layer_unroll(CFG.replace(sequence_unroll=9), 16, "cpu") == 3
-    with pytest.raises(ValueError, match="sequence_unroll must be >= 1"):
-        CFG.replace(sequence_unroll=0)
+    assert layer_unroll(CFG.replace(sequence_unroll=1), 16, "gpu") == 1
+    with pytest.raises(ValueError, match="sequence_unroll must be >= 0"):
+        CFG.replace(sequence_unroll=-1)
 
 
 def test_an_unrolled_update_computes_the_same_loss_and_gradients():

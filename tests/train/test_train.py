@@ -30,7 +30,7 @@ CONFIG = os.path.join(os.path.dirname(__file__), "tiny_config.py")
     ("rollout.top_p", 0.0, "config.rollout.top_p"),
     ("rollout.decode_slots", -1, "config.rollout.decode_slots"),
     ("model.decode_unroll", -2, "config.model.decode_unroll"),
-    ("model.sequence_unroll", 0, "config.model.sequence_unroll"),
+    ("model.sequence_unroll", -1, "config.model.sequence_unroll"),
     ("loss.aggregation", "sum", "config.loss.aggregation"),
     ("optim.lr", -1.0, "config.optim.lr"),
     ("optim.schedule", "linear", "config.optim.schedule"),
