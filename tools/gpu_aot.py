@@ -54,7 +54,7 @@ def update_variants():
     from atgrpo_jax.bench.device_update import CHUNK
 
     rows = REAL.update_rows[0]
-    main = [("cudnn", CHUNK, rows, 1, True), ("chunked", CHUNK, rows, 1, True)]
+    main = [("cudnn", CHUNK, rows, 0, True), ("chunked", CHUNK, rows, 0, True)]  # unroll 0: the default, auto
     return main + [("cudnn", *v) for v in REAL.update_sweep]
 
 
@@ -66,6 +66,7 @@ def update(mesh, variants) -> None:
     from atgrpo_jax.bench.device_update import CHUNK, planned_peak
     from atgrpo_jax.bench.train import bench_optimizer, jax_batch, make_batch, optim_config
     from atgrpo_jax.models import Qwen3, get_preset
+    from atgrpo_jax.models.qwen3 import layer_unroll
     from atgrpo_jax.train.batch import rows_update
     from atgrpo_jax.train.update import TrainState, make_update_fns
 
@@ -82,7 +83,8 @@ def update(mesh, variants) -> None:
         start = time.perf_counter()
         m = update_fn.lower(state, batch).compile().memory_analysis()
         peak = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
-        name = f"update {backend}, {rows * width} tokens, chunk {chunk}, unroll {unroll}, recompute {'on' if recompute else 'off'}"
+        name = (f"update {backend}, {rows * width} tokens, chunk {chunk}, {layer_unroll(cfg, width)} layers per loop "
+                f"iteration, recompute {'on' if recompute else 'off'}")
         line = (f"{name}: compiled in {time.perf_counter() - start:.0f} s; arguments {m.argument_size_in_bytes / GiB:.2f}"
                 f" GiB + temporaries {m.temp_size_in_bytes / GiB:.2f} GiB = peak {peak / GiB:.2f} GiB")
         if chunk == CHUNK:  # what the planner models: the trainer's log-prob chunk
