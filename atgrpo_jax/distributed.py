@@ -70,21 +70,22 @@ def task_slice(num_tasks: int) -> slice:
     return slice(p * per, (p + 1) * per)
 
 
-def local_mesh(mesh: Mesh) -> Mesh:
-    """The part of `mesh` on this process's devices: its rows of the data axis.
+def local_mesh(mesh: Mesh, process: int | None = None) -> Mesh:
+    """The part of `mesh` on this process's devices (or `process`'s): its rows of the data axis.
 
     Raises if the process does not own whole data rows (fsdp or tensor crossing
     processes), since then no process holds a whole copy of the weights.
     """
-    me = jax.process_index()
+    me = jax.process_index() if process is None else process
     data = mesh.axis_names.index("data")
     rows = np.moveaxis(mesh.devices, data, 0)
     mine = [i for i in range(rows.shape[0]) if any(d.process_index == me for d in rows[i].flat)]
     if not mine or any(d.process_index != me for i in mine for d in rows[i].flat):
         raise ValueError(
-            f"mesh {dict(mesh.shape)} over {jax.process_count()} processes: fsdp x tensor "
-            f"({mesh.shape['fsdp']} x {mesh.shape['tensor']} devices) must stay inside one process "
-            f"({jax.local_device_count()} devices) and data must be a multiple of the process count, "
+            f"mesh {dict(mesh.shape)} over {len({d.process_index for d in mesh.devices.flat})} processes: "
+            f"fsdp x tensor ({mesh.shape['fsdp']} x {mesh.shape['tensor']} devices) must stay inside one process "
+            f"({sum(d.process_index == me for d in mesh.devices.flat)} devices) and data must be a multiple of "
+            "the process count, "
             "so each process holds a whole copy of the policy for sampling")
     return Mesh(np.moveaxis(rows[mine], 0, data), mesh.axis_names, axis_types=mesh.axis_types)
 

@@ -38,24 +38,32 @@ RULES: dict[str, tuple[str, ...]] = {
     "lora_rank": (),
 }
 
+# The trained state (weights, AdamW moments) of a policy whose mesh spans several data rows (hosts):
+# split over every device of the mesh, the data axis too, since nothing samples from it directly;
+# the sampler's copy follows RULES, a whole one per data row (train/policies.py).
+TRAIN_RULES: dict[str, tuple[str, ...]] = {**RULES, "embed": ("fsdp", "data")}
+
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Sizes of the mesh axes; one of them may be -1 (all remaining devices).
+    """Sizes of the mesh axes; one of them may be -1 (all remaining devices), and data may be 0:
+    one row per host (the processes the devices belong to), so each host holds a whole copy of
+    each policy to sample with (distributed.py).
 
     Without a -1 the mesh may use fewer devices than there are (the first ones):
     a tiny model on one device of eight, or a policy's pool.
     """
 
-    data: int = 1
+    data: int = 0
     fsdp: int = -1
     tensor: int = 1
 
-    def resolve(self, num_devices: int) -> dict[str, int]:
-        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+    def resolve(self, num_devices: int, hosts: int = 1) -> dict[str, int]:
+        sizes = {"data": self.data or hosts, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, size in sizes.items():
             if not isinstance(size, (int, np.integer)) or (size <= 0 and size != -1):
-                raise ValueError(f"mesh.{name} must be a positive integer or -1, got {size!r}")
+                raise ValueError(f"mesh.{name} must be a positive integer or -1"
+                                 f"{' (data: or 0, one row per host)' if name == 'data' else ''}, got {size!r}")
         fill = [n for n, s in sizes.items() if s == -1]
         if len(fill) > 1:
             raise ValueError(f"only one mesh axis may be -1, got {fill}")
@@ -81,7 +89,7 @@ def make_mesh(config: MeshConfig | dict | None = None, devices: Sequence[Any] | 
             raise ValueError(f"unknown mesh axes {sorted(unknown)}; known: {list(MESH_AXES)}")
         config = MeshConfig(**config)
     devices = list(jax.devices() if devices is None else devices)
-    sizes = config.resolve(len(devices))
+    sizes = config.resolve(len(devices), len({d.process_index for d in devices}))
     shape = tuple(sizes[a] for a in MESH_AXES)
     grid = np.asarray(devices[:math.prod(shape)], dtype=object).reshape(shape)
     return Mesh(grid, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
@@ -151,8 +159,29 @@ def batch_shards(mesh: Mesh) -> int:
     return math.prod(mesh.shape[a] for a in RULES["batch"] if a in mesh.shape)
 
 
-def logical_sharding(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int]) -> NamedSharding:
-    return NamedSharding(mesh, logical_spec(axes, shape, mesh))
+def logical_sharding(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int],
+                     rules: dict[str, tuple[str, ...]] = RULES) -> NamedSharding:
+    return NamedSharding(mesh, logical_spec(axes, shape, mesh, rules))
+
+
+PLATFORM_NAMES = {"cuda": "gpu", "rocm": "gpu"}  # a device's platform -> the name jax.default_backend() uses
+
+
+def platform_of(mesh) -> str:
+    """The platform ("cpu", "gpu", "tpu") of a mesh's devices (a Mesh or an AbstractMesh)."""
+    device = getattr(mesh, "abstract_device", None) or getattr(mesh.abstract_mesh, "abstract_device", None)
+    name = device.platform if device is not None else mesh.devices.flat[0].platform
+    return PLATFORM_NAMES.get(name, name)
+
+
+def target_platform() -> str:
+    """The platform of the program being traced: that of the mesh in context (`jax.set_mesh`), else
+    the default backend. Code paths (attention backend, layer unrolling, kernels) are chosen by this,
+    so a CPU process that compiles for a TPU topology under its mesh builds what the TPU will run."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is not None and not mesh.empty and getattr(mesh, "abstract_device", None) is not None:
+        return platform_of(mesh)
+    return PLATFORM_NAMES.get(jax.default_backend(), jax.default_backend())
 
 
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:

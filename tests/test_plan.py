@@ -15,8 +15,8 @@ from atgrpo_jax import plan as plan_cli
 from atgrpo_jax.algo.logprobs import token_logprobs
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.plan_devices import GiB, TPUS, parse_device
-from atgrpo_jax.plan_memory import (abstract_mesh, kv_cache_bytes, local_bytes, model_params, param_bytes, plan,
+from atgrpo_jax.plan.devices import GiB, TPUS, parse_device
+from atgrpo_jax.plan.memory import (abstract_mesh, kv_cache_bytes, local_bytes, model_params, param_bytes, plan,
                                     pool_mesh_sizes, sampling_memory, update_activations, update_memory)
 from atgrpo_jax.sampling import decode, segments
 from atgrpo_jax.sampling.cache import init_cache
@@ -186,7 +186,7 @@ def compiled_grad_bytes(cfg, batch, seq, chunk, sizes):
     return memory_total(m), m.temp_size_in_bytes
 
 
-# None of these shapes were used to read the working-set factors (plan_memory.py).
+# None of these shapes were used to read the working-set factors (atgrpo_jax/plan/memory.py).
 @pytest.mark.parametrize("preset,batch,seq,chunk,remat,sizes", [
     ("test-tiny", 6, 96, 64, False, (1, 1, 1)),
     ("bench-small", 4, 192, 256, False, (1, 2, 2)),
@@ -272,7 +272,7 @@ def test_remat_batch_and_devices_move_activations_the_right_way():
 
 def test_per_role_pools_halve_the_devices_per_policy():
     shared, per_role = small_config(), small_config()
-    per_role.policy.sharing = "per_role"
+    per_role.policy.update(sharing="per_role", pools=True)
     for c in (shared, per_role):  # 8 prompts: their cache is split over 8 devices as over 4 (4 would not split)
         c.rollout.num_tasks = 8
     a, b = plan(shared, TPUS["v5p"], 8), plan(per_role, TPUS["v5p"], 8)
@@ -280,6 +280,10 @@ def test_per_role_pools_halve_the_devices_per_policy():
     on_four = plan(shared, TPUS["v5p"], 4)  # one pool of a per-role run is a shared run on 4 devices
     assert (b.params, b.kv_cache, b.peak) == (on_four.params, on_four.kv_cache, on_four.peak)
     assert b.params > 1.9 * a.params and b.kv_cache == 2 * a.kv_cache
+    per_role.policy.pools = False  # both models on all 8 devices: twice a shared run's state, its KV cache
+    c = plan(per_role, TPUS["v5p"], 8)
+    assert c.pool_mesh == a.pool_mesh and (c.params, c.optimizer) == (2 * a.params, 2 * a.optimizer)
+    assert c.kv_cache == a.kv_cache
 
 
 def test_kl_reference_and_lora_change_what_is_resident():
@@ -295,7 +299,7 @@ def test_kl_reference_and_lora_change_what_is_resident():
 
 def test_an_unrolled_update_on_a_gpu_plans_no_updates_tree():
     """Auto `sequence_unroll` unrolls the update's layers on GPUs only, where the compiled peak holds no
-    second gradient-sized tree (plan_memory.update_memory); a rolled loop, or a TPU, keeps it."""
+    second gradient-sized tree (plan.memory.update_memory); a rolled loop, or a TPU, keeps it."""
     gpu, _ = parse_device("gpu", 80)
     auto, rolled = plan(small_config(), gpu, 1), plan(small_config(sequence_unroll=1), gpu, 1)
     assert auto.updates == 0 and rolled.updates == rolled.gradients > 0
@@ -338,12 +342,18 @@ def test_advice_lowers_the_peak_and_the_combination_fits(config_file, capsys):
 
 
 def test_text_report_and_per_role_on_v5p_32(config_file, capsys):
-    code = plan_cli.main(["plan", f"--config={config_file('qwen3-8b', 'per_role')}", "--device=v5p-32",
-                          "--config.model.remat=True", "--config.model.compute_dtype=bfloat16"])
+    """Per-role models on their own pools of a 4-host slice: each pool keeps every host's data row
+    (mesh.data 0: one per host), the trained state split over the pool's 8 chips."""
+    args = ["plan", f"--config={config_file('qwen3-8b', 'per_role')}", "--device=v5p-32",
+            "--config.model.remat=True", "--config.model.compute_dtype=bfloat16"]
+    code = plan_cli.main(args + ["--config.policy.pools=True"])
     text = capsys.readouterr().out
     assert code == 0
-    assert "16 x TPU v5p" in text and "per policy pool: data=1 fsdp=8 tensor=1" in text
-    assert "FITS" in text and "2 policies" in text
+    assert "16 x TPU v5p" in text and "per policy pool: data=4 fsdp=2 tensor=1" in text
+    assert "FITS" in text and "2 policies" in text and "split over all 8 devices" in text
+    code = plan_cli.main(args)  # both models on the whole mesh: twice the state per chip
+    text = capsys.readouterr().out
+    assert code == 0 and "mesh: data=4 fsdp=4 tensor=1" in text and "2 models" in text
 
 
 @pytest.mark.parametrize("args,message", [

@@ -23,13 +23,25 @@ def test_mesh_shapes_and_fill():
     assert dict(make_mesh({"tensor": 4, "fsdp": -1}).shape) == {"data": 1, "fsdp": 2, "tensor": 4}
     small = make_mesh(MeshConfig(data=1, fsdp=2, tensor=1))  # fewer devices than there are
     assert [d.id for d in small.devices.flat] == [0, 1]
+    assert dict(make_mesh(MeshConfig()).shape) == {"data": 1, "fsdp": 8, "tensor": 1}  # data 0: one row per host
+
+
+def test_data_zero_is_one_row_per_host():
+    """The default mesh (data 0) on a 4-host TPU topology: each host's chips form one data row."""
+    pytest.importorskip("libtpu")
+    from jax.experimental import topologies
+
+    devices = topologies.get_topology_desc(platform="tpu", topology_name="v5p:2x2x4").devices
+    mesh = make_mesh(MeshConfig(), devices)
+    assert dict(mesh.shape) == {"data": 4, "fsdp": 4, "tensor": 1}
+    assert all(len({d.process_index for d in row.flat}) == 1 for row in mesh.devices)
 
 
 @pytest.mark.parametrize("config,pattern", [
     (MeshConfig(data=3, fsdp=-1), "not a multiple of 3"),
     (MeshConfig(data=2, fsdp=2, tensor=4), "but there are only 8 devices"),
     (MeshConfig(data=-1, fsdp=-1), "only one mesh axis may be -1"),
-    (MeshConfig(data=0), "mesh.data must be a positive integer"),
+    (MeshConfig(data=-2), "mesh.data must be a positive integer"),
     ({"model": 8}, "unknown mesh axes"),
 ])
 def test_bad_mesh_config(config, pattern):

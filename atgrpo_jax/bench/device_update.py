@@ -36,7 +36,7 @@ from atgrpo_jax.bench.train import (bench_optimizer, jax_batch, jax_update, make
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.attention import BACKENDS
 from atgrpo_jax.models.qwen3 import layer_unroll
-from atgrpo_jax.plan_memory import abstract_mesh, model_params, param_bytes, update_memory
+from atgrpo_jax.plan.memory import abstract_mesh, model_params, param_bytes, update_memory
 from atgrpo_jax.train.update import TrainState
 
 CHUNK = 512  # the trainer's default log-prob chunk
@@ -49,7 +49,7 @@ def backends_here() -> tuple[str, ...]:
 
 
 def planned_peak(cfg, rows: int, width: int, backend: str) -> int:
-    """The planner's peak of an update step (plan_memory.plan's update_peak) on one device."""
+    """The planner's peak of an update step (plan.memory.plan's update_peak) on one device."""
     mesh = abstract_mesh({"data": 1, "fsdp": 1, "tensor": 1})
     params = model_params(cfg)
     resident = param_bytes(params, mesh) * 3  # weights, AdamW's mu and nu

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from atgrpo_jax.models.flash import chunked_attention
 from atgrpo_jax.models.mask import Mask  # noqa: F401  (re-exported: callers build masks here)
+from atgrpo_jax.sharding import logical_spec, target_platform
 
 BACKENDS = ("auto", "xla", "chunked", "splash", "cudnn")
 DENSE_MAX = 2048 * 2048  # CPU auto: beyond this many query-key pairs per row, go blockwise
@@ -45,7 +46,7 @@ def resolve_backend(backend: str, t: int, s: int, dtype, cached: bool, platform:
         raise ValueError(f"model.attention must be one of {BACKENDS}, got {backend!r}")
     if t == 1:
         return "xla"
-    platform = platform or jax.default_backend()
+    platform = platform or target_platform()
     if backend == "auto":
         sixteen_bit = jnp.dtype(dtype).itemsize == 2
         backend = {"tpu": "chunked", "gpu": "cudnn" if sixteen_bit else "chunked"}.get(
@@ -68,9 +69,9 @@ def attention(q, k, v, mask: Mask, backend: str = "xla", heads_first: bool = Fal
     if backend == "chunked":
         return chunked_attention(q, k, v, mask, block)
     if backend == "cudnn":
-        impl = "cudnn" if jax.default_backend() == "gpu" else None
+        impl = "cudnn" if target_platform() == "gpu" else None
         return jax.nn.dot_product_attention(q, k, v, mask=mask.dense()[:, None], implementation=impl)
-    return splash_attention(q, k, v, mask, interpret=jax.default_backend() != "tpu")
+    return splash_attention(q, k, v, mask, interpret=target_platform() != "tpu")
 
 
 def dense_attention(q, k, v, allowed, heads_first=False):
@@ -146,7 +147,6 @@ def splash_attention(q, k, v, mask: Mask, interpret: bool = False):
     args = (q.reshape(b, tp, kv, h // kv, d), k, v, ids)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh is not None and not mesh.empty and mesh.size > 1:  # the kernel runs per device
-        from atgrpo_jax.sharding import logical_spec
         specs = [logical_spec(axes, x.shape, mesh) for axes, x in zip(
             (("batch", None, "kv_heads", None, None), ("batch", None, "kv_heads", None), ("batch", None, "kv_heads", None),
              ("batch", None)), args)]

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from atgrpo_jax.sharding import logical_spec, target_platform
+
 DECODE_ATTENTION = ("xla", "pallas")
 LOW = -1e30  # the running max before any key: finite, so exp(LOW - m) is 0, never inf - inf
 MIN_ROWS = 16  # Triton's smallest matmul tile
@@ -94,7 +96,6 @@ def partials(q, k, v, mask, interpret: bool):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh is None or mesh.empty or mesh.size == 1:
         return run(q, k, v, mask)
-    from atgrpo_jax.sharding import logical_spec
     x, kv = q.shape[:2]
     heads = lambda extra: logical_spec(("batch", "kv_heads") + (None,) * extra, (x, kv) + (1,) * extra, mesh)  # noqa: E731
     rows = logical_spec(("batch", None), (x, 1), mesh)
@@ -150,7 +151,7 @@ def kernel_shared_prefix_attention(q, prefix_k, prefix_v, prefix_valid, own_k, o
     if t != 1:
         raise ValueError(f"the Pallas decode attention takes one new token per row, got {t}")
     if interpret is None:
-        platform = jax.default_backend()
+        platform = target_platform()
         if platform == "tpu":
             raise ValueError("model.decode_attention='pallas' is a Triton (GPU) kernel; use 'xla' on TPU")
         interpret = platform != "gpu"

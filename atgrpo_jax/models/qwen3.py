@@ -22,7 +22,7 @@ from flax import nnx
 
 from atgrpo_jax.models.config import Qwen3Config
 from atgrpo_jax.models.strategies import KVCache, cached, causal
-from atgrpo_jax.sharding import constrain
+from atgrpo_jax.sharding import constrain, target_platform
 
 # name -> (shape as a function of cfg, logical axes). One place for the layout.
 LAYER_PARAMS = {
@@ -155,7 +155,7 @@ def layer_unroll(cfg: Qwen3Config, t: int, platform: str | None = None) -> int:
     step, and Qwen3-1.7B's update at 4,096 tokens ran 13% faster unrolled on an H200 (125.3 ->
     109.4 ms), compiled in 17 s instead of 4 (docs/device.md). CPUs and TPUs keep one layer
     per iteration, so compile time stays flat in depth (unmeasured on a TPU)."""
-    platform = platform or jax.default_backend()
+    platform = platform or target_platform()
     if t != 1:
         if cfg.sequence_unroll:
             return min(cfg.sequence_unroll, cfg.num_layers)

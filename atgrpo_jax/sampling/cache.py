@@ -13,7 +13,7 @@ from flax import nnx
 
 from atgrpo_jax.models.config import DTYPES, Qwen3Config
 from atgrpo_jax.models.qwen3 import KVCache
-from atgrpo_jax.sharding import constrain, logical_sharding
+from atgrpo_jax.sharding import RULES, constrain, logical_sharding
 
 VALID_AXES = ("batch", "cache_seq")
 
@@ -32,14 +32,14 @@ def init_cache(cfg: Qwen3Config, batch: int, length: int, dtype: str | None = No
     return constrain_cache(KVCache.init(cfg, batch, length, DTYPES[dtype] if dtype else None))
 
 
-def shard_model(model: nnx.Module, mesh: jax.sharding.Mesh) -> nnx.Module:
+def shard_model(model: nnx.Module, mesh: jax.sharding.Mesh, rules: dict = RULES) -> nnx.Module:
     """A copy of the model with every parameter placed on `mesh` by its `logical_axes`
-    metadata (replicated without it); the given model is left as it was."""
+    metadata and `rules` (replicated without it); the given model is left as it was."""
     graphdef, state = nnx.split(model)
 
     def place(var: nnx.Variable) -> nnx.Variable:
         axes = getattr(var, "logical_axes", None) or (None,) * var.ndim
-        return var.replace(jax.device_put(var[...], logical_sharding(mesh, axes, var.shape)))
+        return var.replace(jax.device_put(var[...], logical_sharding(mesh, axes, var.shape, rules)))
 
     state = jax.tree.map(place, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
     return nnx.merge(graphdef, state)

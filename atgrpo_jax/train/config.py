@@ -43,7 +43,8 @@ def base_config() -> ml_collections.ConfigDict:
     # tokenizer files
     c.char_alphabet = ""  # the char tokenizer's characters ("" = printable ASCII and newline)
     c.mesh = ml_collections.ConfigDict()  # device mesh (see atgrpo_jax/sharding.py); -1 = all remaining devices
-    c.mesh.data = 1  # data-parallel axis: spans hosts; each data row holds a whole copy of each policy
+    c.mesh.data = 0  # data-parallel axis: spans hosts; each data row holds a whole copy of each policy (0: one
+    # row per host, so each host samples with its own copy)
     c.mesh.fsdp = -1  # parameters, optimizer state and batch split over this axis
     c.mesh.tensor = 1  # heads, MLP and vocabulary split over this axis
     c.env = ml_collections.ConfigDict()  # the task and its agents

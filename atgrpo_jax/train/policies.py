@@ -22,6 +22,7 @@ from atgrpo_jax.models.lora import attach_lora, merge_lora, split_lora
 from atgrpo_jax.models.qwen3 import Qwen3
 from atgrpo_jax.sampling import generate
 from atgrpo_jax.sampling.cache import shard_model
+from atgrpo_jax.sharding import TRAIN_RULES
 from atgrpo_jax.train.config import Sharing
 from atgrpo_jax.train.update import Packed, TrainState, init_state, make_update_fns, with_lr
 
@@ -39,13 +40,16 @@ class Policy:
     train.update, applied to the state this object keeps. Nothing outside assigns its fields."""
 
     def __init__(self, name: str, graphdef, frozen, state: TrainState, fns: tuple[Callable, Callable], *,
-                 is_lora: bool = False, mesh=None, local_mesh=None, sample_dtype=None):
+                 is_lora: bool = False, mesh=None, local_mesh=None, sample_dtype=None, regather: bool = False):
         self.name, self.graphdef, self.frozen, self.is_lora = name, graphdef, frozen, is_lora
         self.mesh = mesh  # where its weights live and its update runs
         self.local_mesh = local_mesh  # with several processes: this process's part of `mesh` (it samples there)
         # Mixed precision: the trained params are float32 masters and the sampler runs a copy cast to the
         # model's param_dtype (bf16 updates of lr x grad vanish below a bf16 weight's last bit); None: as trained.
         self.sample_dtype = sample_dtype
+        # The trained params are split over the data axis too (TRAIN_RULES): the sampler's copy is gathered
+        # into a whole one per data row (RULES), as each host samples with its own.
+        self.regather = regather
         self._state = state
         self._logprobs_fn, self._update_fn = fns
         self._sampling: Snapshot | None = None  # the weights the sampler uses instead of the state's
@@ -64,11 +68,14 @@ class Policy:
         return self._runnable(self._state.params if self._sampling is None else self._sampling.params)
 
     def _runnable(self, params) -> Qwen3:
-        if not self.is_lora and self.sample_dtype is None:
+        if not self.is_lora and self.sample_dtype is None and not self.regather:
             return self.model(params)
         if self._merged is None or self._merged[0] is not params:
-            model = merge_lora(self.model(params)) if self.is_lora else \
-                self.model(cast_floats(params, self.sample_dtype))
+            if self.is_lora:
+                model = merge_lora(self.model(params))
+            else:
+                model = self.model(params if self.sample_dtype is None else cast_floats(params, self.sample_dtype))
+                model = shard_model(model, self.mesh) if self.regather else model
             self._merged = (params, model)
         return self._merged[1]
 
@@ -79,15 +86,19 @@ class Policy:
 
     def generate(self, prompts, **kw):
         """sampling.generate on the sampler's model, where this process samples (its part of the pool)."""
-        return generate(local_model(self.sampler_model(), self.local_mesh), prompts, **kw)
+        model = local_model(self.sampler_model(), self.local_mesh)
+        with on_mesh(self.local_mesh or self.mesh):
+            return generate(model, prompts, **kw)
 
     def logprobs(self, batch: Packed, params=None) -> jax.Array:
         """log p [R, M] of a packed batch's scored tokens under `params` (default: the current ones)."""
-        return self._logprobs_fn(self._state.params if params is None else params, batch)
+        with on_mesh(self.mesh):
+            return self._logprobs_fn(self._state.params if params is None else params, batch)
 
     def update(self, batch: Packed) -> dict:
         """One optimizer step on `batch` (dispatched, not waited for); returns its metrics (device arrays)."""
-        self._state, metrics = self._update_fn(self._state, batch)
+        with on_mesh(self.mesh):
+            self._state, metrics = self._update_fn(self._state, batch)
         return metrics
 
     def set_lr(self, lr: float) -> None:
@@ -115,6 +126,13 @@ class Policy:
 MASTER_DTYPES = ("float32", "param_dtype")  # optim.master_dtype
 
 
+def on_mesh(mesh) -> contextlib.AbstractContextManager:
+    """Trace under `mesh` (`jax.set_mesh`): the model's sharding constraints and per-device kernels
+    (splash attention under shard_map) then apply, and its code paths follow the mesh's platform
+    (`sharding.target_platform`), so `plan --compile` builds on a TPU topology what a pod runs."""
+    return jax.set_mesh(mesh) if isinstance(mesh, jax.sharding.Mesh) else contextlib.nullcontext()
+
+
 def cast_floats(tree, dtype):
     """Every floating leaf of `tree` in `dtype` (shardings kept: an eager cast stays where it is)."""
     return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
@@ -136,13 +154,17 @@ def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: Los
     lower = master_dtype == "float32" and base.cfg.param_dtype != "float32"
 
     def plain(model, name, i):
-        graphdef, params = nnx.split(model)
+        mesh, local = meshes(i)
+        # Over several data rows (hosts) the trained state is split over all of the pool's devices; the
+        # sampler gathers a whole copy per row (Policy.regather).
+        regather = isinstance(mesh, jax.sharding.Mesh) and mesh.shape["data"] > 1
+        trained = shard_model(model, mesh, TRAIN_RULES) if regather else model
+        graphdef, params = nnx.split(trained)
         frozen = nnx.State({})
         params = cast_floats(params, jnp.float32) if lower else params
         fns = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk, how)
-        mesh, local = meshes(i)
         return Policy(name, graphdef, frozen, init_state(params, tx), fns, mesh=mesh, local_mesh=local,
-                      sample_dtype=base.cfg.weight_dtype if lower else None)
+                      sample_dtype=base.cfg.weight_dtype if lower else None, regather=regather)
 
     if sharing.per_agent and not sharing.lora:
         models = [base] + [model_copy(i) for i in range(1, len(agent_names))]

@@ -19,7 +19,7 @@ from atgrpo_jax.models.hf_io import load_pretrained
 from atgrpo_jax.models.hub import local_model_dir
 from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
 from atgrpo_jax.sampling import shard_model
-from atgrpo_jax.sharding import make_mesh, sub_meshes
+from atgrpo_jax.sharding import make_mesh, platform_of, sub_meshes
 from atgrpo_jax.algo.logprobs import SampledFrom
 from atgrpo_jax.train import compile_cache
 from atgrpo_jax.train.config import AgentSampling, ConfigError, agent_sampling, loss_config, sharing
@@ -84,7 +84,7 @@ def make_tokenizer(name: str, hf_path: str = "", alphabet: str = ""):
 
 def build_model(config, mesh) -> Qwen3:
     m = config.model
-    attention = configured_backend(m.attention, jax.default_backend(), config.optim.share_prompts)
+    attention = configured_backend(m.attention, platform_of(mesh), config.optim.share_prompts)
     kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat,
               recompute_elementwise=m.recompute_elementwise, attention=attention,
               attention_block=m.attention_block, decode_attention=m.decode_attention, decode_unroll=m.decode_unroll,
@@ -95,6 +95,12 @@ def build_model(config, mesh) -> Qwen3:
     if m.vocab_size:
         kw["vocab_size"] = m.vocab_size
     return shard_model(Qwen3(get_preset(m.preset, **kw), rngs=nnx.Rngs(m.init_seed)), mesh)
+
+
+def scoring_of(config, sampling: list[AgentSampling], vocab_limit: int | None) -> SampledFrom:
+    """The distribution the update scores tokens under: the one the agents sampled from."""
+    return SampledFrom(vocab_limit=vocab_limit, top_k=config.rollout.top_k, top_p=any(s.top_p < 1 for s in sampling),
+                       repetition_penalty=any(s.repetition_penalty != 1 for s in sampling))
 
 
 def build_run(config, workdir: str | None = None) -> Run:
@@ -133,8 +139,7 @@ def build_run(config, workdir: str | None = None) -> Run:
     tx, lr = make_optimizer(config.optim, config.train.steps)  # lr(training step), as verl's schedule
     layout = sharing(config)
     limit = len(tokenizer) if len(tokenizer) < base.cfg.vocab_size else None  # as the sampler's (rollout.router)
-    how = SampledFrom(vocab_limit=limit, top_k=config.rollout.top_k, top_p=any(s.top_p < 1 for s in sampling),
-                      repetition_penalty=any(s.repetition_penalty != 1 for s in sampling))
+    how = scoring_of(config, sampling, limit)
     route = layout.route(len(names))
     per_agent_pool = int(route.max()) + 1 == len(names)  # one policy per agent: each on its agent's pool
     policies = build_policies(layout, base, names, tx, loss_config(config), config.loss.logprob_chunk,

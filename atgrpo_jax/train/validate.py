@@ -101,7 +101,8 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
              f"{c.policy.sharing!r}")
     for key in ("data", "fsdp", "tensor"):
         v = c.mesh[key]
-        _require(isinstance(v, int) and (v > 0 or v == -1), f"mesh.{key}", f"must be > 0 or -1, got {v!r}")
+        _require(isinstance(v, int) and (v > 0 or v == -1 or (key == "data" and v == 0)), f"mesh.{key}",
+                 f"must be > 0 or -1{' (or 0: one row per host)' if key == 'data' else ''}, got {v!r}")
     r = c.rollout
     for key in ("num_tasks", "k", "max_turns", "max_new_tokens", "max_prompt_len"):
         _require(isinstance(r[key], int) and r[key] > 0, f"rollout.{key}", f"must be a positive int, got {r[key]!r}")

@@ -10,8 +10,8 @@ from flax import nnx
 
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.plan_devices import parse_device
-from atgrpo_jax.plan_memory import plan
+from atgrpo_jax.plan.devices import parse_device
+from atgrpo_jax.plan.memory import plan
 from atgrpo_jax.train.config import ConfigError, base_config, sharing
 from atgrpo_jax.train.policies import build_policies
 from atgrpo_jax.train.batch import rows_packed

@@ -48,3 +48,8 @@ def parse_device(name: str, gpu_memory_gb: float = 80.0) -> tuple[Device, int]:
 def device_platform(device: Device) -> str:
     """The JAX platform of a planned device: "gpu" or "tpu"."""
     return "gpu" if device.name.startswith("GPU") else "tpu"
+
+
+def hosts_of(device: Device, num_devices: int) -> int:
+    """Hosts of a slice: the mesh's data axis must be a multiple of this (see distributed.py)."""
+    return max(1, num_devices // device.default_chips) if device.name.startswith("TPU") else 1

@@ -40,8 +40,8 @@ from jax.sharding import AbstractMesh, AxisType
 from atgrpo_jax.algo.logprobs import chunks_per_head_product
 from atgrpo_jax.models.config import DTYPES, Qwen3Config, get_preset
 from atgrpo_jax.models.qwen3 import LAYER_PARAMS, LORA_TARGETS, KVCache, decodes_per_layer, layer_unroll
-from atgrpo_jax.plan_devices import Device, device_platform
-from atgrpo_jax.sharding import MESH_AXES, RULES, MeshConfig, logical_spec, pool_sizes
+from atgrpo_jax.plan.devices import Device, device_platform, hosts_of
+from atgrpo_jax.sharding import MESH_AXES, RULES, TRAIN_RULES, MeshConfig, logical_spec, pool_sizes
 from atgrpo_jax.train.config import max_new_tokens, sharing
 
 
@@ -59,9 +59,9 @@ def abstract_mesh(sizes: dict[str, int]) -> AbstractMesh:
                         axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
-def pool_mesh_sizes(mesh: dict, num_devices: int, pools: int) -> dict[str, int]:
+def pool_mesh_sizes(mesh: dict, num_devices: int, pools: int, hosts: int = 1) -> dict[str, int]:
     """Mesh sizes of one policy pool, as `sharding.sub_meshes` splits the full mesh."""
-    full = MeshConfig(**mesh).resolve(num_devices)
+    full = MeshConfig(**mesh).resolve(num_devices, hosts)
     return full if pools == 1 else pool_sizes(full, pools)
 
 
@@ -92,9 +92,9 @@ def model_params(cfg: Qwen3Config) -> tuple[tuple[tuple[int, ...], Any, tuple, b
                  for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
 
 
-def param_bytes(params, mesh, itemsize: float | None = None) -> int:
-    """Per-device bytes of `params` (their own dtype unless `itemsize` is given)."""
-    return sum(local_bytes(shape, axes, jnp.dtype(dt).itemsize if itemsize is None else itemsize, mesh)
+def param_bytes(params, mesh, itemsize: float | None = None, rules: dict = RULES) -> int:
+    """Per-device bytes of `params` (their own dtype unless `itemsize` is given), laid out by `rules`."""
+    return sum(local_bytes(shape, axes, jnp.dtype(dt).itemsize if itemsize is None else itemsize, mesh, rules)
                for shape, dt, axes, _ in params)
 
 
@@ -169,7 +169,8 @@ def update_activations(cfg: Qwen3Config, mesh, batch: int, seq: int, chunk: int,
 
 
 def update_memory(cfg: Qwen3Config, mesh, trainable, batch: int, width: int, chunk: int,
-                  with_ref_logp: bool = False, backend: str = "xla", platform: str = "cpu") -> dict[str, int]:
+                  with_ref_logp: bool = False, backend: str = "xla", platform: str = "cpu",
+                  rules: dict = RULES) -> dict[str, int]:
     """Per-device bytes that one jitted update (train/update.py) adds to the resident state.
 
     The mini-batch is [batch, width] rows (tokens, valid, is_resp, old log-probs,
@@ -177,7 +178,7 @@ def update_memory(cfg: Qwen3Config, mesh, trainable, batch: int, width: int, chu
     The gradients and the optimizer's `updates` tree are the size of the trainable params (no updates
     tree with every layer unrolled on a GPU, below).
     """
-    grads = param_bytes(trainable, mesh)
+    grads = param_bytes(trainable, mesh, rules=rules)
     acts = update_activations(cfg, mesh, batch, width - 1, chunk, cfg.remat, backend)
     # With every layer unrolled on a GPU, the compiled update holds no second gradient-sized tree at its
     # peak. Fitted to compiles for an H100 (tools/gpu_aot.sh, docs/device.md): this plan is 0.4% / 9.8% /
@@ -224,17 +225,23 @@ def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: 
     logits = 3 * local_bytes((decoding, cfg.vocab_size), ("batch", "vocab"), 4, mesh)  # logits + selection
     if penalty:  # the rows' seen-id sets, and the prompts' from prefill
         logits += local_bytes((decoding + num_tasks, cfg.vocab_size), ("batch", "vocab"), 1, mesh)
-    if decodes_per_layer(cfg, platform):
+    per_layer = decodes_per_layer(cfg, platform)
+    if per_layer:
         layer_kv = 0
         layer_weights = param_bytes([p for p in model_params(cfg) if not p[3] and p[2][0] == "layers"], mesh)
-        working = layer_weights + max(prefill, prompt_cache, logits)  # prompt_cache: prefill's per-layer copy
     else:
         layer_kv = cache // cfg.num_layers  # one layer's keys and values, copied out of the stack
         layer_weights = 0
-        working = max(prefill, layer_kv + logits)
+    # Two phases: prefill holds the prompts' cache (twice at its end with per-layer decode steps: the
+    # stack it wrote and the per-layer copy it returns) and its attention; decoding holds every cache,
+    # the per-layer weights and the logits. Neither holds the other's working set.
+    prefill_phase = (2 if per_layer else 1) * prompt_cache + prefill
+    decode_phase = cache + layer_weights + layer_kv + logits
+    working = max(prefill_phase, decode_phase) - cache
     return {"kv_cache": cache, "prompt_cache": prompt_cache, "new_token_cache": own_cache + gathered,
             "decode_rows": decoding, "prefill_attention": prefill, "decode_layer_kv": layer_kv,
-            "decode_logits": logits, "layer_weights": layer_weights, "working": working}
+            "decode_logits": logits, "layer_weights": layer_weights, "working": working,
+            "prefill_phase": prefill_phase, "decode_phase": decode_phase}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,9 +326,11 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     from atgrpo_jax.train.batch import length_bucket
 
     cfg = model_config(config)
-    if policies is None:
-        policies = AGENTS if sharing(config).per_agent and not sharing(config).lora else 1
-    sizes = pool_mesh_sizes(dict(config.mesh), num_devices, policies)
+    per_role = sharing(config).per_agent and not sharing(config).lora
+    if policies is None:  # pools: one per agent's model with policy.pools, else all models on one mesh
+        policies = AGENTS if per_role and config.policy.pools else 1
+    models = AGENTS if per_role and policies == 1 else 1  # full models on each device's mesh
+    sizes = pool_mesh_sizes(dict(config.mesh), num_devices, policies, hosts_of(device, num_devices))
     mesh = abstract_mesh(sizes)
     params = model_params(cfg)
     r, lo = config.rollout, config.loss
@@ -331,15 +340,26 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     lora = sharing(config).lora
     trainable = adapters if lora else base
     copies = AGENTS if lora else 1  # one adapter set per agent on the shared base
-    p_bytes = param_bytes(base, mesh) + copies * param_bytes(adapters, mesh)
-    if not lora and config.optim.master_dtype == "float32" and cfg.param_dtype != "float32":
+    # Over several data rows (hosts) a full model's trained state is split over the data axis too, and the
+    # sampler gathers a whole copy per row (sharding.TRAIN_RULES, train/policies.py).
+    regather = not lora and sizes["data"] > 1
+    rules = TRAIN_RULES if regather else RULES
+    lower = not lora and config.optim.master_dtype == "float32" and cfg.param_dtype != "float32"
+    if lower:
         # float32 masters are trained (AdamW's moments and gradients in float32 too) and the sampler's
         # copy in param_dtype stays cached beside them (train/policies.py)
         trainable = tuple((shape, jnp.float32, axes, adapter) for shape, _, axes, adapter in base)
-        p_bytes += param_bytes(trainable, mesh)
         notes.append(f"float32 master weights (optim.master_dtype) beside the sampler's {cfg.param_dtype} copy")
-    optimizer = copies * 2 * param_bytes(trainable, mesh)  # optax.adamw: mu and nu in the params' dtype
-    reference = copies * param_bytes(trainable, mesh) if lo.kl_coef else 0  # the starting policy
+    if regather:
+        notes.append(f"the trained state is split over all {math.prod(sizes.values())} devices of a pool; the "
+                     f"sampler's copy is whole on each of its {sizes['data']} data rows (hosts)")
+    p_bytes = models * (param_bytes(trainable, mesh, rules=rules) + copies * param_bytes(adapters, mesh)
+                        + (param_bytes(base, mesh) if lower or regather or lora else 0))
+    optimizer = models * copies * 2 * param_bytes(trainable, mesh, rules=rules)  # adamw: mu and nu as the params
+    reference = models * copies * param_bytes(trainable, mesh, rules=rules) if lo.kl_coef else 0  # the start
+    if models > 1:
+        notes.append(f"{models} models (policy.sharing=per_role) on the same {num_devices} devices: each keeps its "
+                     "state there (policy.pools=True gives each its own part of the mesh)")
     merged = 0
     if adapters:
         merged = param_bytes(base, mesh)  # the sampler runs W + A @ B, merged into one more copy
@@ -351,7 +371,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     platform = device_platform(device)
     backend = planned_backend(config, cfg, platform, width - 1)
     upd = update_memory(cfg, mesh, trainable, config.optim.mini_batch_size, width, lo.logprob_chunk,
-                        bool(lo.kl_coef), backend, platform)
+                        bool(lo.kl_coef), backend, platform, rules)
     acts = {remat: update_activations(cfg.replace(remat=remat), mesh, config.optim.mini_batch_size, width - 1,
                                       lo.logprob_chunk, remat, backend) for remat in (False, True)}
     sampling = sampling_memory(cfg, mesh, r.num_tasks, r.k, r.max_prompt_len, max_new_tokens(config),
@@ -365,7 +385,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     usable = int(device.hbm_bytes * (1 - HEADROOM))
     if policies > 1:
         notes.append(f"{policies} policies, each on its own pool of {num_devices // policies} devices; "
-                     "numbers are per device of one pool (policies sharing one mesh need no more)")
+                     "numbers are per device of one pool")
     if device.name.startswith("GPU"):
         notes.append("JAX preallocates 75% of GPU memory by default; "
                      "set XLA_PYTHON_CLIENT_MEM_FRACTION=.95 to use the rest")

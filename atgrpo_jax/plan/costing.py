@@ -1,0 +1,94 @@
+"""A model of a training step's time on a target, from compiled programs and measured efficiencies.
+
+It is a model, not a measurement. What it assumes:
+- Sampling: every agent, every turn, runs one call of the step's tasks (each host its share, at
+  the same time): a prefill of the prompts, then `response_tokens` decode steps with every row
+  live, each as long as the compiled step (which reads the widest cache: an upper bound).
+- Update: every sample of every turn is kept but for the low-mean group filter's share; each
+  holds `prompt_tokens` + `response_tokens` tokens, a group's prompt once when prompts are shared.
+  Per-role policies on their own pools update at the same time; on one mesh, one after the other.
+- Environment steps, the host's work and evaluation are left out.
+A decode step's time is its compiled cost (libtpu's `optimal_seconds` on a TPU, else the compiled
+bytes and FLOPs at the chip's peaks) over the decode efficiency measured on an H200; prefill and
+the update are their useful FLOPs (as `atgrpo_jax.bench` counts MFU) at the chip's peak over the
+update MFU measured there (docs/device.md). XLA's cost analysis counts a loop's body once, so it
+prices a decode step (one iteration of the decode loop, its layers unrolled) but not a program
+whose layers or log-prob chunks run in a loop; those are counted from the model instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from atgrpo_jax.models.config import Qwen3Config
+
+# Measured on one H200 (docs/device.md; docs/device_results/h200_2026-11-27.json):
+UPDATE_MFU = 0.353  # Qwen3-1.7B update, 4,096 tokens, layers in a loop (as TPUs run it)
+DECODE_EFFICIENCY = 2.67 / 4.30  # a decode step at 64 rows against its weights + KV-cache read floor
+
+
+@dataclasses.dataclass(frozen=True)
+class Assumptions:
+    prompt_tokens: int  # tokens of a prompt
+    response_tokens: int  # tokens of a response; decode steps per sampling call
+    kept_fraction: float  # samples the group filters keep
+
+    @staticmethod
+    def of(config, prompt_tokens: int = 0, response_tokens: int = 0) -> "Assumptions":
+        """Defaults: half the config's prompt and response budgets."""
+        from atgrpo_jax.train.config import max_new_tokens
+        r = config.rollout
+        return Assumptions(prompt_tokens or r.max_prompt_len // 2, response_tokens or max_new_tokens(config) // 2,
+                           1.0 - config.algo.drop_low_mean_frac)
+
+
+def layer_flops_per_token(cfg: Qwen3Config) -> float:
+    """2 x the parameters a token meets in the layers and the LM head (one forward)."""
+    d = cfg.hidden_size
+    layers = cfg.num_layers * (d * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+                               + 3 * d * cfg.intermediate_size)
+    return 2 * (layers + d * cfg.vocab_size)
+
+
+def attention_flops(cfg: Qwen3Config, queries: int, keys: float) -> float:
+    """One forward's attention: scores and outputs, each query against `keys` keys."""
+    return 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * queries * keys
+
+
+def forward_flops(cfg: Qwen3Config, rows: int, length: int) -> float:
+    """Useful FLOPs of a causal forward over rows x length tokens."""
+    return rows * (layer_flops_per_token(cfg) * length + attention_flops(cfg, length, (length + 1) / 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolWork:
+    """What one policy's pool does in a step, for the time model."""
+
+    agents: int  # agents it samples for and learns from
+    sampler_chips: int  # chips one sampling call runs on (one host's part of the pool)
+    prompts: int  # prompts of one sampling call (one host's share of the tasks)
+    decode_step_s: float  # compiled seconds of one decode step at the chip's peaks
+    update_chips: int  # chips its update runs on
+
+
+def step_time(cfg: Qwen3Config, config, chip, pools: list[PoolWork], pools_in_parallel: bool,
+              a: Assumptions) -> dict:
+    """Modelled seconds of one training step: {"sampling", "update", "total"} (module docstring).
+    Sampling calls run one after another (agents act in turn); updates of pools on their own devices
+    at the same time."""
+    r, o = config.rollout, config.optim
+    flops_per_s = chip.peak_flops * UPDATE_MFU
+    sampling, updates = 0.0, []
+    for pool in pools:
+        calls = pool.agents * r.max_turns
+        prefill = forward_flops(cfg, pool.prompts, a.prompt_tokens) / (pool.sampler_chips * flops_per_s)
+        sampling += calls * (prefill + a.response_tokens * pool.decode_step_s / DECODE_EFFICIENCY)
+        samples = r.num_tasks * r.k * pool.agents * (r.max_turns if r.tree else 1) * a.kept_fraction
+        per_row = r.k if (o.share_prompts and r.tree) else 1  # a group's responses share its prompt's row
+        p_, s_ = a.prompt_tokens, a.response_tokens
+        row = (layer_flops_per_token(cfg) * (p_ + per_row * s_) + attention_flops(cfg, p_, (p_ + 1) / 2)
+               + per_row * attention_flops(cfg, s_, p_ + (s_ + 1) / 2))  # a response sees its prompt and itself
+        forward = row * samples / per_row
+        passes = 3 * o.epochs + 1 + (1 if config.loss.kl_coef else 0)  # fwd+bwd per epoch; old (and ref) log-probs
+        updates.append(forward * passes / (pool.update_chips * flops_per_s))
+    update = max(updates) if pools_in_parallel else sum(updates)
+    return {"sampling": sampling, "update": update, "total": sampling + update}
