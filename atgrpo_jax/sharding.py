@@ -43,6 +43,10 @@ RULES: dict[str, tuple[str, ...]] = {
 # the sampler's copy follows RULES, a whole one per data row (train/policies.py).
 TRAIN_RULES: dict[str, tuple[str, ...]] = {**RULES, "embed": ("fsdp", "data")}
 
+# What a decode step reads, gathered once per sampling call (model.decode_gather): whole over fsdp, so a
+# step needs no weight collectives; split over tensor as the weights are.
+GATHERED_RULES: dict[str, tuple[str, ...]] = {**RULES, "embed": ()}
+
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
@@ -115,13 +119,18 @@ def pool_sizes(sizes: dict[str, int], num_pools: int) -> dict[str, int]:
 
 
 def sub_meshes(mesh: Mesh, num_pools: int) -> list[Mesh]:
-    """Split a mesh's devices into `num_pools` disjoint pools of equal size (see pool_sizes)."""
+    """Split a mesh's devices into `num_pools` disjoint pools of equal size (see pool_sizes).
+
+    A data row is dealt out in turn, one tensor group of the pool at a time (pool i takes groups i,
+    i + n, ...): on a v5p host (chips 0-3 a 2x2 plane) pool 0 gets chips 0 and 2, pool 1 chips 1
+    and 3. Cutting the row in halves instead (0-1, 2-3) is as good a layout, but libtpu 0.0.42
+    fails an internal check compiling the second half's all-reduce over 4 hosts (docs/tpu.md)."""
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
     pool = pool_sizes(sizes, num_pools)
     rows = mesh.devices.reshape(sizes["data"], -1)  # [data, fsdp*tensor]
     if pool["data"] == sizes["data"]:
-        per = rows.shape[1] // num_pools
-        blocks = [rows[:, i * per:(i + 1) * per] for i in range(num_pools)]
+        groups = rows.reshape(sizes["data"], -1, pool["tensor"])  # [data, groups, tensor]
+        blocks = [groups[:, i::num_pools] for i in range(num_pools)]
     else:
         blocks = [rows[i * pool["data"]:(i + 1) * pool["data"]] for i in range(num_pools)]
     shape = tuple(pool[a] for a in MESH_AXES)
@@ -184,9 +193,9 @@ def target_platform() -> str:
     return PLATFORM_NAMES.get(jax.default_backend(), jax.default_backend())
 
 
-def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+def constrain(x: jax.Array, axes: Sequence[str | None], rules: dict[str, tuple[str, ...]] = RULES) -> jax.Array:
     """Sharding constraint by logical axes under the current mesh (no-op without one)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh is None or mesh.empty:
         return x
-    return jax.lax.with_sharding_constraint(x, logical_spec(axes, x.shape, mesh))
+    return jax.lax.with_sharding_constraint(x, logical_spec(axes, x.shape, mesh, rules))

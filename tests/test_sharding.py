@@ -65,6 +65,8 @@ def test_sub_meshes_are_disjoint_pools():
     ids = [{d.id for d in p.devices.flat} for p in pools]
     assert len(ids[0]) == len(ids[1]) == 4 and not ids[0] & ids[1]
     assert dict(pools[0].shape) == {"data": 2, "fsdp": 1, "tensor": 2}  # each data row is cut in two
+    assert [[d.id for d in p.devices.flat] for p in sub_meshes(make_mesh(MeshConfig(data=2, fsdp=4)), 2)] == [
+        [0, 2, 4, 6], [1, 3, 5, 7]]  # dealt out in turn
     for pool in pools:  # a pool keeps each of its data rows inside one row of the mesh
         for r in range(2):
             assert {d.id for d in pool.devices[r].flat} <= {d.id for d in mesh.devices[r].flat}

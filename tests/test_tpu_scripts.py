@@ -130,7 +130,7 @@ def test_teardown_deletes_the_vm_or_the_queued_resource():
     ("create.sh", ["--accelerator-type", "v5p-32", "--spot"]),
     ("teardown.sh", ["--queued"]),
     ("setup.sh", ["--repo", "https://example.com/a b.git"]),
-    ("launch.sh", ["--config", "configs/demo.py", "--workdir", "gs://b/run", "--config.rollout.k=4"]),
+    ("launch.sh", ["--config", "configs/demo.py", "--workdir", "gs://b/run", "--config.rollout.k=4", "--no-preflight"]),
 ])
 def test_a_real_run_calls_gcloud_with_the_printed_commands(name, args, fake_bin):
     printed = [c for c in dry_run(name, *TPU, *args) if c[0] == "gcloud"]
@@ -237,6 +237,34 @@ def test_launch_runs_the_trainer_on_all_workers_detached():
 def test_launch_errors(args, message):
     out = script("launch.sh", "--dry-run", *TPU, *args)
     assert out.returncode == 2 and message in out.stderr
+
+
+def test_launch_compiles_the_step_for_the_slice_before_starting(fake_bin):
+    """The preflight compiles the demo for a v5p-8 here (libtpu, no TPU), then starts the workers."""
+    args = ["--config", "configs/demo.py", "--workdir", "gs://b/run", "--accelerator-type", "v5p-8"]
+    env = dict(os.environ, PATH=f"{fake_bin[0]}{os.pathsep}{os.environ['PATH']}", PYTHON=sys.executable)
+    out = subprocess.run(["bash", str(SCRIPTS / "launch.sh"), *TPU, *args], capture_output=True, text=True, env=env,
+                         cwd=SCRIPTS.parent, timeout=300)
+    assert out.returncode == 0 and "preflight: it fits" in out.stderr, out.stderr
+    calls = [c.split("\0")[:-1] for c in fake_bin[1].read_text().split("\036")[:-1]]
+    assert len(calls) == 1 and calls[0][:4] == ["compute", "tpus", "tpu-vm", "ssh"]
+
+
+def test_launch_refuses_a_config_that_does_not_fit_in_one_line(tmp_path, fake_bin):
+    """The planner's verdict, one line, exit 1, and nothing started on the workers."""
+    python = tmp_path / "python"
+    python.write_text('#!/usr/bin/env bash\necho "libtpu chatter" >&2\n'
+                      'echo "DOES NOT FIT on v5p-8: update of policy needs 120.00 GiB per chip, more than the '
+                      'chip\'s 95.00 GiB" >&2\nexit 1\n')
+    python.chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake_bin[0]}{os.pathsep}{os.environ['PATH']}", PYTHON=str(python))
+    out = subprocess.run(["bash", str(SCRIPTS / "launch.sh"), *TPU, "--accelerator-type", "v5p-8", *LAUNCH],
+                         capture_output=True, text=True, env=env, timeout=60)
+    lines = [l for l in out.stderr.splitlines() if not l.startswith("preflight: ")]
+    assert out.returncode == 1 and lines == [
+        "DOES NOT FIT on v5p-8: update of policy needs 120.00 GiB per chip, more than the chip's 95.00 GiB "
+        "(nothing was started; --no-preflight skips this check)"]
+    assert not fake_bin[1].exists()
 
 
 def test_remote_launch_logs_and_stop_work_on_a_worker(tmp_path):

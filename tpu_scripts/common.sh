@@ -6,7 +6,7 @@
 # Globals the scripts read after parsing (shellcheck: assigned here, used there).
 # shellcheck disable=SC2034
 {
-  NAME="" ZONE="" PROJECT="" DRY_RUN=0 VALUE="" NSHIFT=0
+  NAME="" ZONE="" PROJECT="" DRY_RUN=0 VALUE="" NSHIFT=0 PREFLIGHT=1
   REMOTE_DIR="atgrpo-jax"  # the project on every worker, relative to the remote home
   LOG="logs/train.log"     # training log on every worker, relative to REMOTE_DIR
   PID_FILE="logs/train.pid"
@@ -39,6 +39,7 @@ common_flag() {
     --project | --project=*) flag_value "$@" && PROJECT=$VALUE ;;
     --dir | --dir=*) flag_value "$@" && REMOTE_DIR=$VALUE ;;
     --dry-run) DRY_RUN=1 && NSHIFT=1 ;;
+    --no-preflight) PREFLIGHT=0 && NSHIFT=1 ;;
     -h | --help) usage && exit 0 ;;
   esac
 }
@@ -92,3 +93,31 @@ scope() {
 on_workers() {
   run gcloud compute tpus tpu-vm ssh "$NAME" "${SCOPE[@]}" --worker="$1" --command="$2"
 }
+
+# preflight PLAN_ARG...: `python -m atgrpo_jax.plan PLAN_ARG...` on this machine before anything starts on
+# the cluster (`--compile=TARGET` compiles the step for the slice here, no TPU needed). A run that does
+# not fit stops the script with the planner's one line (exit 1; 2 for bad input). PYTHON picks the
+# interpreter (default python, with this project installed); --no-preflight skips the check.
+preflight() {
+  ((PREFLIGHT)) || return 0
+  local python=${PYTHON:-python} err rc=0
+  if ((DRY_RUN)); then  # on stderr: stdout is the commands (or manifest) the run would submit
+    printf 'preflight: %s\n' "$(quote_all "$python" -m atgrpo_jax.plan "$@")" >&2
+    return 0
+  fi
+  echo "preflight: $python -m atgrpo_jax.plan $*" >&2
+  err=$("$python" -m atgrpo_jax.plan "$@" 2>&1 >/dev/null) || rc=$?
+  if ((rc == 0)); then
+    echo "preflight: it fits" >&2
+    return 0
+  fi
+  local verdict
+  verdict=$(grep -E '^(DOES NOT FIT|error:)' <<<"$err" | tail -n 1)
+  if [[ -z "$verdict" ]]; then
+    echo "error: the preflight could not run (install this project here: pip install -e \".[tpu]\"; or pass --no-preflight): $(tail -n 1 <<<"$err")" >&2
+    exit 2
+  fi
+  echo "$verdict (nothing was started; --no-preflight skips this check)" >&2
+  exit $((rc == 1 ? 1 : 2))
+}
+

@@ -31,6 +31,7 @@ process id is its completion index. The mesh's data axis spans the hosts
   --namespace NS       Kubernetes namespace (default: kubectl's)
   --max-restarts R     JobSet restarts after a failure (default 3)
   --config.KEY=VALUE   config overrides, passed through unchanged (also after --)
+  --no-preflight       apply without checking that the config fits the slice first
   --dry-run            Print the manifest instead of applying it
   -h, --help           This help
 USAGE
@@ -89,6 +90,21 @@ json() {
 ARGS=(python -m atgrpo_jax.train "--config=$CONFIG" "--workdir=$WORKDIR" "--config.mesh.data=$NODES")
 [[ -z "$TPU_TYPE" ]] || ARGS+=(--config.distributed.auto=True)
 ARGS+=("${OVERRIDES[@]}")
+
+# Before the cluster sees anything: a TPU slice's step compiled here for its topology; GPUs the planner's
+# memory check (compiling for GPUs needs jax's CUDA plugin).
+if [[ -n "$TPU_TYPE" ]]; then
+  case "$TPU_TYPE" in
+    tpu-v5p-slice) FAMILY=v5p ;; tpu-v6e-slice) FAMILY=v6e ;; tpu-v5-lite-podslice) FAMILY=v5e ;;
+    tpu-v4-podslice) FAMILY=v4 ;; *) FAMILY="" ;;
+  esac
+  if [[ -n "$FAMILY" ]]; then
+    preflight "--config=$CONFIG" "--compile=$FAMILY:$TOPOLOGY" "--config.mesh.data=$NODES" "${OVERRIDES[@]}"
+  fi
+else
+  preflight "--config=$CONFIG" --device=gpu --gpu-memory-gb=80 "--num-devices=$((NODES * GPUS))" \
+    "--config.mesh.data=$NODES" "${OVERRIDES[@]}"
+fi
 
 render() {
   cat <<YAML

@@ -23,9 +23,14 @@ account needs write access to the bucket.
   --config.KEY=VALUE   config overrides, passed through unchanged (also after --)
   --env KEY=VALUE      environment variable for the trainer (repeatable)
   --dir DIR            project directory on the workers (default: atgrpo-jax)
+  --accelerator-type T the slice (v5p-32, ...) the preflight compiles for (default: asked of gcloud)
+  --no-preflight       start without compiling the step for the slice here first
   --dry-run            Print the commands instead of running them
   -h, --help           This help
 
+Before anything starts on the workers, `python -m atgrpo_jax.plan --compile=TYPE` compiles
+the config's training step for the slice on this machine (no TPU needed; PYTHON picks the
+interpreter) and a config that does not fit is refused in one line.
 Follow the logs with tpu_scripts/logs.sh and stop the run with tpu_scripts/stop.sh.
 USAGE
 }
@@ -33,13 +38,14 @@ USAGE
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-CONFIG="" WORKDIR="" OVERRIDES=() ENVS=(PYTHONUNBUFFERED=1)
+CONFIG="" WORKDIR="" OVERRIDES=() ENVS=(PYTHONUNBUFFERED=1) ACCEL=""
 while (($#)); do
   common_flag "$@"
   if ((NSHIFT == 0)); then
     case "$1" in
       --config | --config=*) flag_value "$@" && CONFIG=$VALUE ;;
       --workdir | --workdir=*) flag_value "$@" && WORKDIR=$VALUE ;;
+      --accelerator-type | --accelerator-type=*) flag_value "$@" && ACCEL=$VALUE ;;
       --config.*=*) OVERRIDES+=("$1") NSHIFT=1 ;;
       --env | --env=*)
         flag_value "$@"
@@ -56,6 +62,17 @@ scope
 require "$CONFIG" --config
 require "$WORKDIR" --workdir
 [[ "$WORKDIR" == gs://* ]] || die "--workdir must be a gs:// path: every host writes checkpoints to it"
+
+if ((PREFLIGHT)) && [[ -z "$ACCEL" ]]; then
+  DESCRIBE=(gcloud compute tpus tpu-vm describe "$NAME" "${SCOPE[@]}" --format="value(acceleratorType)")
+  if ((DRY_RUN)); then
+    echo "preflight: ACCELERATOR_TYPE is what $(quote_all "${DESCRIBE[@]}") prints" >&2
+    ACCEL=ACCELERATOR_TYPE
+  else
+    ACCEL=$("${DESCRIBE[@]}") || die "cannot ask gcloud for $NAME's accelerator type (pass --accelerator-type)"
+  fi
+fi
+preflight --config="$CONFIG" --compile="$ACCEL" ${OVERRIDES[@]+"${OVERRIDES[@]}"}
 
 # distributed.auto: jax.distributed finds the pod's hosts itself (TPU metadata).
 TRAIN=(.venv/bin/python -m atgrpo_jax.train --config="$CONFIG" --workdir="$WORKDIR" --config.distributed.auto=True

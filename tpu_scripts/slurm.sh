@@ -27,6 +27,7 @@ command resumes the run from its last checkpoint.
   --cpus-per-task C    CPUs per node's task (default 32)
   --dir DIR            project directory on the nodes (default: this checkout)
   --venv DIR           virtual environment to activate (default: DIR/.venv if it exists)
+  --no-preflight       submit without the planner's memory check first
   --dry-run            Print the sbatch script instead of submitting it
   -h, --help           This help
 USAGE
@@ -66,6 +67,9 @@ require "$WORKDIR" --workdir
 
 TRAIN=(python -m atgrpo_jax.train "--config=$CONFIG" "--workdir=$WORKDIR" --config.distributed.auto=True
        "--config.mesh.data=$NODES" "${OVERRIDES[@]}")
+# The planner's memory check before anything is queued (80 GB GPUs; compiling for GPUs needs jax's CUDA plugin).
+preflight "--config=$CONFIG" --device=gpu --gpu-memory-gb=80 "--num-devices=$((NODES * GPUS))" \
+  "--config.mesh.data=$NODES" "${OVERRIDES[@]}"
 
 render() {
   echo "#!/usr/bin/env bash"

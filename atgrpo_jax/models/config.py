@@ -37,6 +37,7 @@ class Qwen3Config:
     attention_block: int = 512  # query/key block of the chunked backend
     decode_attention: str = "xla"  # the sampler's one-token steps: xla|pallas (models/decode_kernel.py)
     decode_unroll: int = 0  # layers per loop iteration in one-token steps; 0 = auto (`layer_unroll`)
+    decode_gather: bool = True  # per-layer decode steps read weights gathered whole over fsdp once per call
     sequence_unroll: int = 0  # layers per loop iteration in calls of many tokens per row (prefill, the update);
     # 0 = auto (`layer_unroll`)
     lora_rank: int = 0  # > 0 adds low-rank adapters to every projection

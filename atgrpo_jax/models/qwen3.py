@@ -22,7 +22,7 @@ from flax import nnx
 
 from atgrpo_jax.models.config import Qwen3Config
 from atgrpo_jax.models.strategies import KVCache, cached, causal
-from atgrpo_jax.sharding import constrain, target_platform
+from atgrpo_jax.sharding import RULES, constrain, target_platform
 
 # name -> (shape as a function of cfg, logical axes). One place for the layout.
 LAYER_PARAMS = {
@@ -115,8 +115,9 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend, recompute: bo
     a, carry = attend(q, k, v)
     h = h + project(a, w["wo"].astype(dt))
     h = constrain(h, ("batch", "seq", "embed"))
-    if "w_gate_up" in w:  # fused: [B, T, 2, mlp]
-        (gate_up,) = normed_projections(h, w["mlp_norm"], w["w_gate_up"].astype(dt))
+    if "w_gate_up" in w:  # fused: [B, T, 2, mlp]; an einsum, as `project`'s merge of (2, mlp) would cut mlp's
+        # tensor shards apart and gather the weight at every step
+        gate_up = jnp.einsum("btd,dkf->btkf", rms_norm(h, w["mlp_norm"], eps), w["w_gate_up"].astype(dt))
         gate, up = gate_up[:, :, 0], gate_up[:, :, 1]
     else:
         gate, up = normed_projections(h, w["mlp_norm"], w["w_gate"].astype(dt), w["w_up"].astype(dt))
@@ -124,19 +125,23 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend, recompute: bo
     return constrain(h, ("batch", "seq", "embed")), carry
 
 
-def fuse_projections(w: dict) -> dict:
+FUSED_AXES = {"wqkv": ("embed", "kv_heads", None, "head_dim"), "w_gate_up": ("embed", None, "mlp")}
+
+
+def fuse_projections(w: dict, rules: dict = RULES) -> dict:
     """One layer's weights with q, k and v as one matrix [embed, kv_heads, G + 2, head_dim] (each kv
     head's G query heads, then its key and its value) and gate and up as one [embed, 2, mlp]: a
     decode step then runs 4 matmuls per layer, not 7. The layout keeps every head's columns on the
-    device that holds the head, so a tensor-sharded model needs no communication to split them."""
+    device that holds the head, so a tensor-sharded model needs no communication to split them.
+    Every weight is laid out by `rules` (GATHERED_RULES: whole over fsdp)."""
     w = dict(w)
     wq, wk, wv = w.pop("wq"), w.pop("wk"), w.pop("wv")
     d, kv, hd = wk.shape
     wq = wq.reshape(d, kv, wq.shape[1] // kv, hd)
-    w["wqkv"] = constrain(jnp.concatenate([wq, wk[:, :, None], wv[:, :, None]], axis=2),
-                          ("embed", "kv_heads", None, "head_dim"))
-    w["w_gate_up"] = constrain(jnp.stack([w.pop("w_gate"), w.pop("w_up")], axis=1), ("embed", None, "mlp"))
-    return w
+    w["wqkv"] = jnp.concatenate([wq, wk[:, :, None], wv[:, :, None]], axis=2)
+    w["w_gate_up"] = jnp.stack([w.pop("w_gate"), w.pop("w_up")], axis=1)
+    axes = {**{name: axes for name, (_, axes) in LAYER_PARAMS.items()}, **FUSED_AXES}
+    return {name: constrain(x, axes[name], rules) for name, x in w.items()}
 
 
 def layer_unroll(cfg: Qwen3Config, t: int, platform: str | None = None) -> int:
@@ -254,18 +259,23 @@ class Qwen3(nnx.Module):
             (h, kv), _ = jax.lax.scan(body, (h, attention.init()), xs, unroll=layer_unroll(cfg, tokens.shape[1]))
         return rms_norm(h, self.final_norm[...], cfg.rms_norm_eps), attention.finish(kv, tokens.shape[1])
 
-    def layer_weights(self) -> tuple[dict[str, jax.Array], ...]:
+    def layer_weights(self, rules: dict = RULES) -> tuple[dict[str, jax.Array], ...]:
         """Each layer's weights as arrays of their own (LoRA merged, projections fused:
-        `fuse_projections`), for `hidden_states(layers=)`. The decode loop takes these, made once
-        per sampling call: a slice of the stacked weights inside the loop is a copy of the layer at
-        every step (three weight reads, not one)."""
+        `fuse_projections`), laid out by `rules`, for `hidden_states(layers=)`. The decode loop
+        takes these, made once per sampling call: a slice of the stacked weights inside the loop is
+        a copy of the layer at every step (three weight reads, not one)."""
         w = self.layers.weights()
-        return tuple(fuse_projections({name: x[i] for name, x in w.items()}) for i in range(self.cfg.num_layers))
+        return tuple(fuse_projections({name: x[i] for name, x in w.items()}, rules)
+                     for i in range(self.cfg.num_layers))
 
     def head_weight(self) -> jax.Array:
         """The output projection as [D, V] (the embedding's transpose when tied)."""
         return self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
 
     def logits(self, h: jax.Array) -> jax.Array:
-        w = self.head_weight().astype(self.cfg.dtype)
-        return jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
+        return head_logits(h, self.head_weight().astype(self.cfg.dtype))
+
+
+def head_logits(h: jax.Array, head: jax.Array) -> jax.Array:
+    """Float32 logits of hidden states h [..., D] through an LM head [D, V] (of h's dtype)."""
+    return jnp.einsum("...d,dv->...v", h, head, preferred_element_type=jnp.float32)

@@ -73,6 +73,9 @@ def _candidates(config, device: Device, num_devices: int, policies: int) -> list
     rows = r.num_tasks * r.k
     consider("rollout.decode_slots={value} (fewer rows decoded at once; continuous batching)",
              [({"rollout.decode_slots": v}, num_devices) for v in _halvings(r.decode_slots or rows, 1)])
+    if decodes_per_layer(model_config(config), device_platform(device)) and config.model.decode_gather:
+        consider("decode steps gather their weights' shards (model.decode_gather=False: no whole copy, each step "
+                 "gathers)", [({"model.decode_gather": False}, num_devices)])
     if decodes_per_layer(model_config(config), device_platform(device)):
         consider("decode steps over the stacked weights (model.decode_unroll=1: no per-layer copy, slower steps)",
                  [({"model.decode_unroll": 1}, num_devices)])

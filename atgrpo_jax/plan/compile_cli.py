@@ -4,46 +4,25 @@ memory per chip beside the planner's, its FLOPs, bytes and collectives, and a mo
 """
 from __future__ import annotations
 
-import re
+import math
 
 from atgrpo_jax.plan import costing
 from atgrpo_jax.plan.compiled import COLLECTIVES, Analysis, analyze
-from atgrpo_jax.plan.devices import Device
-from atgrpo_jax.plan.memory import AGENTS, plan
-from atgrpo_jax.plan.programs import Program, step_programs
+from atgrpo_jax.plan.memory import AGENTS, model_config, plan
+from atgrpo_jax.plan.programs import DoesNotFit, step_programs  # noqa: F401  (DoesNotFit: for callers)
 from atgrpo_jax.plan.targets import GiB, Target
+from atgrpo_jax.sharding import MeshConfig, pool_sizes
 from atgrpo_jax.train.config import sharing
-
-_OOM = re.compile(r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm")
-_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-class DoesNotFit(Exception):
-    """A program the compiler refused for lack of memory."""
-
-    def __init__(self, program: Program, need: int, have: int):
-        super().__init__(f"{program.name} of {program.pool} needs {need / GiB:.2f} GiB per chip, "
-                         f"more than the chip's {have / GiB:.2f} GiB")
-        self.program, self.need, self.have = program, need, have
-
-
-def _compile(program: Program, hbm: int) -> Analysis:
-    """`analyze`, with the TPU compiler's out-of-memory refusal turned into DoesNotFit."""
-    try:
-        return analyze(program)
-    except Exception as e:  # noqa: BLE001  (XlaRuntimeError: RESOURCE_EXHAUSTED, with the sizes in its text)
-        m = _OOM.search(str(e))
-        if "RESOURCE_EXHAUSTED" not in str(e) or not m:
-            raise
-        need = float(m.group(1)) * _UNITS[m.group(2)]
-        raise DoesNotFit(program, int(need + program.resident), hbm) from None
 
 
 def planned(config, target: Target) -> dict[str, int]:
-    """The planner's per-chip peaks of the sampling and update phases on the target."""
-    per_role = sharing(config).per_agent and not sharing(config).lora
-    p = plan(config, Device(target.chip.name, target.chip.hbm_bytes, 4), target.chips, AGENTS if per_role else 1)
-    return {"sampling": p.sampling_peak, "update": p.update_peak}
+    """The planner's per-chip peaks on the target (python -m atgrpo_jax.plan), by program."""
+    pools = AGENTS if sharing(config).per_agent and not sharing(config).lora and config.policy.pools else 1
+    p = plan(config, target.planner_device(), target.chips, pools)
+    s = p.sampling_terms
+    beside = p.sampling_peak - max(s["prefill_phase"], s["decode_phase"])  # what both sampling phases hold
+    return {"prefill": beside + s["prefill_phase"], "decode segment": beside + s["decode_phase"],
+            "update": p.update_peak}
 
 
 def modelled_seconds(a: Analysis, cfg, chip) -> float:
@@ -51,11 +30,28 @@ def modelled_seconds(a: Analysis, cfg, chip) -> float:
     p = a.program
     chips = p.mesh.devices.size
     flops_per_s = chip.peak_flops * costing.UPDATE_MFU
-    if p.name == "decode segment":  # one decode step: what the cost analysis counts of the loop
-        ideal = a.optimal_s if a.optimal_s else max(a.flops / chip.peak_flops, a.bytes_accessed / chip.hbm_bytes_per_s)
-        return ideal / costing.DECODE_EFFICIENCY
+    if p.name == "decode segment":  # one step with every cache slot of the compiled call
+        mesh = dict(zip(p.mesh.axis_names, p.mesh.devices.shape))
+        prompts = p.args[3].prefix.valid.shape[0]  # the rows' groups: one per prompt
+        return costing.decode_step_seconds(cfg, chip, mesh, prompts, p.length, p.rows, p.args[3].own.slots)
     passes = 3 if p.name == "update" else 1
     return passes * costing.forward_flops(cfg, p.rows, p.length) / (chips * flops_per_s)
+
+
+def model_step(config, target: Target, assumptions: costing.Assumptions, agents: int = AGENTS) -> dict:
+    """The modelled seconds of a training step of `config` on `target` (plan/costing.py; no compile):
+    the pools and meshes as train/setup.py lays them out, each host sampling its share of the tasks."""
+    layout = sharing(config)
+    pools = agents if layout.per_agent and not layout.lora and config.policy.pools else 1
+    full = MeshConfig(**dict(config.mesh)).resolve(target.chips, target.hosts)
+    pool = full if pools == 1 else pool_sizes(full, pools)
+    r = config.rollout
+    prompts = r.num_tasks // target.hosts * (1 if r.tree else r.k)
+    models = agents if layout.per_agent and not layout.lora else 1  # each model learns from its agents only
+    work = [costing.PoolWork(agents // models, dict(pool, data=1), prompts, prompts * (r.k if r.tree else 1),
+                             math.prod(pool.values()))
+            for _ in range(models)]
+    return costing.step_time(model_config(config), config, target.chip, work, pools > 1, assumptions)
 
 
 def compile_step(config, target: Target, assumptions: costing.Assumptions, devices=None) -> dict:
@@ -65,20 +61,14 @@ def compile_step(config, target: Target, assumptions: costing.Assumptions, devic
     plans = planned(config, target)
     rows = []
     for program in [p for p in steps.programs if p.reported]:
-        a = _compile(program, hbm)
-        phase = {"update": "update", "old log-probs": None}.get(program.name, "sampling")  # no plan of its own
+        a = analyze(program)
         rows.append({
             "name": program.name, "pool": program.pool, "compiled_peak_bytes": a.compiled_peak,
             "program_bytes": a.program_bytes, "resident_bytes": program.resident,
-            "planned_peak_bytes": plans.get(phase), "hbm_bytes": hbm, "flops": a.flops,
+            "planned_peak_bytes": plans.get(program.name), "hbm_bytes": hbm, "flops": a.flops,
             "bytes_accessed": a.bytes_accessed, "optimal_seconds": a.optimal_s, "collectives": a.collectives,
             "modelled_s": modelled_seconds(a, steps.cfg, target.chip), "compile_s": round(a.compile_s, 1)})
-    decode = {r["pool"]: r["modelled_s"] * costing.DECODE_EFFICIENCY for r in rows if r["name"] == "decode segment"}
-    sampler_chips = {p.pool: p.mesh.devices.size for p in steps.programs if p.name == "decode segment"}
-    pools = [costing.PoolWork(len(s.agents), sampler_chips[s.name], steps.prompts, decode[s.name], s.mesh.devices.size)
-             for s in steps.pools]
-    in_parallel = len({id(s.mesh) for s in steps.pools}) == len(steps.pools) > 1
-    step = costing.step_time(steps.cfg, config, target.chip, pools, in_parallel, assumptions)
+    step = model_step(config, target, assumptions, sum(len(s.agents) for s in steps.pools))
     mesh = dict(zip(steps.mesh.axis_names, steps.mesh.devices.shape))
     return {"target": target.name, "chip": target.chip.name, "chips": target.chips, "hosts": target.hosts,
             "mesh": mesh, "fits": all(r["compiled_peak_bytes"] <= hbm for r in rows), "programs": rows,

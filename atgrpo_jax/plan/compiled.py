@@ -59,7 +59,7 @@ class Analysis:
 def analyze(program: Program, keep_text: bool = False) -> Analysis:
     """Compile `program` for its mesh's devices and read what the compiler reports."""
     start = time.perf_counter()
-    compiled = program.lower().compile()
+    compiled = program.compiled()
     seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
     own = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes

@@ -8,18 +8,21 @@ It is a model, not a measurement. What it assumes:
   holds `prompt_tokens` + `response_tokens` tokens, a group's prompt once when prompts are shared.
   Per-role policies on their own pools update at the same time; on one mesh, one after the other.
 - Environment steps, the host's work and evaluation are left out.
-A decode step's time is its compiled cost (libtpu's `optimal_seconds` on a TPU, else the compiled
-bytes and FLOPs at the chip's peaks) over the decode efficiency measured on an H200; prefill and
-the update are their useful FLOPs (as `atgrpo_jax.bench` counts MFU) at the chip's peak over the
-update MFU measured there (docs/device.md). XLA's cost analysis counts a loop's body once, so it
-prices a decode step (one iteration of the decode loop, its layers unrolled) but not a program
-whose layers or log-prob chunks run in a loop; those are counted from the model instead.
+A decode step reads the weights and the KV cache: its time is those bytes per chip at the chip's
+HBM bandwidth over the decode efficiency measured on an H200 (a step against that floor); prefill
+and the update are their useful FLOPs (as `atgrpo_jax.bench` counts MFU) at the chip's peak over
+the update MFU measured there (docs/device.md). Both are counted from the model, not taken from
+XLA's cost analysis, which counts a loop's body once (the layer loop, the log-prob chunks) and
+counts an in-place cache update as a read and write of the whole cache.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
-from atgrpo_jax.models.config import Qwen3Config
+import jax.numpy as jnp
+
+from atgrpo_jax.models.config import DTYPES, Qwen3Config
 
 # Measured on one H200 (docs/device.md; docs/device_results/h200_2026-11-27.json):
 UPDATE_MFU = 0.353  # Qwen3-1.7B update, 4,096 tokens, layers in a loop (as TPUs run it)
@@ -59,14 +62,35 @@ def forward_flops(cfg: Qwen3Config, rows: int, length: int) -> float:
     return rows * (layer_flops_per_token(cfg) * length + attention_flops(cfg, length, (length + 1) / 2))
 
 
+def decode_step_bytes(cfg: Qwen3Config, mesh: dict, prompts: int, prompt_tokens: float, rows: int,
+                      own_tokens: float) -> float:
+    """Bytes one chip reads in a decode step: the layer weights and the LM head (whole over fsdp
+    with model.decode_gather, its shard without), each prompt's keys and values once (its branch rows
+    read them in place) and each row's own new tokens' (rows over data x fsdp, kv heads over tensor)."""
+    d = cfg.hidden_size
+    weights = (layer_flops_per_token(cfg) / 2 - d * cfg.vocab_size) * jnp.dtype(cfg.weight_dtype).itemsize
+    head = d * cfg.vocab_size * jnp.dtype(DTYPES[cfg.compute_dtype]).itemsize
+    split = mesh["tensor"] * (1 if cfg.decode_gather else mesh["fsdp"])
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(DTYPES[cfg.compute_dtype]).itemsize
+    row_split = mesh["data"] * mesh["fsdp"]
+    cache = kv * (prompts * prompt_tokens + rows * own_tokens)
+    return (weights + head) / split + cache / (row_split * mesh["tensor"])
+
+
+def decode_step_seconds(cfg: Qwen3Config, chip, mesh: dict, prompts: int, prompt_tokens: float, rows: int,
+                        own_tokens: float) -> float:
+    bytes_ = decode_step_bytes(cfg, mesh, prompts, prompt_tokens, rows, own_tokens)
+    return bytes_ / (chip.hbm_bytes_per_s * DECODE_EFFICIENCY)
+
+
 @dataclasses.dataclass(frozen=True)
 class PoolWork:
     """What one policy's pool does in a step, for the time model."""
 
     agents: int  # agents it samples for and learns from
-    sampler_chips: int  # chips one sampling call runs on (one host's part of the pool)
+    sampler_mesh: dict  # mesh sizes one sampling call runs on (one host's part of the pool)
     prompts: int  # prompts of one sampling call (one host's share of the tasks)
-    decode_step_s: float  # compiled seconds of one decode step at the chip's peaks
+    rows: int  # rows it decodes (prompts x branches)
     update_chips: int  # chips its update runs on
 
 
@@ -80,8 +104,11 @@ def step_time(cfg: Qwen3Config, config, chip, pools: list[PoolWork], pools_in_pa
     sampling, updates = 0.0, []
     for pool in pools:
         calls = pool.agents * r.max_turns
-        prefill = forward_flops(cfg, pool.prompts, a.prompt_tokens) / (pool.sampler_chips * flops_per_s)
-        sampling += calls * (prefill + a.response_tokens * pool.decode_step_s / DECODE_EFFICIENCY)
+        chips = math.prod(pool.sampler_mesh.values())
+        prefill = forward_flops(cfg, pool.prompts, a.prompt_tokens) / (chips * flops_per_s)
+        step = decode_step_seconds(cfg, chip, pool.sampler_mesh, pool.prompts, a.prompt_tokens, pool.rows,
+                                   a.response_tokens / 2)  # the mean step reads half the response's slots
+        sampling += calls * (prefill + a.response_tokens * step)
         samples = r.num_tasks * r.k * pool.agents * (r.max_turns if r.tree else 1) * a.kept_fraction
         per_row = r.k if (o.share_prompts and r.tree) else 1  # a group's responses share its prompt's row
         p_, s_ = a.prompt_tokens, a.response_tokens

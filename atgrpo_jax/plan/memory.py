@@ -41,7 +41,8 @@ from atgrpo_jax.algo.logprobs import chunks_per_head_product
 from atgrpo_jax.models.config import DTYPES, Qwen3Config, get_preset
 from atgrpo_jax.models.qwen3 import LAYER_PARAMS, LORA_TARGETS, KVCache, decodes_per_layer, layer_unroll
 from atgrpo_jax.plan.devices import Device, device_platform, hosts_of
-from atgrpo_jax.sharding import MESH_AXES, RULES, TRAIN_RULES, MeshConfig, logical_spec, pool_sizes
+from atgrpo_jax.sharding import (GATHERED_RULES, MESH_AXES, RULES, TRAIN_RULES, MeshConfig, logical_spec,
+                                 pool_sizes)
 from atgrpo_jax.train.config import max_new_tokens, sharing
 
 
@@ -226,9 +227,13 @@ def sampling_memory(cfg: Qwen3Config, mesh, num_tasks: int, k: int, prompt_len: 
     if penalty:  # the rows' seen-id sets, and the prompts' from prefill
         logits += local_bytes((decoding + num_tasks, cfg.vocab_size), ("batch", "vocab"), 1, mesh)
     per_layer = decodes_per_layer(cfg, platform)
-    if per_layer:
+    if per_layer:  # the per-layer weights and the LM head of sampling/decode.py's DecodeWeights
         layer_kv = 0
-        layer_weights = param_bytes([p for p in model_params(cfg) if not p[3] and p[2][0] == "layers"], mesh)
+        rules = GATHERED_RULES if cfg.decode_gather else RULES
+        layer_weights = (param_bytes([p for p in model_params(cfg) if not p[3] and p[2][0] == "layers"], mesh,
+                                     rules=rules)
+                         + local_bytes((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"),
+                                       _itemsize(cfg.compute_dtype), mesh, rules))
     else:
         layer_kv = cache // cfg.num_layers  # one layer's keys and values, copied out of the stack
         layer_weights = 0
@@ -298,7 +303,8 @@ def model_config(config) -> Qwen3Config:
     kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=bool(m.remat),
               recompute_elementwise=bool(m.get("recompute_elementwise", True)),
               attention_block=int(m.get("attention_block", 512)),
-              decode_unroll=int(m.get("decode_unroll", 0)), sequence_unroll=int(m.get("sequence_unroll", 0)))
+              decode_unroll=int(m.get("decode_unroll", 0)), sequence_unroll=int(m.get("sequence_unroll", 0)),
+              decode_gather=bool(m.get("decode_gather", True)))
     layout = sharing(config)
     if layout.lora:
         kw.update(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any, Callable
 
 import jax
@@ -46,7 +47,19 @@ from atgrpo_jax.train.policies import on_mesh
 from atgrpo_jax.train.setup import make_tokenizer, scoring_of
 from atgrpo_jax.train.update import Packed, TrainState, make_optimizer, make_update_fns
 
-SEGMENT_STEPS = 16  # sampling.generate's default segment: steps per decode-loop call
+# How the TPU compiler refuses a program that does not fit: (what it needs, what the chip has).
+_OOM = (re.compile(r"Used ([\d.]+)([KMGT])? of ([\d.]+)([KMGT])? hbm"),
+        re.compile(r"required for [^(]*\(([\d.]+)([KMGT])?\) exceeds available HBM \(([\d.]+)([KMGT])?\)"))
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, None: 1, "": 1}
+
+
+class DoesNotFit(Exception):
+    """A program the compiler refused for lack of memory on the target's chip."""
+
+    def __init__(self, program: "Program", need: int, have: int):
+        super().__init__(f"{program.name} of {program.pool} needs {need / 2**30:.2f} GiB per chip, more than "
+                         f"the chip's {have / 2**30:.2f} GiB")
+        self.program, self.need, self.have = program, need, have
 
 
 @dataclasses.dataclass
@@ -70,9 +83,16 @@ class Program:
             return self.fn.lower(*self.args, **self.static)
 
     def compiled(self):
-        """The compiled program (once)."""
+        """The compiled program (once); DoesNotFit when the compiler refuses it for lack of memory."""
         if self._compiled is None:
-            self._compiled = self.lower().compile()
+            try:
+                self._compiled = self.lower().compile()
+            except Exception as e:  # noqa: BLE001  (XlaRuntimeError: RESOURCE_EXHAUSTED with the sizes in its text)
+                m = next((m for m in (p.search(str(e)) for p in _OOM) if m), None)
+                if "RESOURCE_EXHAUSTED" not in str(e) or not m:
+                    raise
+                need, have = (float(m.group(i)) * _UNITS[m.group(i + 1)] for i in (1, 3))
+                raise DoesNotFit(self, int(need) + self.resident, int(have)) from None
         return self._compiled
 
 
@@ -226,13 +246,15 @@ def step_programs(config, devices, hosts: int) -> StepPrograms:
     return StepPrograms(programs, states, mesh, cfg, prompts, notes)
 
 
-def _resident(state: PoolState, others, sampling_phase: bool) -> int:
-    """Bytes per device outside a program's arguments that stay on the chip: in sampling this pool's
-    train state (and the other policies' on these devices); in the update the sampler's cached copy."""
+def _resident(state: PoolState, others, program: str) -> int:
+    """Bytes per device outside a program's arguments that stay on the chip: the other policies' state on
+    these devices, and of this policy's: in sampling its train state; in the update the sampler's cached
+    copy; in the log-probs pass that copy and the optimizer's moments."""
     total = sum(device_bytes(o.train) + (device_bytes(o.sampler_weights) if o.sampler_copy else 0) for o in others)
-    if sampling_phase:
+    if program == "sampling":
         return total + device_bytes(state.train)
-    return total + (device_bytes(state.sampler_weights) if state.sampler_copy else 0)
+    total += device_bytes(state.sampler_weights) if state.sampler_copy else 0
+    return total + (device_bytes(state.train.opt_state) if program == "log-probs" else 0)
 
 
 def _sampler_programs(config, s: PoolState, others, sampling, prompts: int, k: int, pad_id: int,
@@ -253,15 +275,15 @@ def _sampler_programs(config, s: PoolState, others, sampling, prompts: int, k: i
         batch = lambda *shape, dt: _abstract(shape, dt, logical_sharding(mesh, ("batch",) + (None,) * (len(shape) - 1),
                                                                          shape))  # noqa: E731
         ids, mask = batch(prompts, length, dt=jnp.int32), batch(prompts, length, dt=bool)
-        resident = _resident(s, others, sampling_phase=True)
+        resident = _resident(s, others, "sampling")
         prefill = Program("prefill", s.name, mesh, dec.prefill_jit, (s.sampler_graphdef, weights, ids, mask),
                           dict(cache_dtype=None, presence=settings.repetition_penalty), resident, prompts, length)
-        layers = Program("layer weights", s.name, mesh, dec.layer_weights_jit, (s.sampler_graphdef, weights),
+        layers = Program("decode weights", s.name, mesh, dec.layer_weights_jit, (s.sampler_graphdef, weights),
                          reported=False)
         keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows))
         keys = _abstract(keys.shape, keys.dtype, logical_sharding(mesh, ("batch",), keys.shape))
         stops, budget = batch(prompts, 4, dt=jnp.int32), batch(prompts, dt=jnp.int32)
-        start = Program("start", s.name, mesh, dec.start_jit,
+        start = Program("decode start", s.name, mesh, dec.start_jit,
                         (s.sampler_graphdef, weights, outputs(prefill), stops, keys, budget), dict(settings=settings),
                         reported=False)
         first, full = outputs(start)
@@ -270,7 +292,7 @@ def _sampler_programs(config, s: PoolState, others, sampling, prompts: int, k: i
                 _abstract((), jnp.int32, replicated), jax.tree.map(lambda _: _abstract((), jnp.float32, replicated),
                                                                    dec.sampling_params()))
         segment = Program("decode segment", s.name, mesh, dec.segment_jit, args, dict(settings=settings), resident,
-                          rows, length + settings.max_new_tokens)
+                          rows, length)
         out += [prefill, layers, start, segment]
     return out
 
@@ -289,12 +311,11 @@ def _update_programs(config, s: PoolState, others, sampling, vocab_limit, tx) ->
     rows = -(-max(rows, batch_shards(s.mesh)) // batch_shards(s.mesh)) * batch_shards(s.mesh)
     scored = min(fine_bucket(max_new_tokens(config), 8, per_octave=4), width)
     penalty = how.repetition_penalty
-    resident = _resident(s, others, sampling_phase=False)
     logps = 2 if config.loss.kl_coef else 1
     old = Program("old log-probs", s.name, s.mesh, logprobs_fn,
                   (s.train.params, _packed(s.mesh, rows, width, scored, o.mini_batch_size, penalty, 0)), {},
-                  resident, rows, width)
+                  _resident(s, others, "log-probs"), rows, width)
     update = Program("update", s.name, s.mesh, update_fn,
                      (s.train, _packed(s.mesh, rows, width, scored, o.mini_batch_size, penalty, logps)), {},
-                     resident, rows, width)
+                     _resident(s, others, "update"), rows, width)
     return [old, update]

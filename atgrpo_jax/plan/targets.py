@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 
 from atgrpo_jax.plan import gpu_target
+from atgrpo_jax.plan.devices import Device
 
 GiB = 1024**3
 GPU_MEM_FRACTION = 0.95
@@ -71,12 +73,30 @@ class Target:
     def platform(self) -> str:
         return self.chip.platform
 
+    @property
+    def accelerator_type(self) -> str:
+        """Cloud TPU's name of the slice (v5p-32: TensorCores for v4 and v5p, chips otherwise)."""
+        family = self.topology.split(":")[0]
+        count = self.chips * (2 if family in ("v4", "v5p") else 1)
+        return f"{'v5litepod' if family == 'v5e' else family}-{count}"
+
+    def planner_device(self) -> Device:
+        """The chip as the planner (plan/memory.py) knows devices: its memory and chips per host."""
+        name = f"GPU ({self.chip.name})" if self.platform == "gpu" else self.chip.name
+        return Device(name, self.chip.hbm_bytes, self.chips // self.hosts)
+
     def devices(self) -> list:
         """The target's devices, made by libtpu (or the CUDA plugin) on this machine: programs compile
         for them, none runs."""
         from jax.experimental import topologies
 
         if self.platform == "tpu":
+            # libtpu takes a machine-wide lock when it loads, for a process that runs on the TPU; here it
+            # only describes one, so compiles may run side by side (and beside a run on a TPU VM). Off a
+            # TPU VM it would also ask the VM's metadata what it is, and warn at length when that fails.
+            os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+            os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+            os.environ.setdefault("TPU_ACCELERATOR_TYPE", self.accelerator_type)
             kw = {"chips_per_host_bounds": self.host_bounds} if self.host_bounds else {}
             return list(topologies.get_topology_desc(platform="tpu", topology_name=self.topology, **kw).devices)
         return gpu_target.gpu_devices(self.chip, self.chips)

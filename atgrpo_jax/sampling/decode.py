@@ -50,12 +50,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from atgrpo_jax.models.qwen3 import KVCache, decodes_per_layer
+from atgrpo_jax.models.qwen3 import KVCache, decodes_per_layer, head_logits
 from atgrpo_jax.models.strategies import cached
 from atgrpo_jax.sampling.branches import branch_step, init_branch_cache
 from atgrpo_jax.sampling.cache import constrain_cache, init_cache
 from atgrpo_jax.sampling.sample import row_uniforms, select
-from atgrpo_jax.sharding import constrain
+from atgrpo_jax.sharding import GATHERED_RULES, RULES, constrain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,19 +259,34 @@ def _segment(graphdef, weights, layers, rows: Rows, full: Decoded, ids, until, p
         own_allowed = ((jnp.arange(width) - s.start[:, None]) % width <= (step - s.start)[:, None])[:, None, :]
         tok, s = _step_select(s, params, settings)
         own = s.own._replace(index=step % width)
-        h, own = branch_step(model, tok, s.positions, prefix, own, branches, own_allowed, layers)
-        logits = constrain(model.logits(h), ("batch", "vocab"))
+        h, own = branch_step(model, tok, s.positions, prefix, own, branches, own_allowed,
+                             None if layers is None else layers.layers)
+        logits = constrain(model.logits(h) if layers is None else head_logits(h, layers.head), ("batch", "vocab"))
         return s._replace(own=own, logits=logits, positions=s.positions + 1)
 
     rows = jax.lax.while_loop(unfinished, step, rows._replace(prefix=None))._replace(prefix=prefix)
     return rows, write_back(full, rows, ids, settings.pad_id)
 
 
-def _layer_weights(graphdef, weights):
-    """The per-layer weights the decode steps read (`Qwen3.layer_weights`), or None when they
-    run the stacked weights in a loop (model.decode_unroll < layers)."""
+class DecodeWeights(NamedTuple):
+    """What per-layer decode steps read, made once per sampling call: each layer's weights
+    (`Qwen3.layer_weights`) and the LM head in the compute dtype. With model.decode_gather they are
+    whole over the mesh's fsdp axis (split over tensor as the weights are), so a step runs no weight
+    collectives: on an FSDP mesh each step would otherwise gather every weight again."""
+
+    layers: tuple
+    head: jax.Array
+
+
+def _layer_weights(graphdef, weights) -> DecodeWeights | None:
+    """The per-layer weights the decode steps read, or None when they run the stacked weights in a
+    loop (model.decode_unroll < layers)."""
     model = nnx.merge(graphdef, weights)
-    return model.layer_weights() if decodes_per_layer(model.cfg) else None
+    if not decodes_per_layer(model.cfg):
+        return None
+    rules = GATHERED_RULES if model.cfg.decode_gather else RULES
+    head = constrain(model.head_weight().astype(model.cfg.dtype), ("embed", "vocab"), rules)
+    return DecodeWeights(model.layer_weights(rules), head)
 
 
 prefill_jit = jax.jit(_prefill, static_argnames=("graphdef", "cache_dtype", "presence"))

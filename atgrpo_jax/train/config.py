@@ -34,6 +34,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.decode_unroll = 0  # decoder layers per loop iteration in decode steps; all (auto on GPU and TPU):
     # unrolled on per-layer copies of the weights and caches (no per-step copies, one more copy of the layer
     # weights while sampling); 1 (auto on CPU): a rolled loop over the stacked ones (models/qwen3.py: layer_unroll)
+    c.model.decode_gather = True  # per-layer decode steps (GPU, TPU) read the layer weights and the LM head
+    # gathered whole over the mesh's fsdp axis once per sampling call (no weight collectives in a step; one
+    # more copy of the weights / tensor on each device); False: each step gathers its shards (less memory)
     c.model.sequence_unroll = 0  # decoder layers per loop iteration in prefill and the update (the same
     # math); 0 = auto: all on GPU (an H200's update 13% faster, compiled in 17 s instead of 4: docs/device.md),
     # 1 on CPU and TPU (compile time flat in depth)
@@ -293,13 +296,14 @@ def flat(c) -> dict:
 
 
 # Keys a resumed run may change: how long and how often, and where it runs.
-# rollout.decode_slots, model.decode_attention, model.decode_unroll, model.sequence_unroll and
+# rollout.decode_slots, model.decode_attention, model.decode_unroll, model.decode_gather, model.sequence_unroll and
 # model.recompute_elementwise change how the layers run, never the math (rounding aside);
 # train.compile_cache only where compiled programs are kept.
 RESUMABLE = ("train.steps", "train.time_budget_s", "train.eval_every", "train.eval_tasks", "train.eval_k",
              "train.log_every", "train.log_episodes", "train.checkpoint_every", "train.keep_last",
              "train.max_skipped_updates", "train.loggers", "train.wandb_", "train.compile_cache", "mesh.",
              "distributed.", "rollout.decode_slots", "model.decode_attention", "model.decode_unroll",
+             "model.decode_gather",
              "model.sequence_unroll",
              "model.recompute_elementwise",
              "system.schedule", "system.cohorts",

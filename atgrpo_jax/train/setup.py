@@ -88,6 +88,7 @@ def build_model(config, mesh) -> Qwen3:
     kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat,
               recompute_elementwise=m.recompute_elementwise, attention=attention,
               attention_block=m.attention_block, decode_attention=m.decode_attention, decode_unroll=m.decode_unroll,
+              decode_gather=m.decode_gather,
               sequence_unroll=m.sequence_unroll)
     if m.hf_path:
         expected = get_preset(m.preset) if m.preset else None

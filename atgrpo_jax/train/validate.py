@@ -91,6 +91,7 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
              f"known: {', '.join(DECODE_ATTENTION)}")
     _require(isinstance(m.decode_unroll, int) and m.decode_unroll >= 0, "model.decode_unroll",
              f"must be an int >= 0 (0 = auto), got {m.decode_unroll!r}")
+    _require(isinstance(m.decode_gather, bool), "model.decode_gather", f"must be True or False, got {m.decode_gather!r}")
     _require(isinstance(m.sequence_unroll, int) and m.sequence_unroll >= 0, "model.sequence_unroll",
              f"must be an int >= 0 (0 = auto), got {m.sequence_unroll!r}")
     _require(not c.regime, "regime", "call resolve() first: it expands the shorthand")

@@ -1,0 +1,131 @@
+"""`python -m atgrpo_jax.plan --compile=TARGET`: a small config's training step compiled for TPU
+topologies on this CPU (libtpu describes the chips; nothing runs), checked against the planner,
+the sharding's intent and the report's promises."""
+import json
+import os
+import re
+
+import jax
+import pytest
+
+from atgrpo_jax import cli
+from atgrpo_jax.plan import main as plan_main
+from atgrpo_jax.plan.compiled import COLLECTIVES, analyze, collectives
+from atgrpo_jax.plan.programs import step_programs
+from atgrpo_jax.plan.targets import parse_target
+from atgrpo_jax.train.validate import resolve
+
+# Programs of two topologies with the same local devices share a persistent-cache key; reading back an
+# executable compiled for devices this process only describes fails, and JAX compiles it again.
+pytestmark = pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+DEMO = os.path.join(ROOT, "configs", "demo.py")
+# The demo's task with a model large enough to split (bench-small: 7.3M, vocab 8192) over 4 chips.
+SMALL = ["--config.model.preset=bench-small", "--config.model.vocab_size=0", "--config.rollout.max_new_tokens=64",
+         "--config.rollout.k=4", "--config.optim.mini_batch_size=16", "--config.mesh.data=0", "--config.mesh.fsdp=-1",
+         "--config.model.param_dtype=bfloat16", "--config.model.compute_dtype=bfloat16"]
+
+
+def config_of(*overrides):
+    parsed, _ = cli.pop_overrides(["plan", *overrides])
+    return resolve(cli.config_from_args(DEMO, parsed), weights=False)
+
+
+def report(capsys, *args):
+    code = plan_main(["plan", f"--config={DEMO}", *args, "--json"])
+    out = capsys.readouterr()
+    return code, json.loads(out.out.strip().splitlines()[-1]), out.err
+
+
+def test_one_host_fits_agrees_with_the_planner_and_gathers_weights_for_the_update(capsys):
+    code, r, _ = report(capsys, "--compile=v5p:2x2x1", *SMALL)
+    assert code == 0 and r["fits"] and (r["target"], r["chips"], r["hosts"]) == ("v5p:2x2x1", 4, 1)
+    assert r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    names = [p["name"] for p in r["programs"]]
+    assert names == ["prefill", "decode segment", "old log-probs", "update"]
+    for p in r["programs"]:
+        assert set(p) >= {"name", "pool", "compiled_peak_bytes", "planned_peak_bytes", "hbm_bytes", "flops",
+                          "bytes_accessed", "collectives", "modelled_s"}
+        assert set(p["collectives"]) == set(COLLECTIVES) and p["flops"] > 0 and p["modelled_s"] > 0
+        assert p["hbm_bytes"] == 95 * 2**30 and 0 < p["compiled_peak_bytes"] < p["hbm_bytes"]
+        if p["planned_peak_bytes"] is not None:  # small models: XLA's fixed costs weigh more than at 1.7B (docs)
+            assert abs(p["planned_peak_bytes"] / p["compiled_peak_bytes"] - 1) < 0.35, p
+    update = r["programs"][3]["collectives"]
+    assert update["all-gather"]["count"] > 0  # FSDP: each layer's weights gathered for its matmuls
+    assert update["all-reduce"]["count"] + update["reduce-scatter"]["count"] > 0  # gradients summed over chips
+    assert r["step_modelled_s"] > 0 and r["run_modelled_hours"] == pytest.approx(r["step_modelled_s"] * 400 / 3600)
+
+
+def test_a_tensor_parallel_decode_loop_gathers_no_weights(capsys):
+    """Heads and the MLP split over 2 chips (and rows over 2): a decode step reads its own shards; nothing
+    the size of a weight crosses chips inside the loop (the per-layer weights are laid out once per call)."""
+    config = config_of(*SMALL, "--config.mesh.fsdp=2", "--config.mesh.tensor=2")  # 2 kv heads: one per chip
+    steps = step_programs(config, parse_target("v5p:2x2x1").devices(), 1)
+    segment = next(p for p in steps.programs if p.name == "decode segment")
+    smallest_weight = min(x.size * x.dtype.itemsize for x in jax.tree.leaves(segment.args[2].layers) if x.ndim > 1)
+    gathered = collectives(analyze(segment, keep_text=True).text)["all-gather"]
+    assert gathered["bytes"] < smallest_weight
+
+
+def test_four_hosts_sample_on_their_own_chips_and_update_on_all(capsys):
+    code, r, _ = report(capsys, "--compile=v5p:2x2x4", *SMALL)
+    assert code == 0 and (r["chips"], r["hosts"]) == (16, 4)
+    assert r["mesh"] == {"data": 4, "fsdp": 4, "tensor": 1}  # mesh.data 0: one row per host
+    config = config_of(*SMALL)
+    steps = step_programs(config, parse_target("v5p:2x2x4").devices(), 4)
+    on = {p.name: p.mesh for p in steps.programs}
+    assert on["decode segment"].devices.size == 4 and len({d.process_index for d in on["prefill"].devices.flat}) == 1
+    assert on["update"].devices.size == 16
+    params = jax.tree.leaves(steps.pools[0].train.params)
+    assert any("data" in str(x.sharding.spec) for x in params)  # the trained state is split over hosts too
+
+
+def test_splash_attention_lowers_through_mosaic_when_compiled_for_a_tpu():
+    """The model picks its TPU path from the mesh it is compiled for, not from this CPU host: with one
+    response per row the update's attention is the Pallas splash kernel (a Mosaic custom call)."""
+    config = config_of(*SMALL, "--config.optim.share_prompts=False")
+    steps = step_programs(config, parse_target("v5p:2x2x1").devices(), 1)
+    update = next(p for p in steps.programs if p.name == "update")
+    assert "tpu_custom_call" in analyze(update, keep_text=True).text
+
+
+def test_a_program_that_cannot_fit_is_one_line_and_exit_1(capsys):
+    code = plan_main(["plan", f"--config={DEMO}", "--compile=v5e:2x2", *SMALL, "--config.rollout.num_tasks=256",
+                      "--config.rollout.k=16", "--config.rollout.max_new_tokens=16384"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert re.fullmatch(r"DOES NOT FIT on v5e:2x2: decode start of policy needs [\d.]+ GiB per chip, more than the "
+                        r"chip's 15\.\d\d GiB", err[0]), err[0]  # the rows' caches: 256 x 16 x 16k tokens
+
+
+@pytest.mark.parametrize("target", ["v5p:9x9", "tpu9", "v5p-6"])
+def test_an_unknown_target_is_one_line_listing_the_forms(capsys, target):
+    code = plan_main(["plan", f"--config={DEMO}", f"--compile={target}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "v5p:2x2x4" in err[0] and "h100" in err[0]
+
+
+def test_targets_name_chips_and_hosts_as_cloud_tpu_builds_them():
+    cases = {"v5p:2x2x1": (4, 1), "v5p-8": (4, 1), "v5p-32": (16, 4), "v5p:2x2x4": (16, 4), "v6e-8": (8, 1),
+             "v6e:2x4": (8, 1), "v6e:4x4": (16, 4), "v5litepod-16": (16, 4), "h100": (1, 1), "h200x8": (8, 1)}
+    for name, (chips, hosts) in cases.items():
+        t = parse_target(name)
+        assert (t.chips, t.hosts) == (chips, hosts), name
+    devices = parse_target("v6e-8").devices()
+    assert len(devices) == 8 and len({d.process_index for d in devices}) == 1
+
+
+def test_collectives_are_counted_with_the_bytes_of_their_results():
+    text = "\n".join([
+        "  %all-gather.1 = bf16[128,64]{1,0:T(8,128)(2,1)} all-gather(%x), channel_id=4, dimensions={0}",
+        "  %ar = (f32[384,128]{0,1}, f32[10]{0}) all-reduce(%a, %b), to_apply=%add",
+        "  %ags = (bf16[2,8]{1,0}, bf16[8,8]{1,0}) all-gather-start(%y), dimensions={0}",
+        "  %agd = bf16[8,8]{1,0} all-gather-done(%ags)",
+        "  %cp = s32[4]{0} collective-permute(%z), source_target_pairs={{0,1}}",
+        "  %notacollective = f32[2]{0} add(%p, %q)",
+    ])
+    c = collectives(text)
+    assert c["all-gather"] == {"count": 2, "bytes": 128 * 64 * 2 + 8 * 8 * 2}
+    assert c["all-reduce"] == {"count": 1, "bytes": 384 * 128 * 4 + 40}
+    assert c["collective-permute"] == {"count": 1, "bytes": 16}
+    assert c["reduce-scatter"] == c["all-to-all"] == {"count": 0, "bytes": 0}

@@ -1,0 +1,93 @@
+"""Compile every paper config (configs/*_qwen3_*.py) in each regime for its TPU topologies, and model
+the paper's runs on TPUs and H100s: the figures of docs/tpu.md.
+
+    python tools/paper_compiles.py --out=docs/results/paper_compiles.json [--only=1p7b] [--jobs=2]
+
+Each compile runs `python -m atgrpo_jax.plan --compile=TARGET --json` in its own process (a compiler
+crash then costs one row, not the sweep). The five tasks of one model size have the same programs
+(the same batch, lengths and sampling settings: train/config.py `paper_config`), so each (size,
+regime, target) is compiled once, from the Plan-Path config, and every task's step is modelled from
+its own config (its turns and group filters). H100 rows are the same model without a compile (this
+machine has no CUDA plugin to compile for them); their memory is the planner's.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASKS = ("plan_path", "sokoban", "sudoku", "math", "code")
+REGIMES = ("shared", "per_role", "lora")
+# The topologies the README sends each size to, and one of the other generation.
+TARGETS = {"1p7b": ("v5p-8", "v6e-8"), "8b": ("v5p-32", "v6e-16")}
+GPU_TARGETS = ("h100", "h100x8")
+PUBLISHED_HOURS = {("plan_path", "1p7b"): 8, ("code", "1p7b"): 24, ("math", "1p7b"): 16,
+                   ("plan_path", "8b"): 16, ("code", "8b"): 48, ("math", "8b"): 32}  # PettingLLMs' docs
+
+
+def regime_flags(regime: str) -> list[str]:
+    flags = [f"--config.regime={regime}"]
+    return flags + (["--config.policy.pools=True"] if regime == "per_role" else [])
+
+
+def compile_one(size: str, regime: str, target: str) -> dict:
+    cmd = [sys.executable, "-m", "atgrpo_jax.plan", f"--config=configs/plan_path_qwen3_{size}.py",
+           f"--compile={target}", "--json", *regime_flags(regime)]
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    row = {"size": size, "regime": regime, "target": target, "exit": proc.returncode,
+           "seconds": round(time.time() - start)}
+    lines = proc.stdout.strip().splitlines()
+    if lines and lines[-1].startswith("{"):
+        row["report"] = json.loads(lines[-1])
+    errors = [e for e in proc.stderr.splitlines() if e.startswith(("DOES NOT FIT", "error:", "F1", "Check failed"))]
+    row["error"] = errors[-1] if errors else (proc.stderr.strip().splitlines() or [""])[-1]
+    print(f"{size} {regime} {target}: exit {proc.returncode} in {row['seconds']} s {row['error'][:150]}", flush=True)
+    return row
+
+
+def modelled(size: str, task: str, regime: str, target: str) -> dict:
+    """The step model of `task`'s config on `target`, without a compile, and the planner's peak."""
+    from atgrpo_jax import cli
+    from atgrpo_jax.plan import costing
+    from atgrpo_jax.plan.compile_cli import model_step
+    from atgrpo_jax.plan.memory import AGENTS, plan
+    from atgrpo_jax.plan.targets import parse_target
+    from atgrpo_jax.train.validate import resolve
+
+    overrides, _ = cli.pop_overrides(["x", *regime_flags(regime)])
+    config = resolve(cli.config_from_args(os.path.join(ROOT, f"configs/{task}_qwen3_{size}.py"), overrides),
+                     weights=False)
+    t = parse_target(target)
+    step = model_step(config, t, costing.Assumptions.of(config))
+    p = plan(config, t.planner_device(), t.chips, AGENTS if regime == "per_role" else 1)
+    return {"step_s": step, "run_hours": step["total"] * config.train.steps / 3600, "planned_peak": p.peak,
+            "hbm": t.chip.hbm_bytes, "planned_fits": p.peak <= t.chip.hbm_bytes}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="docs/results/paper_compiles.json")
+    parser.add_argument("--only", default="", help="a size (1p7b, 8b) or regime to restrict the compiles to")
+    parser.add_argument("--jobs", type=int, default=1)
+    args = parser.parse_args()
+    jobs = [(s, r, t) for s in TARGETS for r in REGIMES for t in TARGETS[s] if args.only in (s, r, "")]
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        compiles = list(pool.map(lambda j: compile_one(*j), jobs))
+    models = [{"size": s, "task": task, "regime": r, "target": t, **modelled(s, task, r, t)}
+              for s in TARGETS for task in TASKS for r in REGIMES for t in TARGETS[s] + GPU_TARGETS
+              if args.only in (s, r, "")]
+    out = {"compiles": compiles, "models": models,
+           "published_hours": {f"{t}_{s}": h for (t, s), h in PUBLISHED_HOURS.items()}}
+    with open(os.path.join(ROOT, args.out), "w") as f:
+        json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
