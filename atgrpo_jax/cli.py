@@ -27,25 +27,14 @@ from typing import Iterator, Sequence
 
 import ml_collections
 
-from atgrpo_jax.registry import UnknownName, closest
+from atgrpo_jax.errors import (CheckpointError, ConfigError, DataError, NotWritable, RunStopped, StageTimeout,
+                               UnknownName, UsageError)
+from atgrpo_jax.registry import closest
 
 EXIT_USAGE = 2
 OPEN_SECTIONS = ("env.kwargs", "rollout.agents")  # sections whose keys the user chooses
 
 
-class UsageError(ValueError):
-    """A command line, file or checkpoint a user can fix; the message says what and where."""
-
-
-class RunStopped(Exception):
-    """A run that ends early on purpose: `message` is printed as is (one line), the process exits with `code`.
-    `hard`: exit at once after printing (a thread is stuck in a device or sandbox call, which the
-    interpreter's shutdown would abort on)."""
-
-    def __init__(self, message: str, code: int, hard: bool = False):
-        super().__init__(message)
-        self.code = code
-        self.hard = hard
 
 
 def finite_json(obj):
@@ -249,11 +238,6 @@ def command(main, define_flags, log_level: str = "warning"):
 @contextlib.contextmanager
 def fail():
     """Errors a user can fix -> one line on stderr and exit status 2 (no traceback)."""
-    from atgrpo_jax.models.hf_io import CheckpointError
-    from atgrpo_jax.rollout.dispatch import StageTimeout
-    from atgrpo_jax.train.config import ConfigError
-    from atgrpo_jax.workdir import NotWritable
-
     try:
         yield
     except RunStopped as e:
@@ -266,7 +250,7 @@ def fail():
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)
-    except (UsageError, ConfigError, CheckpointError, UnknownName, FileNotFoundError, NotADirectoryError,
+    except (UsageError, ConfigError, CheckpointError, DataError, UnknownName, FileNotFoundError, NotADirectoryError,
             FileExistsError, ImportError, NotWritable) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None

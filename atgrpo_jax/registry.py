@@ -15,14 +15,9 @@ import difflib
 import importlib
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
+from atgrpo_jax.errors import UnknownName  # noqa: F401  (raised here; also importable from here)
+
 T = TypeVar("T")
-
-
-class UnknownName(KeyError):
-    """A name no variant is registered under; the message names the config key and the choices."""
-
-    def __str__(self) -> str:  # KeyError would quote the whole message
-        return str(self.args[0])
 
 
 def closest(name: str, choices) -> str:

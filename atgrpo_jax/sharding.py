@@ -118,19 +118,33 @@ def pool_sizes(sizes: dict[str, int], num_pools: int) -> dict[str, int]:
                      f"({row}) nor data ({sizes['data']}) is a multiple of {num_pools}")
 
 
-def sub_meshes(mesh: Mesh, num_pools: int) -> list[Mesh]:
-    """Split a mesh's devices into `num_pools` disjoint pools of equal size (see pool_sizes).
+def physical_order(devices) -> list:
+    """A data row's devices (one host's chips) in the order that cuts into compact blocks: TPU chips sorted
+    along the longest axis of their grid (the first on a tie), so equal runs of them are sub-grids; devices
+    without coordinates as they are. On a v5p host (a 2x2 plane) the halves are chips {0, 2} and {1, 3};
+    on a v6e-8 host (2x4), {0..3} and {4..7}. (libtpu 0.0.42 fails internal checks compiling collectives
+    over other cuts of these hosts, e.g. v5p's {2, 3} of every host of a v5p-32, v6e's {0, 2, 4, 6}:
+    docs/tpu.md.)"""
+    coords = [getattr(d, "coords", None) for d in devices]
+    if any(c is None for c in coords):
+        return list(devices)
+    grid = np.asarray(coords)
+    extent = grid.max(0) - grid.min(0)
+    axis = int(np.argmax(extent))  # argmax takes the first of equal extents
+    order = np.lexsort(tuple(grid[:, a] for a in reversed(range(grid.shape[1])) if a != axis) + (grid[:, axis],))
+    return [devices[i] for i in order]
 
-    A data row is dealt out in turn, one tensor group of the pool at a time (pool i takes groups i,
-    i + n, ...): on a v5p host (chips 0-3 a 2x2 plane) pool 0 gets chips 0 and 2, pool 1 chips 1
-    and 3. Cutting the row in halves instead (0-1, 2-3) is as good a layout, but libtpu 0.0.42
-    fails an internal check compiling the second half's all-reduce over 4 hosts (docs/tpu.md)."""
+
+def sub_meshes(mesh: Mesh, num_pools: int) -> list[Mesh]:
+    """Split a mesh's devices into `num_pools` disjoint pools of equal size (see pool_sizes): each data row
+    in compact blocks of its chips (`physical_order`), or whole data rows per pool."""
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
     pool = pool_sizes(sizes, num_pools)
     rows = mesh.devices.reshape(sizes["data"], -1)  # [data, fsdp*tensor]
     if pool["data"] == sizes["data"]:
-        groups = rows.reshape(sizes["data"], -1, pool["tensor"])  # [data, groups, tensor]
-        blocks = [groups[:, i::num_pools] for i in range(num_pools)]
+        rows = np.asarray([physical_order(list(row)) for row in rows], dtype=object)
+        per = rows.shape[1] // num_pools
+        blocks = [rows[:, i * per:(i + 1) * per] for i in range(num_pools)]
     else:
         blocks = [rows[i * pool["data"]:(i + 1) * pool["data"]] for i in range(num_pools)]
     shape = tuple(pool[a] for a in MESH_AXES)

@@ -25,6 +25,8 @@ import tempfile
 
 from etils import epath
 
+from atgrpo_jax.errors import NotWritable  # noqa: F401  (raised here; also importable from here)
+
 # epath's URL schemes -> the fsspec protocol epath uses for each.
 FSSPEC_PROTOCOLS = {"gs": "gcs", "s3": "s3", "az": "az", "hf": "hf"}
 
@@ -134,10 +136,6 @@ def check_workdir(workdir: str):
     """A clear error for a workdir that cannot be one (checked before anything is written)."""
     if exists(workdir) and not isdir(workdir):
         raise NotADirectoryError(f"--workdir {workdir} is a file, not a directory: give a new or a run's directory")
-
-
-class NotWritable(ValueError):
-    """An output path this process cannot write (found before any work is done)."""
 
 
 def nearest_existing(path: str) -> str:

@@ -27,19 +27,14 @@ run with one line naming it (RewardError), not a traceback.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
 
-from atgrpo_jax.cli import UsageError
+from atgrpo_jax.errors import RewardError
 from atgrpo_jax.envs.text_state import obj_array, response_grid
 from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, branch
 from atgrpo_jax.registry import import_function
-
-
-class RewardError(UsageError):
-    """The user's reward function failed; the message names it and what went wrong."""
 
 
 def read_records(source: str, fields=None) -> list[dict]:
@@ -126,23 +121,32 @@ class PromptReward:
         who = f"env.kwargs.reward_fn={self.reward_spec!r}"
         try:
             out = self.reward_fn(completions, records)
-        except Exception as e:  # noqa: BLE001 - the user's code: one line naming it
-            raise RewardError(f"{who} raised {type(e).__name__}: {first_line(e) or '(no message)'} "
+        except (Exception, SystemExit, KeyboardInterrupt) as e:  # noqa: BLE001 - the user's code: one line naming it
+            detail = first_line(e) or "(no message)"
+            raise RewardError(f"{who} raised {type(e).__name__}: {detail} "
                               f"(on a batch of {len(completions)} responses)") from None
         feedback = None
         if isinstance(out, tuple) and len(out) == 2:
             out, feedback = out
-        try:
-            scores = [float(x) for x in out]
-        except (TypeError, ValueError) as e:
-            raise RewardError(f"{who} must return a list of floats (or (floats, feedback strings)): {e}") from None
-        if len(scores) != len(completions) or (feedback is not None and len(feedback) != len(completions)):
-            raise RewardError(f"{who} returned {len(scores)} scores for {len(completions)} responses")
-        if not all(math.isfinite(s) for s in scores):
-            raise RewardError(f"{who} returned a non-finite score ({[s for s in scores if not math.isfinite(s)][0]})")
+        if isinstance(out, (str, bytes)) or not hasattr(out, "__len__"):
+            raise RewardError(f"{who} must return a list of numbers (or (numbers, feedback strings)), "
+                              f"got {type(out).__name__}: {out!r:.80}")
+        if len(out) != len(completions):
+            raise RewardError(f"{who} returned {len(out)} scores for {len(completions)} responses")
+        if feedback is not None and len(feedback) != len(completions):
+            raise RewardError(f"{who} returned {len(feedback)} feedback strings for {len(completions)} responses")
+        for i, x in enumerate(out):
+            if not isinstance(x, (bool, int, float, np.number)):
+                raise RewardError(f"{who} returned {x!r:.80} ({type(x).__name__}) for response {i}: "
+                                  "a score must be a number")
+        with np.errstate(over="ignore", invalid="ignore"):
+            scores = np.asarray([float(x) for x in out], np.float32)
+        bad = np.flatnonzero(~np.isfinite(scores))
+        if bad.size:
+            raise RewardError(f"{who} returned {out[bad[0]]!r} for response {bad[0]}: not a finite float32 number")
         if feedback is None:
             feedback = [f"Your answer scored {s:.3g}. Try again." for s in scores]
-        return np.asarray(scores, np.float32), [str(f) for f in feedback]
+        return scores, [str(f) for f in feedback]
 
     def step(self, state, agent: int, turn: int, responses: Sequence[Sequence[str]]) -> StepOut:
         batch = len(state["done"])

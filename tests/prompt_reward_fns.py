@@ -24,3 +24,27 @@ def not_numbers(completions, records):
 
 def nan(completions, records):
     return [float("nan")] * len(completions)
+
+
+def number_strings(completions, records):
+    return ["1"] * len(completions)
+
+
+def one_string(completions, records):
+    return "1" * len(completions)
+
+
+def too_large(completions, records):
+    return [1e39] * len(completions)
+
+
+def wrong_feedback(completions, records):
+    return [0.0] * len(completions), ["no"] * (len(completions) + 1)
+
+
+def exits(completions, records):
+    raise SystemExit(3)
+
+
+def interrupted(completions, records):
+    raise KeyboardInterrupt

@@ -105,6 +105,13 @@ def test_an_unknown_target_is_one_line_listing_the_forms(capsys, target):
     assert code == 2 and len(err) == 1 and "v5p:2x2x4" in err[0] and "h100" in err[0]
 
 
+def test_a_gpu_target_without_jax_s_cuda_plugin_is_one_line_and_exit_2(capsys):
+    """The suite's environment has no CUDA plugin (tools/gpu_aot.sh makes a venv that has it)."""
+    code = plan_main(["plan", f"--config={DEMO}", "--compile=h100"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "needs the CUDA plugin of the installed jax" in err[0]
+
+
 def test_targets_name_chips_and_hosts_as_cloud_tpu_builds_them():
     cases = {"v5p:2x2x1": (4, 1), "v5p-8": (4, 1), "v5p-32": (16, 4), "v5p:2x2x4": (16, 4), "v6e-8": (8, 1),
              "v6e:2x4": (8, 1), "v6e:4x4": (16, 4), "v5litepod-16": (16, 4), "h100": (1, 1), "h200x8": (8, 1)}

@@ -26,12 +26,21 @@ def test_mesh_shapes_and_fill():
     assert dict(make_mesh(MeshConfig()).shape) == {"data": 1, "fsdp": 8, "tensor": 1}  # data 0: one row per host
 
 
+def test_pools_are_compact_blocks_of_each_host_s_chips():
+    """Cut along the longest axis of a host's chip grid (the first on a tie): the layouts libtpu compiles."""
+    from atgrpo_jax.plan.targets import parse_target
+
+    for target, expected in (("v5p-32", [[0, 2], [1, 3]]), ("v6e-8", [[0, 1, 2, 3], [4, 5, 6, 7]])):
+        devices = parse_target(target).devices()
+        pools = sub_meshes(make_mesh(MeshConfig(), devices), 2)
+        assert [[d.id for d in p.devices[0].flat] for p in pools] == expected, target
+
+
 def test_data_zero_is_one_row_per_host():
     """The default mesh (data 0) on a 4-host TPU topology: each host's chips form one data row."""
-    pytest.importorskip("libtpu")
-    from jax.experimental import topologies
+    from atgrpo_jax.plan.targets import parse_target
 
-    devices = topologies.get_topology_desc(platform="tpu", topology_name="v5p:2x2x4").devices
+    devices = parse_target("v5p:2x2x4").devices()
     mesh = make_mesh(MeshConfig(), devices)
     assert dict(mesh.shape) == {"data": 4, "fsdp": 4, "tensor": 1}
     assert all(len({d.process_index for d in row.flat}) == 1 for row in mesh.devices)
@@ -66,7 +75,7 @@ def test_sub_meshes_are_disjoint_pools():
     assert len(ids[0]) == len(ids[1]) == 4 and not ids[0] & ids[1]
     assert dict(pools[0].shape) == {"data": 2, "fsdp": 1, "tensor": 2}  # each data row is cut in two
     assert [[d.id for d in p.devices.flat] for p in sub_meshes(make_mesh(MeshConfig(data=2, fsdp=4)), 2)] == [
-        [0, 2, 4, 6], [1, 3, 5, 7]]  # dealt out in turn
+        [0, 1, 4, 5], [2, 3, 6, 7]]  # devices without coordinates: halves of each row
     for pool in pools:  # a pool keeps each of its data rows inside one row of the mesh
         for r in range(2):
             assert {d.id for d in pool.devices[r].flat} <= {d.id for d in mesh.devices[r].flat}

@@ -46,7 +46,7 @@ def compile_one(size: str, regime: str, target: str) -> dict:
     if lines and lines[-1].startswith("{"):
         row["report"] = json.loads(lines[-1])
     errors = [e for e in proc.stderr.splitlines() if e.startswith(("DOES NOT FIT", "error:", "F1", "Check failed"))]
-    row["error"] = errors[-1] if errors else (proc.stderr.strip().splitlines() or [""])[-1]
+    row["error"] = "" if proc.returncode == 0 else errors[-1] if errors else proc.stderr.strip()[-300:]
     print(f"{size} {regime} {target}: exit {proc.returncode} in {row['seconds']} s {row['error'][:150]}", flush=True)
     return row
 

@@ -12,11 +12,9 @@ import os
 import re
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from atgrpo_jax.errors import DataError  # noqa: F401  (raised here; also importable from here)
+
 TABLE_EXTENSIONS = (".jsonl", ".json", ".parquet", ".arrow", ".csv")
-
-
-class DataError(ValueError):
-    """A data source that cannot be read as asked (one line, no traceback)."""
 
 
 def pyarrow():

@@ -14,10 +14,7 @@ import os
 import re
 
 from atgrpo_jax import hub
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not match what the model expects, or one that cannot be found."""
+from atgrpo_jax.errors import CheckpointError  # noqa: F401  (raised here; also importable from here)
 
 
 # What a Qwen3 checkpoint needs: config, safetensors (+ index), tokenizer and generation config.

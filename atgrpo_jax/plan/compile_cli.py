@@ -56,7 +56,7 @@ def model_step(config, target: Target, assumptions: costing.Assumptions, agents:
 
 def compile_step(config, target: Target, assumptions: costing.Assumptions, devices=None) -> dict:
     """Every program of a training step compiled for `target`; the report as a dict (the --json object)."""
-    steps = step_programs(config, target.devices() if devices is None else devices, target.hosts)
+    steps = step_programs(config, target.devices() if devices is None else devices, target.hosts, target.on_one_host)
     hbm = target.chip.hbm_bytes
     plans = planned(config, target)
     rows = []

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from optax.tree_utils import tree_map_params
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from atgrpo_jax.algo.logprobs import SampledFrom
 from atgrpo_jax.distributed import local_mesh
@@ -45,7 +45,7 @@ from atgrpo_jax.train.batch import fine_bucket, length_bucket
 from atgrpo_jax.train.config import agent_sampling, loss_config, max_new_tokens, sharing
 from atgrpo_jax.train.policies import on_mesh
 from atgrpo_jax.train.setup import make_tokenizer, scoring_of
-from atgrpo_jax.train.update import Packed, TrainState, make_optimizer, make_update_fns
+from atgrpo_jax.train.update import Packed, TrainState, make_optimizer, update_steps
 
 # How the TPU compiler refuses a program that does not fit: (what it needs, what the chip has).
 _OOM = (re.compile(r"Used ([\d.]+)([KMGT])? of ([\d.]+)([KMGT])? hbm"),
@@ -165,7 +165,8 @@ class PoolState:
 def _pool_state(config, cfg, name, mesh, tx, lora: bool, seed: int, agents) -> PoolState:
     lower = config.optim.master_dtype == "float32" and cfg.param_dtype != "float32"
     if lora:
-        model = nnx.eval_shape(lambda: attach_lora(Qwen3(cfg, rngs=nnx.Rngs(0)), config.lora.rank, config.lora.alpha,
+        base = cfg.replace(lora_rank=0)  # the shared base, as train/setup.py builds it; the adapters come next
+        model = nnx.eval_shape(lambda: attach_lora(Qwen3(base, rngs=nnx.Rngs(0)), config.lora.rank, config.lora.alpha,
                                                    seed))
         graphdef, adapters, frozen = split_lora(model)
         params, frozen = placed(adapters, mesh), placed(frozen, mesh)
@@ -211,8 +212,9 @@ class StepPrograms:
     notes: list[str]
 
 
-def step_programs(config, devices, hosts: int) -> StepPrograms:
-    """Every program of one training step of `config` (resolved) on `devices` (a target's)."""
+def step_programs(config, devices, hosts: int, on_one_host: Callable = lambda devices: devices) -> StepPrograms:
+    """Every program of one training step of `config` (resolved) on `devices` (a target's). on_one_host:
+    one host's devices as the devices to compile that host's own programs (sampling) for."""
     mesh = make_mesh(dict(config.mesh), devices)
     platform = platform_of(mesh)
     names, note = agent_names(config)
@@ -241,7 +243,7 @@ def step_programs(config, devices, hosts: int) -> StepPrograms:
     programs = []
     for s in states:
         others = [o for o in states if o is not s and o.mesh is s.mesh]  # policies sharing these devices
-        programs += _sampler_programs(config, s, others, sampling, prompts, k, pad_id, vocab_limit)
+        programs += _sampler_programs(config, s, others, sampling, prompts, k, pad_id, vocab_limit, on_one_host)
         programs += _update_programs(config, s, others, sampling, vocab_limit, tx)
     return StepPrograms(programs, states, mesh, cfg, prompts, notes)
 
@@ -249,17 +251,22 @@ def step_programs(config, devices, hosts: int) -> StepPrograms:
 def _resident(state: PoolState, others, program: str) -> int:
     """Bytes per device outside a program's arguments that stay on the chip: the other policies' state on
     these devices, and of this policy's: in sampling its train state; in the update the sampler's cached
-    copy; in the log-probs pass that copy and the optimizer's moments."""
+    copy; in the log-probs pass that copy and the optimizer's moments. A LoRA base (`frozen`) is shared by
+    the policies on a mesh: an argument of their updates, resident while they sample."""
     total = sum(device_bytes(o.train) + (device_bytes(o.sampler_weights) if o.sampler_copy else 0) for o in others)
     if program == "sampling":
-        return total + device_bytes(state.train)
+        return total + device_bytes(state.train) + device_bytes(state.frozen)
     total += device_bytes(state.sampler_weights) if state.sampler_copy else 0
     return total + (device_bytes(state.train.opt_state) if program == "log-probs" else 0)
 
 
 def _sampler_programs(config, s: PoolState, others, sampling, prompts: int, k: int, pad_id: int,
-                      vocab_limit) -> list[Program]:
-    mesh = local_mesh(s.mesh, process=0) if _hosts_of(s.mesh) > 1 else s.mesh
+                      vocab_limit, on_one_host: Callable) -> list[Program]:
+    mesh = s.mesh
+    if _hosts_of(s.mesh) > 1:  # each host samples on its own part of the pool (process 0's, here)
+        mesh = local_mesh(s.mesh, process=0)
+        mesh = Mesh(np.asarray(on_one_host(list(mesh.devices.flat)), dtype=object).reshape(mesh.devices.shape),
+                    mesh.axis_names, axis_types=mesh.axis_types)
     weights = on(s.sampler_weights, mesh)
     r = config.rollout
     length = bucket_for(r.max_prompt_len, r.prompt_buckets)
@@ -304,8 +311,8 @@ def _hosts_of(mesh) -> int:
 def _update_programs(config, s: PoolState, others, sampling, vocab_limit, tx) -> list[Program]:
     r, o = config.rollout, config.optim
     how = scoring_of(config, sampling, vocab_limit)
-    logprobs_fn, update_fn = make_update_fns(s.graphdef, s.frozen, tx, loss_config(config), config.loss.logprob_chunk,
-                                             how)
+    logprobs_fn, update_fn = update_steps(s.graphdef, tx, loss_config(config), config.loss.logprob_chunk, how,
+                                          train_head=not jax.tree.leaves(s.frozen))
     width = length_bucket(r.max_prompt_len + max_new_tokens(config))
     rows = length_bucket(o.mini_batch_size, 1)
     rows = -(-max(rows, batch_shards(s.mesh)) // batch_shards(s.mesh)) * batch_shards(s.mesh)
@@ -313,9 +320,9 @@ def _update_programs(config, s: PoolState, others, sampling, vocab_limit, tx) ->
     penalty = how.repetition_penalty
     logps = 2 if config.loss.kl_coef else 1
     old = Program("old log-probs", s.name, s.mesh, logprobs_fn,
-                  (s.train.params, _packed(s.mesh, rows, width, scored, o.mini_batch_size, penalty, 0)), {},
+                  (s.train.params, _packed(s.mesh, rows, width, scored, o.mini_batch_size, penalty, 0), s.frozen), {},
                   _resident(s, others, "log-probs"), rows, width)
     update = Program("update", s.name, s.mesh, update_fn,
-                     (s.train, _packed(s.mesh, rows, width, scored, o.mini_batch_size, penalty, logps)), {},
+                     (s.train, _packed(s.mesh, rows, width, scored, o.mini_batch_size, penalty, logps), s.frozen), {},
                      _resident(s, others, "update"), rows, width)
     return [old, update]

@@ -19,6 +19,8 @@ import math
 import os
 import re
 
+import numpy as np
+
 from atgrpo_jax.plan import gpu_target
 from atgrpo_jax.plan.devices import Device
 
@@ -79,6 +81,22 @@ class Target:
         family = self.topology.split(":")[0]
         count = self.chips * (2 if family in ("v4", "v5p") else 1)
         return f"{'v5litepod' if family == 'v5e' else family}-{count}"
+
+    def on_one_host(self, devices: list) -> list:
+        """One host's `devices` (a multi-host TPU slice's) as the same chips of a one-host topology, matched
+        by their place in the host's grid. A program on one host's chips is the same on either; libtpu's
+        compile-only client fails an internal check compiling for the chips of one host of a larger v6e
+        or v5e slice whose ids are not consecutive (docs/tpu.md)."""
+        if self.platform != "tpu" or self.hosts == 1:
+            return devices
+        family = self.topology.split(":")[0]
+        grid = np.asarray([d.coords for d in devices])
+        low, shape = grid.min(0), grid.max(0) - grid.min(0) + 1
+        dims = shape if family in ("v4", "v5p") else shape[:2]
+        one = Target(self.name, self.chip, int(np.prod(shape)), 1, f"{family}:{'x'.join(map(str, dims))}",
+                     tuple(int(x) for x in shape))
+        by_place = {tuple(d.coords): d for d in one.devices()}
+        return [by_place[tuple(int(x) for x in c - low)] for c in grid]
 
     def planner_device(self) -> Device:
         """The chip as the planner (plan/memory.py) knows devices: its memory and chips per host."""

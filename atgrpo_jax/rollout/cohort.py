@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from atgrpo_jax.envs.workflow import Workflow, take_branch
+from atgrpo_jax.errors import RewardError
 from atgrpo_jax.rollout.samples import SampleOut, right_padded
 
 
@@ -110,17 +111,46 @@ class Stages:
         live = np.zeros(b, bool)
         live[req.rows] = True
         step = self.workflow.step(c.state, req.agent, req.turn, [out.texts[i * k:(i + 1) * k] for i in range(b)])
-        reward = np.asarray(step.local_reward + self.alpha * step.team_reward, np.float32)
+        where = lambda kind: f"{self.workflow.agents[req.agent].name}'s {kind} reward at turn {req.turn}"  # noqa: E731
+        tasks = self.streams[c.rows]
+        local = checked_rewards(step.local_reward, live, k, where("local"), tasks)
+        team = checked_rewards(step.team_reward, live, k, where("team"), tasks)
+        with np.errstate(over="ignore", invalid="ignore"):
+            reward = checked_rewards(local + np.float32(self.alpha) * team, live, k, where("combined"), tasks)
         mask = np.repeat(live[:, None], k, axis=1)
         best = np.argmax(np.where(mask, reward, -np.inf), axis=1)
         c.state = _where_live(live, take_branch(step.state, best), c.state)
         parsed_as = step.parsed_as if step.parsed_as is not None else np.full((b, k), "", object)
-        c.records.append(Record(req.turn, req.agent, *right_padded(req.prompts), out, reward,
-                                np.asarray(step.local_reward, np.float32), np.asarray(step.team_reward, np.float32),
+        c.records.append(Record(req.turn, req.agent, *right_padded(req.prompts), out, reward, local, team,
                                 parsed_as, mask, best))
         c.agent += 1
         if c.agent == len(self.workflow.agents):
             c.turn, c.agent = c.turn + 1, 0
+
+
+def checked_rewards(values, live: np.ndarray, k: int, what: str, tasks: np.ndarray) -> np.ndarray:
+    """`values` (broadcast to [B, K]) as float32, or a RewardError naming the first value of a live task
+    that is not a finite number (a string, None, inf, NaN, or a number float32 cannot hold, such as
+    1e39) with its task and branch. Bools count as numbers; finished tasks' values are not read."""
+    shape = (len(live), k)
+    try:
+        arr = np.broadcast_to(np.asarray(values), shape)
+    except ValueError:
+        raise RewardError(f"{what}: shape {np.shape(values)}, expected {shape} (tasks x branches)") from None
+    numeric = arr.dtype.kind in "biuf" or all(isinstance(v, (bool, int, float, np.number)) for v in arr.ravel())
+    with np.errstate(over="ignore", invalid="ignore"):
+        f32 = arr.astype(np.float32) if numeric else None
+    bad = np.argwhere(live[:, None] & (~np.isfinite(f32) if numeric else np.ones(shape, bool)))
+    if numeric:
+        bad = bad[:1]
+    else:  # object arrays: the first value that is not a number
+        bad = [(b, j) for b, j in bad if not isinstance(arr[b, j], (bool, int, float, np.number))][:1]
+    if len(bad):
+        b, j = bad[0]
+        kind = "is not a finite float32 number" if numeric else "is not a number"
+        value = arr[b, j].item() if isinstance(arr[b, j], np.generic) else arr[b, j]
+        raise RewardError(f"{what}: {value!r} {kind} (task {int(tasks[b])} of the step, branch {j})")
+    return np.array(f32)
 
 
 def _where_live(live: np.ndarray, new: Any, old: Any) -> Any:

@@ -28,10 +28,7 @@ import numpy as np
 from atgrpo_jax.rollout.cohort import Cohort, Request, Stages
 from atgrpo_jax.rollout.samples import SampleOut
 from atgrpo_jax.trace import Tracer
-
-
-class StageTimeout(RuntimeError):
-    """A stage ran longer than its limit (system.stage_timeout_s): a hung device call or sandbox wait."""
+from atgrpo_jax.errors import StageTimeout  # noqa: F401  (raised here; also importable from here)
 
 
 class Running:

@@ -11,6 +11,8 @@ import dataclasses
 
 import ml_collections
 
+from atgrpo_jax.errors import ConfigError  # noqa: F401  (raised here; also importable from here)
+
 
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
@@ -166,10 +168,6 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the key."""
-
-
 @dataclasses.dataclass(frozen=True)
 class AgentSampling:
     """How one agent's responses are sampled (rollout.* with its rollout.agents.<name> overrides)."""
@@ -241,7 +239,6 @@ def loss_config(c):
     """The loss settings as `algo.loss.LossConfig` (which checks them)."""
     from atgrpo_jax.algo.loss import LossConfig
     return LossConfig(**{k: v for k, v in c.loss.items() if k != "logprob_chunk"})
-
 
 
 # ---------------------------------------------------------------- configs saved by earlier versions

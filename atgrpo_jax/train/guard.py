@@ -82,6 +82,16 @@ class StepAbandoned(Exception):
     """Raised inside a step (before its update) when a stop was requested: the step is not kept."""
 
 
+# What makes a loss or gradient non-finite, by the keys that set it (for the messages that report it).
+DIVERGENCE_CAUSES = ("optim.lr too high, rewards of a large scale (algo.alpha, the reward function), "
+                     "optim.b1/optim.b2 too close to 1, or loss.eps_low/eps_high too wide")
+
+
+def skipped_updates(metrics: dict, names: list[str]) -> int:
+    """This step's skipped (non-finite) updates over every policy."""
+    return sum(int(metrics.get(f"{n}/skipped" if len(names) > 1 else "skipped") or 0) for n in names)
+
+
 def skip_streaks(streaks: dict[str, int], metrics: dict, names: list[str]) -> dict[str, int]:
     """Each policy's count of consecutive skipped updates after this step's metrics.
 

@@ -11,6 +11,7 @@ checkpoint cannot be saved (checkpoint.SaveError) and when a stage hangs (system
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -19,6 +20,8 @@ import jax
 from atgrpo_jax import cli
 from atgrpo_jax.rollout.dispatch import StageTimeout
 from atgrpo_jax.train import checkpoint, guard, setup, wandb_log
+from atgrpo_jax.distributed import init_distributed
+from atgrpo_jax.train.lock import WorkdirLock
 from atgrpo_jax.train.prefetch import Prefetch
 from atgrpo_jax.train.resume import restore_or_start
 from atgrpo_jax import workdir as wd
@@ -72,16 +75,20 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False,
 
     Stops early with cli.RunStopped (one line, an exit code) on SIGTERM/SIGINT (after saving the
     last completed step), on divergence, and when a checkpoint cannot be saved."""
-    with guard.StopSignals() as stop:
+    resolve(config)  # every config error before anything is written or compiled
+    wd.require_support(workdir, checkpoints=True)  # a gs:// workdir without its packages fails here
+    wd.check_workdir(workdir)
+    wd.check_writable(workdir, "--workdir")
+    init_distributed(config.distributed)  # which process leads is known before the workdir is touched
+    lock = WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
+    with guard.StopSignals() as stop, lock:
+        if getattr(lock, "notice", ""):
+            print(f"note: {lock.notice}", flush=True)
         return _train(config, workdir, allow_config_change, fresh_if_unreadable, stop)
 
 
 def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> dict:
     t = config.train
-    resolve(config)  # every config error before anything is written or compiled
-    wd.require_support(workdir, checkpoints=True)  # a gs:// workdir without its packages fails here
-    wd.check_workdir(workdir)
-    wd.check_writable(workdir, "--workdir")
     if "wandb" in t.loggers and wandb_log.missing():
         raise ConfigError(f"config.train.loggers: 'wandb' needs {wandb_log.missing()}")
     resumed = bool(wd.exists(wd.checkpoint_dir(workdir)))
@@ -114,6 +121,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     last: dict = {}
     step = start
     streaks: dict[str, int] = {}  # consecutive skipped updates per policy
+    skipped = 0  # skipped updates in this process's part of the run
 
     def log_episodes(step):
         def write(samples, episodes, adv):
@@ -166,6 +174,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
                 raise stopped(step - 1) from None
             metrics.update(pool_busy(tracer, run, time.perf_counter() - step_began))
             streaks = guard.skip_streaks(streaks, metrics, policy_names)
+            skipped += guard.skipped_updates(metrics, policy_names)
             if lead and config.system.trace_every and step % config.system.trace_every == 0:
                 tracer.write(wd.join(workdir, "trace", f"step_{step}.json"))
             out_of_time = bool(t.time_budget_s) and time.time() - began > t.time_budget_s
@@ -194,6 +203,8 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
                     print(f"time budget of {t.time_budget_s:.0f}s reached after step {step}", flush=True)
                 break
         ckpt.close()  # the last asynchronous save may fail here
+        if skipped and step > start:
+            report_skipped(ckpt.latest_step(), skipped, step, bool(t.checkpoint_every), lead)
     except checkpoint.SaveError as e:  # disk full, permissions: the run cannot go on safely
         raise save_failed(e) from None
     except StageTimeout as e:  # a hung device call or sandbox wait: the step cannot finish
@@ -209,6 +220,16 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     return last
 
 
+def report_skipped(kept: int | None, skipped: int, step: int, checkpointing: bool, lead: bool) -> None:
+    """A run that skipped updates says so at its end, and fails when it leaves no checkpoint at all
+    (its weights diverged before any healthy step could be saved)."""
+    what = f"{skipped} updates of this run were skipped (non-finite loss or gradient; {guard.DIVERGENCE_CAUSES})"
+    if kept is None and checkpointing:
+        raise cli.RunStopped(f"error: the run ended at step {step} without a checkpoint: {what}", 1)
+    if lead:
+        print(f"warning: {what}; the last checkpoint is step {kept}", flush=True)
+
+
 def save_failed(e: checkpoint.SaveError) -> cli.RunStopped:
     return cli.RunStopped(f"error: {e}; the run stopped (earlier checkpoints are kept)", 1)
 
@@ -220,5 +241,5 @@ def diverged_stop(ckpt, streaks: dict, step: int, limit: int) -> cli.RunStopped:
     who = f"policy {name}'s" if len(streaks) > 1 else "the"
     return cli.RunStopped(f"error: diverged at step {step}: {who} last {streaks[name]} updates were skipped "
                           f"(non-finite loss or gradient; train.max_skipped_updates={limit}); "
-                          f"last good checkpoint: {kept if kept is not None else 'none'}. "
-                          "Lower optim.lr, or resume from it with other settings", 1)
+                          f"last good checkpoint: {kept if kept is not None else 'none'}. Usual causes: "
+                          f"{guard.DIVERGENCE_CAUSES}; resume from it with other settings", 1)

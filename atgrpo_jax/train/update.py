@@ -138,24 +138,30 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how:
     LoRA base; may be empty) come from `nnx.split`. logprobs_fn(params, packed)
     -> logp [R, M]; update_fn(state, packed) -> (state, metrics), which
     skips the step (and says so in metrics["skipped"]) when the loss or the
-    gradient is not finite, so a NaN never reaches the params.
+    gradient is not finite, so a NaN never reaches the params. `frozen` reaches the jitted
+    programs (`update_steps`) as an argument, never as a constant compiled into them.
     """
+    logprobs, update = update_steps(graphdef, tx, loss_cfg, chunk, how, train_head=not jax.tree.leaves(frozen))
+    return (lambda params, packed: logprobs(params, packed, frozen)), \
+        (lambda state, batch: update(state, batch, frozen))
 
-    def model_of(params):
+
+def update_steps(graphdef, tx, loss_cfg: LossConfig, chunk: int, how: SampledFrom, train_head: bool):
+    """The jitted logprobs(params, packed, frozen) and update(state, packed, frozen) (the state donated)
+    of `make_update_fns`. train_head: the LM head is trained (False: it sits in a frozen LoRA base)."""
+
+    def model_of(params, frozen):
         return nnx.merge(graphdef, params, frozen)
 
     @jax.jit
-    def logprobs_fn(params, packed: Packed):
+    def logprobs_fn(params, packed: Packed, frozen):
         """log p [R, M] of the batch's scored entries."""
-        return packed_logprobs(model_of(params), packed, chunk, how)
+        return packed_logprobs(model_of(params, frozen), packed, chunk, how)
 
-    # The head is trained unless it sits in the frozen part (a LoRA base).
-    train_head = not jax.tree.leaves(frozen)
-
-    def loss_fn(params, p: Packed):
+    def loss_fn(params, p: Packed, frozen):
         """The clipped policy loss, with its gradient through the LM head fused into the
         chunked log-prob pass (the loss is a weighted sum of per-token terms)."""
-        model = model_of(params)
+        model = model_of(params, frozen)
         w = aggregation_weights(p.scored, loss_cfg.aggregation, p.sample_len)
         per_token = {"old": p.old_logp, "adv": p.adv, "w": w}
         if loss_cfg.kl_coef:
@@ -169,8 +175,8 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how:
         return loss, dict(metrics, loss=loss)
 
     @functools.partial(jax.jit, donate_argnums=0)  # the old state's buffers become the new one's
-    def update_fn(state: TrainState, batch: Packed):
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    def update_fn(state: TrainState, batch: Packed, frozen):
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, frozen)
         grad_norm = optax.global_norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 

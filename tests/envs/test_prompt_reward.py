@@ -46,8 +46,14 @@ def test_more_turns_show_the_answer_and_the_feedback(data):
 @pytest.mark.parametrize("fn, message", [
     ("raises", r"reward_fn='prompt_reward_fns:raises' raised ZeroDivisionError: division by zero"),
     ("too_few", r"returned 1 scores for 2 responses"),
-    ("not_numbers", r"must return a list of floats"),
-    ("nan", r"non-finite score"),
+    ("not_numbers", r"returned 'high' \(str\) for response 0: a score must be a number"),
+    ("number_strings", r"returned '1' \(str\) for response 0: a score must be a number"),
+    ("one_string", r"must return a list of numbers .* got str: '11'"),
+    ("nan", r"returned nan for response 0: not a finite float32 number"),
+    ("too_large", r"returned 1e\+39 for response 0: not a finite float32 number"),
+    ("wrong_feedback", r"returned 3 feedback strings for 2 responses"),
+    ("exits", r"raised SystemExit: 3"),
+    ("interrupted", r"raised KeyboardInterrupt: \(no message\)"),
 ])
 def test_a_failing_reward_function_is_one_named_line(data, fn, message):
     wf = make_workflow("prompt_reward", reward_fn=f"prompt_reward_fns:{fn}", **data)

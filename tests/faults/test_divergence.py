@@ -25,18 +25,25 @@ def test_a_diverging_run_stops_and_keeps_only_checkpoints_before_it(tmp_path):
     assert [s.get("policy", 0) >= 4 for s in streaks[1:]] == [False] * (len(rows) - 1) + [True]  # stopped at once
     assert re.fullmatch(rf"error: diverged at step {rows[-1]['step']}: the last \d+ updates were skipped "
                         r"\(non-finite loss or gradient; train.max_skipped_updates=4\); last good checkpoint: 1\. "
-                        r"Lower optim.lr, or resume from it with other settings", stderr_lines(proc)[-1])
+                        r"Usual causes: optim.lr too high, .*; resume from it with other settings", stderr_lines(proc)[-1])
     assert os.listdir(work / "checkpoints") == ["1"]
     assert re.search(r"grad_norm nan  skipped [1-9]", proc.stdout)  # the console says so, every step
     with open(work / "metrics.jsonl") as f:
         assert all(json.loads(line) for line in f)  # null, never NaN, in the JSON
 
 
-def test_max_skipped_updates_zero_never_stops(tmp_path):
-    proc = run(train_args(tmp_path / "run", "--config.optim.lr=1e10", "--config.train.max_skipped_updates=0",
-                          steps=3))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_max_skipped_updates_zero_never_stops_but_says_what_it_skipped(tmp_path):
+    """The run goes to its end; it says how many updates it skipped, and fails if it saved nothing."""
+    args = ("--config.optim.lr=1e10", "--config.train.max_skipped_updates=0")
+    proc = run(train_args(tmp_path / "run", *args, "--config.train.checkpoint_every=2", steps=3))
     assert [r["step"] for r in metrics_rows(tmp_path / "run")] == [1, 2, 3]
+    assert proc.returncode == 1 and re.fullmatch(
+        r"error: the run ended at step 3 without a checkpoint: \d+ updates of this run were skipped \(non-finite "
+        r"loss or gradient; optim.lr too high, .*\)", stderr_lines(proc)[-1]), proc.stderr[-3000:]
+    assert not os.listdir(tmp_path / "run" / "checkpoints")
+    proc = run(train_args(tmp_path / "saved", *args, "--config.train.checkpoint_every=1", steps=3))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"warning: \d+ updates of this run were skipped .*; the last checkpoint is step 1", proc.stdout)
 
 
 @pytest.mark.parametrize("steps,expected", [
