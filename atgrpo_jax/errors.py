@@ -36,6 +36,11 @@ class WorkdirBusy(UsageError):
     """A workdir another run writes to (one writer per workdir)."""
 
 
+class LogWriteError(Exception):
+    """A metrics, episodes or TensorBoard file that could not be written (disk full, read-only); names it
+    and the cause in one line."""
+
+
 class UnknownName(KeyError):
     """A name no variant is registered under; the message names the config key and the choices."""
 

@@ -140,7 +140,7 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
         step = ckpt.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint in {ckpt_dir}")
-        states, _ = restore_given(ckpt, step, policy_states(run), f"--checkpoint={ckpt_dir}/STEP")
+        states, _ = restore_given(ckpt, step, policy_states(run), f"--checkpoint={ckpt_dir}/STEP", config, workdir)
         set_policy_states(run, states)
     if policies_from:
         load_policies_from(run, policies_from)

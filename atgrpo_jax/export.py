@@ -159,7 +159,7 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     if lora == "adapter" and not base:
         raise cli.UsageError(f"--lora=adapter: the base of {chosen.name} is random weights (model.hf_path is "
                              "empty), which no one can load the adapter onto: use --lora=merge")
-    states, _ = restore_given(ckpt, step, policy_states(run), "--step")
+    states, _ = restore_given(ckpt, step, policy_states(run), "--step", config, workdir)
     set_policy_states(run, states)
     ckpt.close()
 

@@ -254,7 +254,8 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="small shapes: any machine, seconds per part")
     parser.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"comma-separated, of {PARTS}")
-    parser.add_argument("--out", default=".", help="folder for device.json and each part's figures")
+    parser.add_argument("--out", default="", help="folder for device.json, each part's figures and the compiled "
+                        "programs (default: a new runs/bench_device/<date-time>, named when done)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every part's time limit")
     parser.add_argument("--part", help=argparse.SUPPRESS)  # internal: run one part in this process
     parser.add_argument("--results", help=argparse.SUPPRESS)
@@ -268,8 +269,10 @@ def main(argv: list[str]) -> int:
         parser.error(f"--parts: unknown {unknown}; choose from {PARTS}")
     if args.time_scale <= 0:
         parser.error("--time-scale must be positive")
-    results = run_all(parts, args.tiny, Path(args.out), args.time_scale)
+    out = Path(args.out or os.path.join("runs", "bench_device", time.strftime("%Y%m%d-%H%M%S")))
+    results = run_all(parts, args.tiny, out, args.time_scale)
     print(table(results), flush=True)
+    print(f"figures in {out}/ (device.json, part_*.json, the compiled programs)", flush=True)
     return 0 if all(r["status"] == "ok" for r in results["parts"].values()) else 1
 
 

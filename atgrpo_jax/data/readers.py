@@ -28,25 +28,34 @@ def pyarrow():
     return pa
 
 
+def _utf8_lines(path: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a text file; a line that is not UTF-8 is a DataError naming file and line."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                yield n, raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                                "save the file as UTF-8") from None
+
+
 def iter_jsonl(path: str) -> Iterator[dict]:
     """Records of a JSONL file, one per non-empty line (an error names the line)."""
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not JSON ({e})") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{path}:{n}: a record must be a JSON object, got {type(record).__name__}")
-            yield record
+    for n, line in _utf8_lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{n}: not JSON ({e})") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{path}:{n}: a record must be a JSON object, got {type(record).__name__}")
+        yield record
 
 
 def read_json(path: str) -> list[dict]:
     """A .json file: a list of records, or {"data"/"rows": [...]}, or JSON lines."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    text = "".join(line for _, line in _utf8_lines(path))
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
@@ -121,8 +130,7 @@ def read_file(path: str) -> list[dict]:
         return read_arrow(path)
     if ext == ".csv":  # every column as text, as a CSV file has no types
         pa = pyarrow()
-        with open(path, encoding="utf-8", newline="") as f:
-            names = next(csv.reader(f), [])
+        names = next(csv.reader(line for _, line in _utf8_lines(path)), [])
         try:
             options = pa.csv.ConvertOptions(column_types={n: pa.string() for n in names})
             return pa.csv.read_csv(path, convert_options=options).to_pylist()

@@ -227,6 +227,7 @@ class Checkpointer:
         _check_no_typed_keys(state)
         record = {"meta": _jsonable(meta, "meta"), "metrics": _jsonable(metrics or {}, "metrics")}
         json.dumps(record, allow_nan=False)  # fail here, not in the background thread
+        self.wait()  # the previous save's error is reported with its own step (orbax's queries re-raise it raw)
         latest = self._manager.latest_step()
         if latest is not None and step <= latest:
             log.warning("checkpoint step %d refused: not after the latest checkpoint (step %d)", step, latest)
@@ -238,7 +239,6 @@ class Checkpointer:
             return False
         best = record["metrics"].get(self.best_metric) if self.best_metric else None
         tracked = {self.best_metric: best} if isinstance(best, (int, float)) else None
-        self.wait()  # the previous save's error is reported with its own step
         try:
             check_free_space(self.directory, local_bytes(state) + local_bytes(extra or {}))
             items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(record))

@@ -44,12 +44,14 @@ class WorkdirLock:
         self.workdir = workdir
         self.path = wd.join(workdir, LOCK_FILE)
         self.notice = ""
+        self._created = False
         self._fd: int | None = None
         self._me: dict | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
     def acquire(self) -> "WorkdirLock":
+        self._created = not wd.exists(self.workdir)  # a run that fails before writing leaves no folder behind
         wd.makedirs(self.workdir)
         if wd.is_remote(self.workdir):
             self._lease()
@@ -107,6 +109,9 @@ class WorkdirLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+            if self._created and os.listdir(self.workdir) == [LOCK_FILE]:  # nothing else was written: as before
+                os.remove(self.path)
+                os.rmdir(self.workdir)
         if self._beat is not None:
             self._stop.set()
             self._beat.join(timeout=5)

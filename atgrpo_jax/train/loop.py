@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 
 import jax
@@ -21,9 +22,10 @@ from atgrpo_jax import cli
 from atgrpo_jax.rollout.dispatch import StageTimeout
 from atgrpo_jax.train import checkpoint, guard, setup, wandb_log
 from atgrpo_jax.distributed import init_distributed
+from atgrpo_jax.errors import LogWriteError
 from atgrpo_jax.train.lock import WorkdirLock
 from atgrpo_jax.train.prefetch import Prefetch
-from atgrpo_jax.train.resume import restore_or_start
+from atgrpo_jax.train.resume import fixed_changes, restore_or_start, step_dirs
 from atgrpo_jax import workdir as wd
 from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, flat, from_saved
 from atgrpo_jax.train.validate import resolve
@@ -42,9 +44,8 @@ def check_resume(config, workdir: str, allow_config_change: bool) -> dict:
     saved = wd.saved_config(workdir)
     if saved is None:
         return {}
-    before = resolve(from_saved(saved), weights=False)
-    changed = changed_keys(before, config)
-    fixed = {k: v for k, v in changed.items() if not k.startswith(RESUMABLE)}
+    changed = changed_keys(resolve(from_saved(saved), weights=False), config)
+    fixed = fixed_changes(workdir, config)
     if fixed and not allow_config_change:
         shown = "; ".join(f"config.{k}: {a!r} in the run, {b!r} now" for k, (a, b) in fixed.items())
         raise ConfigError(f"{workdir} holds a run with another config ({shown}). Resume with the run's config, "
@@ -79,6 +80,8 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False,
     wd.require_support(workdir, checkpoints=True)  # a gs:// workdir without its packages fails here
     wd.check_workdir(workdir)
     wd.check_writable(workdir, "--workdir")
+    if "wandb" in config.train.loggers and wandb_log.missing():
+        raise ConfigError(f"config.train.loggers: 'wandb' needs {wandb_log.missing()}")
     init_distributed(config.distributed)  # which process leads is known before the workdir is touched
     lock = WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
     with guard.StopSignals() as stop, lock:
@@ -89,8 +92,6 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False,
 
 def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> dict:
     t = config.train
-    if "wandb" in t.loggers and wandb_log.missing():
-        raise ConfigError(f"config.train.loggers: 'wandb' needs {wandb_log.missing()}")
     resumed = bool(wd.exists(wd.checkpoint_dir(workdir)))
     changed = check_resume(config, workdir, allow_config_change) if resumed else {}
     run = setup.build_run(config, workdir)
@@ -98,7 +99,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     lead = jax.process_index() == 0
     splits = evaluation_splits(run)
     best = "valid_success" if "valid" in splits else "eval_success"  # choose on validation, report test
-    start, states, meta = restore_or_start(config, run, workdir, fresh_if_unreadable)
+    start, states, meta = restore_or_start(config, run, workdir, fresh_if_unreadable, changed)
     if states is not None:
         set_policy_states(run, states)
     # only now, with a restored state in hand, is anything in the workdir changed (its compilation cache aside)
@@ -207,14 +208,21 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
             report_skipped(ckpt.latest_step(), skipped, step, bool(t.checkpoint_every), lead)
     except checkpoint.SaveError as e:  # disk full, permissions: the run cannot go on safely
         raise save_failed(e) from None
+    except LogWriteError as e:  # the same for its metrics: nothing it logs from here on would be kept
+        kept = close_keeping(ckpt)
+        raise cli.RunStopped(f"error: at step {step}: {e}; the run stopped (last checkpoint: "
+                             f"{kept if kept is not None else 'none'}; the same command resumes from it)", 1) from None
     except StageTimeout as e:  # a hung device call or sandbox wait: the step cannot finish
-        kept = ckpt.latest_step()
-        ckpt.close()
+        kept = close_keeping(ckpt)
         raise cli.RunStopped(f"error: at step {step}: {e}; the run stopped "
                              f"(last checkpoint: {kept if kept is not None else 'none'})", 1, hard=True) from None
     finally:
         bar.close()
-        writer.close()  # an object-store workdir gets its last upload even after an error
+        try:
+            writer.close()  # an object-store workdir gets its last upload even after an error
+        except LogWriteError as e:
+            if not isinstance(sys.exc_info()[1], cli.RunStopped):  # an error already on its way says it all
+                raise cli.RunStopped(f"error: {e}; the run stopped", 1) from None
     if lead:
         print(json.dumps({k: v for k, v in last.items() if k.startswith("eval")} | {"steps": step if t.steps else 0}))
     return last
@@ -228,6 +236,19 @@ def report_skipped(kept: int | None, skipped: int, step: int, checkpointing: boo
         raise cli.RunStopped(f"error: the run ended at step {step} without a checkpoint: {what}", 1)
     if lead:
         print(f"warning: {what}; the last checkpoint is step {kept}", flush=True)
+
+
+def close_keeping(ckpt: checkpoint.Checkpointer) -> int | None:
+    """The last complete checkpoint, the checkpointer closed, on a run's way out after another error (a save
+    still in flight that failed too is not reported over it)."""
+    try:
+        ckpt.close()
+    except checkpoint.SaveError:
+        pass
+    try:
+        return max(step_dirs(ckpt.directory), default=None) if not wd.is_remote(ckpt.directory) else None
+    except OSError:
+        return None
 
 
 def save_failed(e: checkpoint.SaveError) -> cli.RunStopped:

@@ -35,16 +35,19 @@ appends per record, and gcsfs turns an append into an overwrite.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import threading
 import time
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
 import numpy as np
 
 from atgrpo_jax import workdir as wd
+from atgrpo_jax.errors import LogWriteError
 
 log = logging.getLogger(__name__)
 
@@ -184,8 +187,29 @@ def _wait_for_a_later_file_name(tb_dir: str) -> None:
         time.sleep(max(seconds) + 1 - time.time())
 
 
+@contextlib.contextmanager
+def _disk(what: str, where: str):
+    """An OSError while writing `what` (disk full, read-only, ...) as one LogWriteError line."""
+    try:
+        yield
+    except OSError as e:
+        raise LogWriteError(f"cannot write {what} in {where}: {e.strerror or e}") from None
+
+
+def _quiet_tensorboard_thread(args):
+    """TensorBoard's writer thread re-raises its own I/O errors, which the next flush reports again (as
+    one line: `_disk`); its traceback is left out. Other threads' exceptions go on as before."""
+    if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+        return
+    _previous_hook(args)
+
+
+_previous_hook = threading.excepthook
+
+
 class MetricsWriter:
-    """Appends scalars to metrics.jsonl and TensorBoard; see the module docstring."""
+    """Appends scalars to metrics.jsonl and TensorBoard; see the module docstring. A disk that fails
+    (full, read-only) is one LogWriteError naming the file."""
 
     def __init__(self, workdir: str, *, enabled: bool = True, resume_step: int | None = None,
                  tensorboard: bool = True, jsonl: bool = True, extra: Sequence[Any] = (),
@@ -230,6 +254,7 @@ class MetricsWriter:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             _wait_for_a_later_file_name(self._local_tb)
+            threading.excepthook = _quiet_tensorboard_thread
             self._events = EventFileWriter(self._local_tb)
         self._last_sync = -math.inf
         self.sync()  # the store holds the truncated files (or an empty metrics.jsonl) from the start
@@ -251,10 +276,11 @@ class MetricsWriter:
             logger.rows(name, rows)
         if not self.jsonl:
             return
-        f = self._extra.get(name) or self._extra.setdefault(name, self._open(name))
-        for row in rows:
-            f.write(json.dumps(row, allow_nan=False, default=float) + "\n")
-        f.flush()
+        with _disk(name, self.workdir):
+            f = self._extra.get(name) or self._extra.setdefault(name, self._open(name))
+            for row in rows:
+                f.write(json.dumps(row, allow_nan=False, default=float) + "\n")
+            f.flush()
 
     def write_text(self, step: int, tag: str, markdown: str):
         """A TensorBoard text summary (the Text tab renders markdown)."""
@@ -265,8 +291,9 @@ class MetricsWriter:
 
         event = event_pb2.Event(wall_time=time.time(), step=int(step))
         event.summary.value.extend(text_pb(tag, markdown).value)
-        self._events.add_event(event)
-        self._events.flush()
+        with _disk("the TensorBoard events", self.tb_dir):
+            self._events.add_event(event)
+            self._events.flush()
 
     def write(self, step: int, scalars: Mapping[str, Any]):
         """One jsonl line and one TensorBoard event for `step` (flushed before returning)."""
@@ -279,8 +306,9 @@ class MetricsWriter:
         values = {str(k): _scalar(str(k), v) for k, v in scalars.items()}
         step = int(step)
         if self._file is not None:
-            self._file.write(json.dumps({"step": step, **values}, allow_nan=False) + "\n")
-            self._file.flush()
+            with _disk(METRICS_FILE, self.workdir):
+                self._file.write(json.dumps({"step": step, **values}, allow_nan=False) + "\n")
+                self._file.flush()
         for logger in self.extra:
             logger.scalars(step, values)
         if self._events is not None:
@@ -292,8 +320,9 @@ class MetricsWriter:
                 if v is not None:
                     event.summary.value.extend(scalar_pb(tag, np.float32(v)).value)
             if event.summary.value:
-                self._events.add_event(event)
-                self._events.flush()
+                with _disk("the TensorBoard events", self.tb_dir):
+                    self._events.add_event(event)
+                    self._events.flush()
         if self._mirror is not None and self._clock() - self._last_sync >= self.sync_every_s:
             self.sync()
 
@@ -318,17 +347,18 @@ class MetricsWriter:
         if not self._open_now:  # disabled, or closed already
             return
         self._open_now = False
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        for logger in self.extra:
-            logger.close()
-        for f in self._extra.values():
-            f.close()
-        self._extra = {}
-        if self._events is not None:
-            self._events.close()
-            self._events = None
+        with _disk("the metrics and TensorBoard files", self.workdir):
+            try:
+                if self._file is not None:
+                    self._file.close()
+                for f in self._extra.values():
+                    f.close()
+                if self._events is not None:
+                    self._events.close()
+            finally:
+                self._file, self._extra, self._events = None, {}, None
+                for logger in self.extra:
+                    logger.close()
         if self._mirror is not None:
             try:
                 self._mirror.push()

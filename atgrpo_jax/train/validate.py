@@ -2,11 +2,13 @@
 field; both run before anything compiles, and every error names its key (`ConfigError`)."""
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 from atgrpo_jax.registry import closest
 from atgrpo_jax.train.config import (AGENT_KEYS, REGIMES, SHARINGS, ConfigError, agent_sampling, base_config,
-                                     loss_config)
+                                     flat, loss_config)
 
 FILTER_SCOPES = ("policy", "agent", "batch")
 MODEL_INITS = ("auto", "random")
@@ -63,6 +65,9 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     from atgrpo_jax.train.policies import MASTER_DTYPES
     from atgrpo_jax.train.update import SCHEDULES
 
+    for key, value in flat(c).items():  # inf or NaN in any number would only show as a diverged run
+        if isinstance(value, float) and not key.startswith("env.kwargs"):
+            _require(math.isfinite(value), key, f"must be a finite number, got {value}")
     m = c.model
     _require(m.preset in PRESETS or (m.preset == "" and bool(m.hf_path)), "model.preset",
              f"unknown preset {m.preset!r}{closest(m.preset, PRESETS)}; known: {sorted(PRESETS)} "
@@ -146,6 +151,8 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     _require(c.loss.logprob_chunk > 0, "loss.logprob_chunk", "must be > 0")
     o = c.optim
     _require(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")
+    for key in ("b1", "b2"):  # AdamW's moment decays: 1 never forgets the first gradient (b2: divides by ~0)
+        _require(0 <= o[key] < 1, f"optim.{key}", f"must be in [0, 1), got {o[key]}")
     _require(o.schedule in SCHEDULES, "optim.schedule", f"must be one of {SCHEDULES}")
     _require(isinstance(o.warmup_steps, int) and o.warmup_steps >= 0, "optim.warmup_steps",
              f"must be an int >= 0 (training steps), got {o.warmup_steps!r}")

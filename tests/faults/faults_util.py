@@ -41,10 +41,11 @@ def metrics_rows(workdir) -> list[dict]:
 
 
 def snapshot(path) -> dict:
-    """Every file and folder under `path` with its size and modification time."""
+    """Every file and folder under `path` with its size and modification time (the workdir's lock file
+    aside: every run takes it, even one that then changes nothing)."""
     out = {}
     for root, dirs, files in os.walk(path):
-        for name in dirs + files:
+        for name in dirs + [f for f in files if f != "train.lock"]:
             p = os.path.join(root, name)
             st = os.lstat(p)
             out[os.path.relpath(p, path)] = (st.st_size, st.st_mtime_ns)

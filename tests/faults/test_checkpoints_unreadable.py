@@ -48,8 +48,26 @@ def test_no_readable_checkpoint_changes_nothing_unless_asked(finished_run, tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "starting again from step 0" in proc.stderr
     assert sorted(os.listdir(work / "checkpoints")) == ["1"]
-    assert [r["step"] for r in metrics_rows(work)] == [0, 1]  # the old run's rows are gone with its checkpoints
+    assert [r["step"] for r in metrics_rows(work)] == [0, 1]  # a new history for the new run
     assert metrics_rows(work)[0] == metrics_rows(finished_run)[0]  # step 1 evaluates too: its last step
+    [history] = [p for p in (work / "checkpoints.unreadable").iterdir() if p.name.startswith("history-")]
+    assert {"metrics.jsonl", "tb", "config.json"} <= set(os.listdir(history))  # the earlier run's, kept whole
+    assert metrics_rows(history) == metrics_rows(finished_run)
+    assert f"kept the earlier run's metrics.jsonl" in proc.stderr
+
+
+def test_a_config_change_that_no_checkpoint_fits_is_named_and_changes_nothing(finished_run, tmp_path):
+    """--allow_config_change with another model: the checkpoints are fine, the config is not theirs."""
+    work = copy_run(finished_run, tmp_path / "run")
+    before = snapshot(work)
+    proc = run(train_args(work, *FINISHED, "--allow_config_change", "--config.model.vocab_size=200", steps=5))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert_no_traceback(proc)
+    assert re.fullmatch(r"error: the run's checkpoints do not restore into this config \(model.vocab_size changed "
+                        r"from \d+ to 200: they hold other shapes or dtypes\); nothing was changed\. Resume with the "
+                        r"run's config, or train this one in a new --workdir", stderr_lines(proc)[-1])
+    assert "fresh_if_unreadable" not in proc.stderr
+    assert snapshot(work) == before
 
 
 def test_evaluate_and_export_of_a_checkpoint_that_does_not_restore_say_so_in_one_line(finished_run, tmp_path):

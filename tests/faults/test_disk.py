@@ -36,6 +36,28 @@ def test_a_full_disk_stops_the_run_at_the_save_that_does_not_fit(tmp_path):
     assert [json.loads(line)["step"] for line in out[2].splitlines()] == [1, 2, 3]  # step 3's row once
 
 
+def test_a_disk_filled_between_saves_stops_the_run_with_one_line_and_it_resumes(tmp_path):
+    """Another writer fills the disk while the run goes on: whichever of its files is written next (a
+    metrics row, TensorBoard's events, the checkpoint) fails as one line, and the run resumes once there
+    is room again."""
+    disk = tmp_path / "disk"
+    train = " ".join(map(shlex.quote, train_args(disk / "run", "--config.train.log_episodes_every=1",
+                                                 "--config.train.keep_last=1", steps=6)))
+    logs = tmp_path  # (off the full disk)
+    script = (f"cd {ROOT} && ({train} > {logs}/out.txt 2> {logs}/err.txt; echo $? > {logs}/rc) & "
+              f"until [ -s {disk}/run/metrics.jsonl ] && [ $(wc -l < {disk}/run/metrics.jsonl) -ge 2 ]; do sleep 0.2; "
+              f"done; dd if=/dev/zero of={disk}/fill bs=64k 2>/dev/null; wait; echo rc=$(cat {logs}/rc); "
+              f"cat {logs}/err.txt; echo ---; rm {disk}/fill; {train}; echo rc=$?")
+    proc = in_tmpfs(script, str(disk), "20m")
+    first, second = proc.stdout.split("---\n")
+    assert "rc=1" in first, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in first and "Exception in thread" not in first, first[-3000:]
+    lines = [line for line in first.splitlines()[1:] if line.strip() and "PyTorch was not found" not in line]
+    assert len(lines) == 1 and "No space left on device" in lines[0] and "the run stopped" in lines[0], lines
+    assert second.strip().endswith("rc=0"), second[-3000:]
+    assert re.search(r"resuming at step \d", second)
+
+
 def read_only(tmp_path, command: str):
     """Run `command` with tmp_path/ro a read-only filesystem holding an empty folder `run`."""
     ro = tmp_path / "ro"
