@@ -216,7 +216,7 @@ def check_push(repo: str | None) -> None:
         raise cli.UsageError(f"--push_to_hub={repo}: give a Hugging Face repository id, org/name")
     if offline():
         raise cli.UsageError(f"--push_to_hub={repo}: HF_HUB_OFFLINE=1, so nothing can be uploaded; export without "
-                             "it and upload the directory later (huggingface-cli upload)")
+                             "it and upload the directory later (hf upload)")
 
 
 def push(out: str, repo: str) -> str:
@@ -243,7 +243,7 @@ def _flags() -> types.SimpleNamespace:
         out=flags.DEFINE_string("out", None, "directory to write (must be new or empty unless --overwrite)"),
         overwrite=flags.DEFINE_bool("overwrite", False, "replace a non-empty --out"),
         push_to_hub=flags.DEFINE_string("push_to_hub", None, "org/name: upload the export to this Hugging Face "
-                                        "repository (created if new; needs `huggingface-cli login`)"))
+                                        "repository (created if new; needs `hf auth login`)"))
 
 
 if __name__ == "__main__":

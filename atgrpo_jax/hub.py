@@ -33,14 +33,14 @@ def cache_dir() -> str:
 
 def download_command(repo: str, revision: str | None = None, repo_type: str = "model") -> str:
     kind = "" if repo_type == "model" else f"--repo-type {repo_type} "
-    return f"huggingface-cli download {kind}{repo}" + (f" --revision {revision}" if revision else "")
+    return f"hf download {kind}{repo}" + (f" --revision {revision}" if revision else "")
 
 
 def snapshot(repo: str, patterns: list[str], revision: str | None = None, repo_type: str = "model",
              command: str | None = None) -> str:
     """A local snapshot directory of `repo` holding the files that match `patterns`: downloaded into
     the cache when online, else found there. `command` is what to tell the user to run when it is
-    missing (by default the huggingface-cli download)."""
+    missing (by default the hf download)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError,
                                         RevisionNotFoundError)
@@ -51,7 +51,7 @@ def snapshot(repo: str, patterns: list[str], revision: str | None = None, repo_t
                                  cache_dir=cache, local_files_only=is_offline)
     except (RepositoryNotFoundError, RevisionNotFoundError) as e:
         raise HubError(f"{type(e).__name__} on the Hugging Face Hub (a private or gated repository needs "
-                       "`huggingface-cli login`)") from None
+                       "`hf auth login`)") from None
     except (LocalEntryNotFoundError, FileNotFoundError):
         why = "HF_HUB_OFFLINE=1" if is_offline else "the Hub cannot be reached"
         run = command or download_command(repo, revision, repo_type)

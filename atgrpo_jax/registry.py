@@ -59,9 +59,38 @@ class Registry(Generic[T]):
         return self._items.items()
 
 
+# Objects handed to the Python API (`atgrpo_jax.Trainer`: reward functions, data sets, workflows), under
+# `py:` names that stand in the config (config.json holds the name, so a resumed run finds the same one).
+OBJECTS: dict[str, Any] = {}
+
+
+def register_object(obj: Any, kind: str) -> str:
+    """A `py:` name for `obj`, stable across processes: a function's module and qualified name, another
+    object's kind and the digest of its repr (a data set's records)."""
+    import hashlib
+
+    qualname = getattr(obj, "__qualname__", None)
+    if callable(obj) and qualname and "<" not in qualname:
+        name = f"py:{kind}:{getattr(obj, '__module__', '?')}.{qualname}"
+    else:
+        name = f"py:{kind}:{hashlib.sha1(repr(obj).encode()).hexdigest()[:12]}"
+    OBJECTS[name] = obj
+    return name
+
+
+def registered(name: str, key: str) -> Any:
+    """The object behind a `py:` name; a ValueError naming the config `key` when this process has none."""
+    if name not in OBJECTS:
+        raise ValueError(f"{key}={name!r}: no such object in this process (a `py:` name stands for an object "
+                         "handed to atgrpo_jax.Trainer: run through the same Python API)")
+    return OBJECTS[name]
+
+
 def import_function(spec: str, key: str) -> Callable[..., Any]:
-    """`package.module:function` -> the function (a user's workflow factory or reward); a bad spec is
-    a ValueError naming the config `key`."""
+    """`package.module:function` (or a `py:` name of the Python API) -> the function (a user's workflow
+    factory or reward); a bad spec is a ValueError naming the config `key`."""
+    if str(spec).startswith("py:"):
+        return registered(str(spec), key)
     module_name, colon, attr = str(spec).partition(":")
     if not colon or not module_name or not attr:
         raise ValueError(f"{key}={spec!r}: give it as 'package.module:function'")

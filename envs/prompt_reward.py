@@ -54,15 +54,19 @@ class PromptReward:
     name = "prompt_reward"
     roles: tuple[str, ...] = ("assistant",)
 
-    def __init__(self, train_path: str = "", test_path: str = "", reward_fn: str = "", system_prompt: str = "",
-                 max_turns: int = 1, success_at: float = 1.0, fields=None, single_agent=False, valid_path: str = ""):
+    def __init__(self, train_path: str = "", test_path: str = "", reward_fn="", system_prompt: str = "",
+                 max_turns: int = 1, success_at: float = 1.0, fields=None, single_agent=False, valid_path: str = "",
+                 reward_weights=None):
         for key, value in (("train_path", train_path), ("test_path", test_path), ("reward_fn", reward_fn)):
             if not value:
                 raise ValueError(f"env.kwargs.{key}: prompt_reward needs it (see envs/prompt_reward.py)")
         if not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"env.kwargs.max_turns: must be an int >= 1, got {max_turns!r}")
-        self.reward_spec = reward_fn
-        self.reward_fn = import_function(reward_fn, "env.kwargs.reward_fn")
+        specs = [reward_fn] if isinstance(reward_fn, str) else list(reward_fn)
+        weights = [1.0] * len(specs) if reward_weights is None else [float(w) for w in reward_weights]
+        if len(weights) != len(specs):
+            raise ValueError(f"env.kwargs.reward_weights: {len(weights)} weights for {len(specs)} reward functions")
+        self.reward_fns = [(spec, import_function(spec, "env.kwargs.reward_fn"), w) for spec, w in zip(specs, weights)]
         self.system_prompt, self.max_turns, self.success_at = system_prompt, max_turns, float(success_at)
         self.data = {}
         sources = (("train", train_path), ("test", test_path)) + ((("valid", valid_path),) if valid_path else ())
@@ -116,11 +120,22 @@ class PromptReward:
         return [self.messages(agent, self.record(state, b), state["history"][b]) for b in range(len(state["done"]))]
 
     # ------------------------------------------------------------ step
-    def score(self, completions: list[str], records: list[dict]) -> tuple[np.ndarray, list[str]]:
-        """The reward function on one batch, checked: (scores [N], feedback [N])."""
-        who = f"env.kwargs.reward_fn={self.reward_spec!r}"
+    def score(self, completions: list[str], records: list[dict], **context) -> tuple[np.ndarray, list[str]]:
+        """The reward functions on one batch, checked and summed with their weights: (scores [N], feedback [N],
+        the first function's that gives any). context: the role, turn and history a function may ask for."""
+        total, feedback = np.zeros(len(completions), np.float32), None
+        for spec, fn, weight in self.reward_fns:
+            scores, said = self._score_one(spec, fn, completions, records, context)
+            total += np.float32(weight) * scores
+            feedback = said if feedback is None else feedback
+        if feedback is None:
+            feedback = [f"Your answer scored {s:.3g}. Try again." for s in total]
+        return total, [str(f) for f in feedback]
+
+    def _score_one(self, spec, fn, completions, records, context) -> tuple[np.ndarray, list | None]:
+        who = f"env.kwargs.reward_fn={spec!r}"
         try:
-            out = self.reward_fn(completions, records)
+            out = call_asking(fn, completions=completions, records=records, **context)
         except (Exception, SystemExit, KeyboardInterrupt) as e:  # noqa: BLE001 - the user's code: one line naming it
             detail = first_line(e) or "(no message)"
             raise RewardError(f"{who} raised {type(e).__name__}: {detail} "
@@ -144,20 +159,20 @@ class PromptReward:
         bad = np.flatnonzero(~np.isfinite(scores))
         if bad.size:
             raise RewardError(f"{who} returned {out[bad[0]]!r} for response {bad[0]}: not a finite float32 number")
-        if feedback is None:
-            feedback = [f"Your answer scored {s:.3g}. Try again." for s in scores]
-        return scores, [str(f) for f in feedback]
+        return scores, feedback
 
     def step(self, state, agent: int, turn: int, responses: Sequence[Sequence[str]]) -> StepOut:
         batch = len(state["done"])
         grid = response_grid(responses, batch)
         k = len(grid[0])
         records = [self.record(state, b) for b in range(batch)]
+        role = self.agents[agent].name
+        histories = [state["history"][b] for b in range(batch) for _ in range(k)]
         scores, feedback = self.score([r for row in grid for r in row], [records[b] for b in range(batch)
-                                                                          for _ in range(k)])
+                                                                          for _ in range(k)],
+                                      role=role, turn=turn, history=histories)
         scores = scores.reshape(batch, k)
         out = branch(state, k)
-        role = self.agents[agent].name
         last = agent == len(self.agents) - 1
         for b in range(batch):
             for j in range(k):
@@ -169,6 +184,23 @@ class PromptReward:
             out["done"] = success | (turn + 1 >= self.max_turns)
         return StepOut(state=out, local_reward=scores, team_reward=scores,
                        parsed_as=obj_array([f"score {s:.3g}" for s in scores.ravel()]).reshape(batch, k))
+
+
+def call_asking(fn, **available):
+    """fn called with the keyword arguments it names among `available` (all of them with **kwargs), as
+    TRL passes dataset columns; a function whose parameters name none of them gets (completions, records)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C function: the positional form
+        return fn(available["completions"], available["records"])
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return fn(**available)
+    asked = {name: available[name] for name in params if name in available}
+    if not asked:
+        return fn(available["completions"], available["records"])
+    return fn(**asked)
 
 
 def make_prompt_reward(single_agent: bool = False, **kwargs) -> PromptReward:

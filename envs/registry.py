@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from atgrpo_jax.registry import Registry, closest, import_function
+from atgrpo_jax.registry import Registry, closest, import_function, registered
 
 WORKFLOWS: Registry = Registry("env.workflow")
 GRID_KINDS = ("tool_plan", "direct")  # `<game>_<kind>`; single_agent picks `<kind>_single`
@@ -78,6 +78,11 @@ def known_names() -> list[str]:
 
 def factory_of(name: str) -> Callable[..., Any]:
     """The factory a workflow name stands for; an unknown name is a ValueError naming the choices."""
+    if name.startswith("py:"):  # a workflow object of the Python API (an Episode is made one)
+        from atgrpo_jax.envs.episode import as_workflow
+
+        obj = registered(name, "env.workflow")
+        return lambda single_agent=False, **kwargs: as_workflow(obj)
     if ":" in name:
         return import_function(name, "env.workflow")
     if name in WORKFLOWS:

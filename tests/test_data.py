@@ -122,7 +122,7 @@ def test_hf_names_come_from_the_hub_cache_and_feed_a_workflow(hub, monkeypatch):
     with pytest.raises(DataError, match="no split 'dev'; it has test, train"):
         first("hf:org/plain::dev")
     with pytest.raises(DataError, match=r"^org/absent: not in the Hugging Face cache .* HF_HUB_OFFLINE=1: "
-                                         r"run `huggingface-cli download --repo-type dataset org/absent`"):
+                                         r"run `hf download --repo-type dataset org/absent`"):
         first("hf:org/absent")
     hub_repo(hub, "org/scripted", {"scripted.py": b"import datasets\n", "README.md": b"# no configs\n"})
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed

@@ -75,7 +75,11 @@ def main() -> int:
     parser.add_argument("--out", default="docs/results/paper_compiles.json")
     parser.add_argument("--only", default="", help="a size (1p7b, 8b) or regime to restrict the compiles to")
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--markdown", action="store_true", help="print docs/tpu.md's tables from --out and exit")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown(os.path.join(ROOT, args.out)))
+        return 0
     jobs = [(s, r, t) for s in TARGETS for r in REGIMES for t in TARGETS[s] if args.only in (s, r, "")]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         compiles = list(pool.map(lambda j: compile_one(*j), jobs))
@@ -87,6 +91,45 @@ def main() -> int:
     with open(os.path.join(ROOT, args.out), "w") as f:
         json.dump(out, f, indent=1)
     return 0
+
+
+
+def markdown(path: str) -> str:
+    """docs/tpu.md's tables from the sweep's JSON."""
+    with open(path) as f:
+        out = json.load(f)
+    gib = 2 ** 30
+    lines = ["| size | regime | target | exit | program (pool) | compiled GiB | planned GiB | diff | HBM GiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in out["compiles"]:
+        head = f"| {c['size']} | {c['regime']} | {c['target']} | {c['exit']} |"
+        if "report" not in c:
+            lines.append(f"{head} {c['error'][:120]} | | | | |")
+            continue
+        for p in c["report"]["programs"]:
+            plan = p["planned_peak_bytes"]
+            diff = f"{100 * (plan / p['compiled_peak_bytes'] - 1):+.1f}%" if plan else "-"
+            planned = f"{plan / gib:.2f}" if plan else "-"
+            lines.append(f"{head} {p['name']} ({p['pool']}) | {p['compiled_peak_bytes'] / gib:.2f} | {planned} | "
+                         f"{diff} | {p['hbm_bytes'] / gib:.1f} |")
+    lines += ["", "| config | regime | " + " | ".join(TARGETS["1p7b"] + GPU_TARGETS) + " | published |",
+              "|---|---|" + "---|" * (len(TARGETS["1p7b"]) + len(GPU_TARGETS) + 1)]
+    by = {(m["size"], m["task"], m["regime"], m["target"]): m for m in out["models"]}
+    for size in TARGETS:
+        for task in TASKS:
+            for regime in REGIMES:
+                cells = []
+                for target in TARGETS[size] + GPU_TARGETS:
+                    m = by.get((size, task, regime, target))
+                    if m is None:
+                        cells.append("")
+                        continue
+                    fits = "" if m["planned_fits"] else " (does not fit)"
+                    cells.append(f"{m['step_s']['total']:.0f} s, {m['run_hours']:.1f} h{fits}")
+                published = out["published_hours"].get(f"{task}_{size}")
+                lines.append(f"| {task}_qwen3_{size} | {regime} | " + " | ".join(cells)
+                             + (f" | {published} h |" if published else " | - |"))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

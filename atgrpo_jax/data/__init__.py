@@ -61,7 +61,13 @@ def is_prepared_name(name: str, task: str = "") -> bool:
 
 
 def read_rows(source: str) -> list[dict]:
-    """All rows of a source: a local file or directory (readers.py) or hf:org/name (hub.py)."""
+    """All rows of a source: a local file or directory (readers.py), hf:org/name (hub.py), or the `py:`
+    name of records handed to the Python API (a list of dicts or a `datasets.Dataset`)."""
+    if source.startswith("py:"):
+        from atgrpo_jax.registry import registered
+
+        rows = registered(source, "data source")
+        return list(rows.to_list() if hasattr(rows, "to_list") else rows)
     if source.startswith("hf:"):
         from atgrpo_jax.data.hub import read_hf
         return read_hf(source)

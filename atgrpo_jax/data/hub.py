@@ -42,7 +42,7 @@ def parse_hf(source: str) -> HfSpec:
 
 def snapshot(repo: str, patterns: list[str], revision: str | None = None, command: str | None = None) -> str:
     """A local snapshot directory of dataset `repo` holding (at least) the files matching `patterns`;
-    `command` is what to run where it is missing (by default the huggingface-cli download)."""
+    `command` is what to run where it is missing (by default the hf download)."""
     try:
         return hub.snapshot(repo, patterns, revision, repo_type="dataset", command=command)
     except hub.HubError as e:

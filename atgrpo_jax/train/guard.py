@@ -108,3 +108,23 @@ def skip_streaks(streaks: dict[str, int], metrics: dict, names: list[str]) -> di
         tail = int(metrics.get(prefix + "skipped_tail", 0))
         out[name] = out.get(name, 0) + int(skipped) if skipped == updates else tail
     return out
+
+
+class SignalWatch:
+    """Says once when a run cannot learn: every group's K rewards equal (every advantage 0) for `steps`
+    training steps in a row, so the updates change nothing."""
+
+    def __init__(self, steps: int = 5):
+        self.steps, self.flat, self.said = steps, 0, False
+
+    def update(self, metrics: dict) -> str | None:
+        """The warning to print after this step's metrics (once per run), or None."""
+        self.flat = self.flat + 1 if metrics.get("adv_abs_mean", 1.0) == 0 else 0
+        if self.flat < self.steps or self.said:
+            return None
+        self.said = True
+        return (f"warning: no learning signal: in each of the last {self.steps} steps every group's rewards were "
+                f"all equal (reward mean {metrics.get('reward_mean', float('nan')):.3g}), so every advantage is 0 and "
+                "the updates change nothing. Sample more diversely (rollout.temperature, rollout.k), give a "
+                "reward with more levels, or check that the reward function can tell answers apart")
+

@@ -123,6 +123,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     step = start
     streaks: dict[str, int] = {}  # consecutive skipped updates per policy
     skipped = 0  # skipped updates in this process's part of the run
+    signal = guard.SignalWatch()
 
     def log_episodes(step):
         def write(samples, episodes, adv):
@@ -176,6 +177,9 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
             metrics.update(pool_busy(tracer, run, time.perf_counter() - step_began))
             streaks = guard.skip_streaks(streaks, metrics, policy_names)
             skipped += guard.skipped_updates(metrics, policy_names)
+            no_signal = signal.update(metrics)
+            if no_signal and lead:
+                print(no_signal, file=sys.stderr, flush=True)
             if lead and config.system.trace_every and step % config.system.trace_every == 0:
                 tracer.write(wd.join(workdir, "trace", f"step_{step}.json"))
             out_of_time = bool(t.time_budget_s) and time.time() - began > t.time_budget_s

@@ -122,6 +122,11 @@ def build_run(config, workdir: str | None = None) -> Run:
         workflow = make_workflow(config.env.workflow, single_agent=config.env.single_agent, **dict(config.env.kwargs))
     except ValueError as e:
         raise ConfigError(f"config.{e}" if str(e).startswith("env.") else f"config.env: {e}") from None
+    declared = getattr(workflow, "max_turns", None)
+    if declared and config.rollout.max_turns < declared and (
+            "max_turns" in config.env.kwargs or config.env.workflow.startswith("py:")):
+        raise ConfigError(f"config.rollout.max_turns: {config.rollout.max_turns} would cut {config.env.workflow}'s "
+                          f"episodes of {declared} turns short; raise it to {declared} (or give the workflow fewer)")
     names = [a.name for a in workflow.agents]
     for key, given in (("rollout.agents", set(config.rollout.agents)), ("policy.frozen_agents",
                                                                           set(config.policy.frozen_agents))):

@@ -112,7 +112,8 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     r = c.rollout
     for key in ("num_tasks", "k", "max_turns", "max_new_tokens", "max_prompt_len"):
         _require(isinstance(r[key], int) and r[key] > 0, f"rollout.{key}", f"must be a positive int, got {r[key]!r}")
-    _require(r.k >= 2 or not r.tree, "rollout.k", "tree sampling needs k >= 2 branches")
+    _require(r.k >= 2, "rollout.k", f"{r.k}: a group of one sample has no reward variance, so every advantage is "
+             "0 and nothing is learned; use k >= 2 (the paper: 8)")
     _require(isinstance(r.decode_slots, int) and r.decode_slots >= 0, "rollout.decode_slots",
              f"must be an int >= 0 (0 = all rows at once), got {r.decode_slots!r}")
     _require(r.plain_grouping in PLAIN_GROUPINGS, "rollout.plain_grouping",

@@ -24,7 +24,7 @@ def missing() -> str | None:
     try:
         import wandb  # noqa: F401
     except ImportError:
-        return "the wandb package is not installed: pip install -e \".[wandb]\" (or pip install wandb)"
+        return "the wandb package, which is not installed: pip install -e \".[wandb]\" (or pip install wandb)"
     return None
 
 

@@ -54,8 +54,8 @@ def test_offline_missing_is_one_line_naming_the_download(offline_cache):
         local_model_dir("tiny-org/tiny-qwen3@v2")
     msg = str(e.value)
     assert "\n" not in msg and "model.hf_path='tiny-org/tiny-qwen3@v2'" in msg and "HF_HUB_OFFLINE=1" in msg
-    assert "huggingface-cli download tiny-org/tiny-qwen3 --revision v2" in msg
-    with pytest.raises(CheckpointError, match="huggingface-cli download other-org/absent`"):
+    assert "hf download tiny-org/tiny-qwen3 --revision v2" in msg
+    with pytest.raises(CheckpointError, match="hf download other-org/absent`"):
         local_model_dir("other-org/absent")
 
 
@@ -86,7 +86,7 @@ def test_evaluate_hf_path_offline_fails_in_one_line(offline_cache, tmp_path, cap
     lines = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith(
         "error: --hf_path='tiny-org/not-downloaded': no such directory, and as a hub id: not in the Hugging Face cache")
-    assert "HF_HUB_OFFLINE=1: run `huggingface-cli download tiny-org/not-downloaded`" in lines[0]
+    assert "HF_HUB_OFFLINE=1: run `hf download tiny-org/not-downloaded`" in lines[0]
 
 
 def test_load_pretrained_takes_a_hub_id(offline_cache):

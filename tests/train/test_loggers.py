@@ -79,7 +79,7 @@ def test_wandb_without_the_package_is_a_config_error(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
     c = cli.config_from_args(os.path.join(ROOT, "configs", "sum_digits.py"), [("train.loggers", "('wandb',)")])
-    with pytest.raises(ConfigError, match=r"'wandb' needs the wandb package is not installed: pip install"):
+    with pytest.raises(ConfigError, match=r"'wandb' needs the wandb package, which is not installed: pip install"):
         run_training(c, str(tmp_path))
     assert not os.listdir(tmp_path)  # nothing written
 

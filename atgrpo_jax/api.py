@@ -1,0 +1,111 @@
+"""The Python API: the commands' work, callable from a script or a notebook.
+
+    from atgrpo_jax import Trainer
+
+    def reward(completions, records):  # one number per completion; it may also ask for role, turn, history
+        return [1.0 if c.strip() == r["answer"] else 0.0 for c, r in zip(completions, records)]
+
+    trainer = Trainer("configs/sum_digits.py", workdir="runs/mine", reward_fns=reward,
+                      train_dataset=[{"prompt": "2+3=", "answer": "5"}, ...])
+    metrics = trainer.train()          # the final held-out evaluation's metrics
+    trainer.export("runs/mine/hf")     # a Hugging Face model directory
+
+Objects handed over here (reward functions, data sets, workflows) go into the config under `py:` names
+(atgrpo_jax/registry.py), so config.json names them and a run resumed through the same call finds them.
+The command-line tools are this API with flags: `python -m atgrpo_jax.train` is `Trainer(...).train()`.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Sequence
+
+import ml_collections
+
+from atgrpo_jax import cli
+from atgrpo_jax.registry import register_object
+
+RewardFn = Callable[..., Sequence[float]]
+
+
+def as_config(config, overrides: dict | None = None) -> ml_collections.ConfigDict:
+    """A config file's path ("configs/x.py[:ARG]"), a ConfigDict or `get_config()`'s result, as a (copied,
+    locked) ConfigDict with `overrides` ({"rollout.k": 4}) applied."""
+    items = [(k, repr(v) if not isinstance(v, str) else v) for k, v in (overrides or {}).items()]
+    if isinstance(config, str):
+        return cli.config_from_args(config, items)
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise cli.UsageError(f"config: a config file's path or an ml_collections.ConfigDict, got {type(config).__name__}")
+    c = cli.apply_overrides(copy.deepcopy(config), items)
+    c.lock()
+    return c
+
+
+def _dataset(data, what: str) -> str:
+    """A path or hf: name as it is; records (a list of dicts, a `datasets.Dataset`) under a `py:` name."""
+    if isinstance(data, str):
+        return data
+    if hasattr(data, "to_list") or (isinstance(data, (list, tuple)) and all(isinstance(r, dict) for r in data)):
+        return register_object(data, "data")
+    raise cli.UsageError(f"{what}: a path, an hf: name, a list of dicts or a datasets.Dataset, got "
+                         f"{type(data).__name__}")
+
+
+class Trainer:
+    """One training run in `workdir`: train, evaluate, export (as the commands do).
+
+    config: a config file's path, a ConfigDict, or `get_config()`'s result. reward_fns: a callable or a
+    list of them, summed with `reward_weights` (default 1 each); each gets `completions` and `records` (the
+    dataset rows), and `role`, `turn`, `history` if it names them. With reward functions the task is
+    `prompt_reward`; train_dataset and eval_dataset (default: the training set) replace the config's data.
+    workflow: an object with the batched Workflow protocol
+    (envs/workflow.py) or an Episode (envs/episode.py: written for one episode). overrides: config keys.
+    """
+
+    def __init__(self, config, *, workdir: str, reward_fns: RewardFn | Sequence[RewardFn] | None = None,
+                 reward_weights: Sequence[float] | None = None, train_dataset=None, eval_dataset=None,
+                 workflow: Any = None, overrides: dict | None = None):
+        self.workdir = workdir
+        self.config = c = as_config(config, overrides)
+        if workflow is not None and reward_fns is not None:
+            raise cli.UsageError("give reward_fns (a prompt_reward task) or a workflow, not both")
+        kwargs = c.env.kwargs.to_dict()
+        with c.unlocked():
+            if workflow is not None:
+                c.env.workflow = register_object(workflow, "workflow")
+            if reward_fns is not None:
+                fns = list(reward_fns) if isinstance(reward_fns, (list, tuple)) else [reward_fns]
+                if not all(callable(f) for f in fns):
+                    raise cli.UsageError("reward_fns: a callable or a list of callables")
+                c.env.workflow = "prompt_reward"
+                names = [register_object(f, "reward") for f in fns]
+                kwargs["reward_fn"] = names[0] if len(names) == 1 else names
+                if reward_weights is not None:
+                    kwargs["reward_weights"] = [float(w) for w in reward_weights]
+            if train_dataset is not None:
+                kwargs["train_path"] = _dataset(train_dataset, "train_dataset")
+            if eval_dataset is not None or train_dataset is not None:  # held out: eval_dataset, else the training set
+                kwargs["test_path"] = _dataset(eval_dataset if eval_dataset is not None else train_dataset,
+                                               "eval_dataset")
+            c.env.kwargs = ml_collections.ConfigDict(kwargs)  # a new section: values may change their types
+
+    def train(self, *, allow_config_change: bool = False, fresh_if_unreadable: bool = False) -> dict:
+        """Train (resuming from the workdir's newest checkpoint); returns the last evaluation's metrics."""
+        from atgrpo_jax.train.loop import run_training
+
+        last = run_training(self.config, self.workdir, allow_config_change=allow_config_change,
+                            fresh_if_unreadable=fresh_if_unreadable)
+        return {k: v for k, v in last.items() if k.startswith("eval")}
+
+    def evaluate(self, *, splits: Sequence[str] = (), tasks: int | None = None, k: int | None = None,
+                 temperature: float | None = None, out: str = "") -> dict:
+        """The held-out evaluation of the latest checkpoint (as `python -m atgrpo_jax.evaluate`)."""
+        from atgrpo_jax.evaluate import run_evaluation
+
+        return run_evaluation(copy.deepcopy(self.config), self.workdir, None, splits, tasks, k, temperature, out)
+
+    def export(self, path: str, *, policy: str | None = None, step: int | None = None, lora: str = "merge",
+               overwrite: bool = False) -> dict:
+        """One policy as a Hugging Face model directory at `path` (as `python -m atgrpo_jax.export`)."""
+        from atgrpo_jax.export import export_policy
+
+        return export_policy(self.workdir, path, step=step, policy=policy, lora=lora, overwrite=overwrite)

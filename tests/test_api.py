@@ -1,0 +1,116 @@
+"""The Python API (atgrpo_jax.Trainer) and one-episode workflows (atgrpo_jax.Episode), as a TRL user
+would try them: reward functions and records in memory, a two-role episode in ~30 lines."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from atgrpo_jax import Trainer
+from atgrpo_jax.envs.episode import EpisodeWorkflow
+from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.errors import ConfigError
+from atgrpo_jax.train.guard import SignalWatch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "docs", "examples"))
+import agree  # noqa: E402  (the docs' example, trained here)
+
+SHORT = {"train.steps": 2, "train.eval_every": 2, "train.eval_tasks": 4, "rollout.num_tasks": 4, "rollout.k": 2}
+DATA = [{"prompt": f"{a}+{b}=", "answer": a + b} for a in range(4) for b in range(3)]
+SEEN = []  # what the reward functions were called with
+
+
+def exact(completions, records, role, turn):
+    SEEN.append((role, turn))
+    return [1.0 if c.strip() == str(r["answer"]) else 0.0 for c, r in zip(completions, records)]
+
+
+def length(completions):
+    return [min(len(c), 3) / 3 for c in completions]
+
+
+def test_a_trainer_trains_on_records_and_reward_functions_then_resumes_and_exports(tmp_path):
+    work = str(tmp_path / "run")
+    trainer = Trainer(os.path.join(ROOT, "configs", "sum_digits.py"), workdir=work, reward_fns=[exact, length],
+                      reward_weights=[1.0, 0.1], train_dataset=DATA, overrides=SHORT)
+    metrics = trainer.train()
+    assert set(metrics) >= {"eval_success", "eval/test/avg@1"} and 0 <= metrics["eval_success"] <= 1
+    assert SEEN and set(SEEN) == {("assistant", 0)}  # asked for role and turn: it got them
+    saved = json.loads(open(os.path.join(work, "config.json")).read())["env"]["kwargs"]
+    assert [n.rsplit(".", 2)[-2:] for n in saved["reward_fn"]] == [["test_api", "exact"], ["test_api", "length"]]
+    assert saved["train_path"].startswith("py:data:") and saved["test_path"] == saved["train_path"]
+    again = Trainer(os.path.join(ROOT, "configs", "sum_digits.py"), workdir=work, reward_fns=[exact, length],
+                    reward_weights=[1.0, 0.1], train_dataset=DATA, overrides={**SHORT, "train.steps": 3})
+    again.train()  # the same objects under the same names: a plain resume
+    rows = [json.loads(line)["step"] for line in open(os.path.join(work, "metrics.jsonl"))]
+    assert rows == [0, 1, 2, 3]
+    out = again.export(str(tmp_path / "hf"))
+    assert "model.safetensors" in out["files"] and out["step"] == 3
+
+
+def test_several_reward_functions_are_summed_with_their_weights(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": 2}\n')
+    wf = make_workflow("prompt_reward", train_path=str(data), test_path=str(data),
+                       reward_fn=["prompt_reward_fns:exact", "test_api:length"], reward_weights=[1.0, 0.5])
+    scores, feedback = wf.score(["2", "1"], [{"answer": 2}, {"answer": 2}], role="assistant", turn=0,
+                                history=[(), ()])
+    np.testing.assert_allclose(scores, [1.0 + 0.5 / 3, 0.5 / 3], rtol=1e-6)
+    assert feedback[0].startswith("Your answer scored")
+    with pytest.raises(ValueError, match=r"env.kwargs.reward_weights: 1 weights for 2 reward functions"):
+        make_workflow("prompt_reward", train_path=str(data), test_path=str(data),
+                      reward_fn=["prompt_reward_fns:exact", "test_api:length"], reward_weights=[1.0])
+
+
+class Counter:
+    """An episode whose step changes the state it gets: each branch must have its own copy."""
+
+    roles = ("a", "b")
+    max_turns = 2
+    splits = {"test": 3}
+
+    def reset(self, task, split):
+        return {"seen": [], "task": task}
+
+    def prompt(self, role, turn, state):
+        return [{"role": "user", "content": f"{role}{turn}{len(state['seen'])}"}]
+
+    def step(self, role, turn, state, text):
+        state["seen"].append(text)
+        return state, float(len(text)), float(text == "ok"), text == "stop"
+
+
+def test_an_episode_runs_batched_with_a_copy_per_branch():
+    wf = EpisodeWorkflow(Counter())
+    state = wf.reset([0, 1], "train")
+    out = wf.step(state, 0, 0, [["ok", "x"], ["stop", "yy"]])
+    assert out.local_reward.tolist() == [[2, 1], [4, 2]] and out.team_reward.tolist() == [[1, 0], [0, 0]]
+    assert [s["seen"] for s in out.state["state"].ravel()] == [["ok"], ["x"], ["stop"], ["yy"]]
+    assert state["state"][0]["seen"] == []  # the state it was given is untouched
+    assert out.state["done"].tolist() == [[False, False], [True, False]]
+    assert out.state["success"].tolist() == [[True, False], [False, False]]  # default: team reward > 0
+    assert wf.prompts({"state": out.state["state"][:, 0]}, 1, 0)[0] == [{"role": "user", "content": "b01"}]
+
+
+def test_the_docs_two_role_episode_trains(tmp_path):
+    trainer = agree.trainer(str(tmp_path / "agree"), **{"train.steps": 2, "train.eval_every": 2,
+                                                        "rollout.num_tasks": 4, "train.eval_tasks": 4})
+    metrics = trainer.train()
+    assert 0 <= metrics["eval_success"] <= 1
+    rows = [json.loads(line) for line in open(tmp_path / "agree" / "metrics.jsonl")]
+    assert {"reward/proposer", "reward/critic"} <= set(rows[-1])
+
+
+def test_runs_that_cannot_learn_say_so(tmp_path):
+    with pytest.raises(ConfigError, match=r"config.rollout.k: 1: a group of one sample has no reward variance"):
+        Trainer(os.path.join(ROOT, "configs", "demo.py"), workdir=str(tmp_path / "k1"),
+                overrides={"rollout.k": 1, "rollout.tree": False}).train()
+    with pytest.raises(ConfigError, match=r"config.rollout.max_turns: 1 would cut .* episodes of 2 turns short"):
+        Trainer(os.path.join(ROOT, "configs", "demo.py"), workdir=str(tmp_path / "cut"), workflow=Counter(),
+                overrides={"rollout.max_turns": 1}).train()
+    watch = SignalWatch(steps=3)
+    said = [watch.update({"adv_abs_mean": a, "reward_mean": 0.5}) for a in (0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.0)]
+    assert [s is not None for s in said] == [False, False, False, False, False, True, False]  # once, after 3 flat
+    assert said[5].startswith("warning: no learning signal: in each of the last 3 steps every group's rewards")
