@@ -11,6 +11,7 @@ import types
 from absl import flags
 
 from atgrpo_jax import cli
+from atgrpo_jax.train.progress import say
 
 
 def main(f, overrides=()):
@@ -18,6 +19,7 @@ def main(f, overrides=()):
     if not f.workdir.value:
         raise cli.UsageError("--workdir is required")
     config = cli.config_from_args(f.config.value, overrides)
+    say(f"train {f.config.value} in {f.workdir.value}: loading jax and the trainer")
     from atgrpo_jax.train.loop import run_training  # (after the config: a bad one is refused in a second)
 
     run_training(config, f.workdir.value, allow_config_change=f.allow_config_change.value,

@@ -150,8 +150,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 10  # save a checkpoint every this many steps (and at the end)
     c.train.keep_last = 2  # checkpoints kept besides the best one (0 = all)
     c.train.time_budget_s = 0.0  # stop (evaluate, checkpoint) after this many seconds (0 = no limit)
-    c.train.compile_cache = "auto"  # JAX's persistent compilation cache, so a restarted run skips compiling: "auto" =
-    # <workdir>/compile_cache on GPU/TPU with a local workdir, none on CPU; "" = off; or a directory
+    c.train.compile_cache = "auto"  # JAX's persistent compilation cache, so a second run of a config skips
+    # compiling: "auto" = $JAX_COMPILATION_CACHE_DIR, else ~/.cache/atgrpo-jax/jax ($XDG_CACHE_HOME); "" = off; or a
+    # directory
     c.train.max_skipped_updates = 4  # stop the run when a policy's updates are skipped (non-finite loss or
     # gradient) this many times in a row: it diverged (0 = never stop)
     c.train.loggers = ("console", "tensorboard", "jsonl")  # where metrics go: console (the progress line),

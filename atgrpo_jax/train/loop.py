@@ -31,7 +31,7 @@ from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, flat, 
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.episodes import as_markdown, training_records
 from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
-from atgrpo_jax.train.progress import ProgressBar
+from atgrpo_jax.train.progress import ProgressBar, say
 from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train.evaluation import evaluation, evaluation_splits
 from atgrpo_jax.train.step import policy_states, set_policy_states, train_step
@@ -94,9 +94,11 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     t = config.train
     resumed = bool(wd.exists(wd.checkpoint_dir(workdir)))
     changed = check_resume(config, workdir, allow_config_change) if resumed else {}
-    run = setup.build_run(config, workdir)
-    stop.install()  # after jax.distributed.initialize, which takes SIGTERM for itself
     lead = jax.process_index() == 0
+    say("building the run: tokenizer, model, workflow", lead)
+    run = setup.build_run(config, workdir)
+    say(run_summary(run), lead)
+    stop.install()  # after jax.distributed.initialize, which takes SIGTERM for itself
     splits = evaluation_splits(run)
     best = "valid_success" if "valid" in splits else "eval_success"  # choose on validation, report test
     start, states, meta = restore_or_start(config, run, workdir, fresh_if_unreadable, changed)
@@ -160,6 +162,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
         if stop.requested():
             raise stopped(start)
         if start == 0 and t.eval_every:
+            say("evaluating before training (the first sampling call compiles the sampler)", lead)
             last, _ = evaluation(run, splits, t.eval_tasks, t.eval_k)
             writer.write(0, dict(last, time_s=0.0))
             if lead:
@@ -167,6 +170,9 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
         for step in range(start + 1, t.steps + 1):
             if stop.requested():
                 raise stopped(step - 1)
+            if step == start + 1:
+                say(f"step {step}: the first step compiles what it runs (sampler buckets, the update); "
+                    "later steps reuse it", lead)
             tracer = Tracer()
             step_began = time.perf_counter()
             try:
@@ -230,6 +236,16 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     if lead:
         print(json.dumps({k: v for k, v in last.items() if k.startswith("eval")} | {"steps": step if t.steps else 0}))
     return last
+
+
+def run_summary(run) -> str:
+    """One line of what a run is: model, policies, devices, workflow."""
+    cfg = run.policies[0].model().cfg
+    devices = run.mesh.devices
+    return (f"{cfg.num_params() / 1e6:,.1f}M-parameter model, {len(run.policies)} "
+            f"polic{'y' if len(run.policies) == 1 else 'ies'} on {devices.size} {devices.flat[0].platform} "
+            f"device{'s' if devices.size > 1 else ''}; {run.workflow.name} with agents "
+            f"{', '.join(a.name for a in run.workflow.agents)}")
 
 
 def report_skipped(kept: int | None, skipped: int, step: int, checkpointing: bool, lead: bool) -> None:

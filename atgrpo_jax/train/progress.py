@@ -7,6 +7,16 @@ import time
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
 
+STARTED = time.monotonic()  # (this module is imported as a command starts)
+
+
+def say(text: str, enabled: bool = True) -> None:
+    """A line of what the command is doing, with the seconds since it started: the first minute of a
+    run (loading, the first compilations) is otherwise silent."""
+    if enabled:
+        print(f"[{time.monotonic() - STARTED:6.1f}s] {text}", flush=True)
+
+
 def _hms(seconds: float) -> str:
     s = int(max(seconds, 0))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

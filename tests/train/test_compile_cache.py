@@ -10,11 +10,15 @@ from tiers import FULL
 CONFIG = os.path.join(os.path.dirname(__file__), "tiny_config.py")
 
 
-def test_auto_is_the_workdir_on_accelerators_with_a_local_workdir_only(tmp_path):
+def test_auto_is_the_user_cache_unless_jax_is_given_one(tmp_path, monkeypatch):
     run = str(tmp_path / "run")
-    assert cache_dir("auto", run, "gpu") == cache_dir("auto", run, "tpu") == str(tmp_path / "run" / "compile_cache")
-    assert cache_dir("auto", run, "cpu") is None  # seconds of compiling there
-    assert cache_dir("auto", "gs://bucket/run", "tpu") is None
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    for platform in ("cpu", "gpu", "tpu"):
+        assert cache_dir("auto", run, platform) == str(tmp_path / "xdg" / "atgrpo-jax" / "jax")
+    assert cache_dir("auto", "gs://bucket/run", "tpu") == str(tmp_path / "xdg" / "atgrpo-jax" / "jax")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_dir("auto", run, "cpu") == str(tmp_path / "mine")
     assert cache_dir("", run, "gpu") is None
     assert cache_dir("/elsewhere/cache", run, "cpu") == "/elsewhere/cache"
 
