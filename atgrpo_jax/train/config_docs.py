@@ -1,5 +1,6 @@
 """The config reference: every key of `base_config`, its default and its meaning, read from the
-comments in `config.py`'s source (`python -m atgrpo_jax.train.config_docs` prints the README's table)."""
+comments in `config.py`'s source (`python -m atgrpo_jax.train.config_docs > docs/reference/config.md`
+writes the docs' page)."""
 from __future__ import annotations
 
 import inspect
@@ -30,8 +31,24 @@ def config_docs() -> list[tuple[str, str, str]]:
     return [tuple(r) for r in rows]
 
 
+PAGE_HEAD = """# Config keys
+
+Every key a config file or `--config.KEY=VALUE` sets, its default and what it means. This page is made
+from the comments in `atgrpo_jax/train/config.py` (`python -m atgrpo_jax.train.config_docs`); a test
+keeps the two equal. Sections hold keys (`rollout.k`); `env.kwargs` and `rollout.agents` take keys of
+your choosing. `--config.regime=NAME` is shorthand for the settings of a regime (shared, per_role,
+lora, single_agent, plain_grpo), expanded once before anything runs.
+
+"""
+
+
+def config_docs_page() -> str:
+    """docs/reference/config.md."""
+    return PAGE_HEAD + config_docs_markdown() + "\n"
+
+
 def config_docs_markdown() -> str:
-    """The config reference table of the README."""
+    """The config reference table (of docs/reference/config.md)."""
     lines = ["| key | default | meaning |", "|---|---|---|"]
     for key, value, comment in config_docs():
         shown = f"`{value}`" if value else ""
@@ -39,5 +56,5 @@ def config_docs_markdown() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m atgrpo_jax.train.config_docs: the README's config reference
-    print(config_docs_markdown())
+if __name__ == "__main__":  # python -m atgrpo_jax.train.config_docs: docs/reference/config.md
+    print(config_docs_page(), end="")

@@ -76,9 +76,10 @@ def test_bad_kwargs_name_the_key(data, kwargs, message):
 
 
 def test_the_readme_two_role_example(data, tmp_path, monkeypatch):
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    readme = open(os.path.join(ROOT, "docs", "guides", "own-task.md"), encoding="utf-8").read()
     start = readme.index("## A reward function is enough")
-    code = re.findall(r"```python\n(.*?)```", readme[start:readme.index("\n## ", start + 1)], re.S)[-1]
+    end = readme.find("\n## ", start + 1)
+    code = re.findall(r"```python\n(.*?)```", readme[start:end if end > 0 else None], re.S)[-1]
     (tmp_path / "checked.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     wf = make_workflow("checked:make_workflow", reward_fn="prompt_reward_fns:exact", **data)
@@ -99,7 +100,7 @@ def test_the_readme_user_config_resolves(tmp_path):
 
     from atgrpo_jax.train.validate import resolve
 
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    readme = open(os.path.join(ROOT, "docs", "guides", "own-task.md"), encoding="utf-8").read()
     start = readme.index("## A reward function is enough")
     [code] = [c for c in re.findall(r"```python\n(.*?)```", readme[start:], re.S) if c.startswith("# my_config.py")]
     (tmp_path / "my_config.py").write_text(code)
