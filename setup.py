@@ -40,7 +40,7 @@ INSTALL_REQUIRES = [
     "matplotlib",
     "numpy",
     "absl-py",
-    "huggingface_hub",  # hub ids and hf: data sets (models/hub.py, atgrpo_jax/data); transformers brings it too
+    "huggingface_hub",  # hub ids and hf: data sets (models/hub_ids.py, atgrpo_jax/data); transformers brings it too
 ]
 
 # The test tools and what the tests read (pyarrow: parquet fixtures; pyyaml: model cards, cluster manifests;

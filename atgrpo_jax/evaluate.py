@@ -107,14 +107,14 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
     from atgrpo_jax.train.validate import resolve
     from atgrpo_jax.train.episodes import evaluation_records
     from atgrpo_jax.train.setup import build_run
-    from atgrpo_jax.train.evaluation import evaluation
+    from atgrpo_jax.train.heldout import evaluation
     from atgrpo_jax.train.step import policy_states, set_policy_states
 
     if (checkpoint is None) == (hf_path is None):
         raise cli.UsageError("give exactly one of --checkpoint and --hf_path")
     workdir = ckpt_dir = step = None
     if hf_path:
-        from atgrpo_jax.models.hub import local_model_dir
+        from atgrpo_jax.models.hub_ids import local_model_dir
         local_model_dir(hf_path, "--hf_path")  # a hub id: downloaded (or found in the cache) now, or one line
         config.model.hf_path = hf_path
         config.model.preset = ""  # the checkpoint's own architecture (config.json), not the config's preset

@@ -207,8 +207,8 @@ def main(f, overrides=()):
 
 def check_push(repo: str | None) -> None:
     """--push_to_hub that cannot work: one line, before any work."""
-    from atgrpo_jax.hub import offline
-    from atgrpo_jax.models.hub import is_repo_id
+    from atgrpo_jax.hf_cache import offline
+    from atgrpo_jax.models.hub_ids import is_repo_id
 
     if not repo:
         return

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from atgrpo_jax.models.hub import parse_hub_id
+from atgrpo_jax.models.hub_ids import parse_hub_id
 from atgrpo_jax.train.config import REGIMES, flat
 
 # Licenses of base models we know (the Qwen3 family is Apache-2.0); others are left out.

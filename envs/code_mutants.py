@@ -5,10 +5,15 @@ A test earns reward only when
    constant or compare a value with itself; a stdin/stdout test needs a non-empty expected output;
 2. a correct program passes it: the problem's reference solution, or, for a problem without one,
    the program under test when it passes every ground-truth test (no such program: no reward);
-3. it fails at least one wrong program: a mutant of that correct program (an empty body, a
-   constant return, a swapped operator, an off-by-one constant; at most MAX_MUTANTS of them), or
-   one of the problem's own known-wrong programs where the data has them (CodeContests'
-   incorrect_solutions, at most MAX_KNOWN_WRONG, tried first).
+3. it fails at least one wrong program: a mutant of that correct program (for a stdin program an
+   empty body or a constant output; for a function one that returns the empty value of the correct
+   result's type: `0`, `""`, `[]`, `False`; then a swapped operator, an off-by-one constant; at most
+   MAX_MUTANTS of them), or one of the problem's own known-wrong programs where the data has them
+   (CodeContests' incorrect_solutions, at most MAX_KNOWN_WRONG, tried first). A function's mutant
+   answers a call with the correct program's result wherever it would raise or return another type
+   (`typed`), so it differs from the correct program only in a value of the right type: a test that
+   checks only the type or that a result exists (`assert isinstance(f(x), int)`, `is not None`)
+   fails none of them and earns nothing, alone or bundled with others like it.
 
 Mutants run in rounds, cheapest first (the empty body kills most real tests), each round only on
 the tests that no earlier mutant failed, so a real test costs about two sandbox runs.
@@ -59,15 +64,15 @@ def _mutate(node: ast.AST) -> None:
 
 @functools.lru_cache(maxsize=4096)
 def mutants(program: str, kind: str, entry: str = "", max_mutants: int = MAX_MUTANTS) -> tuple[str, ...]:
-    """Up to max_mutants wrong versions of a correct program, the structural ones first: an empty
-    body (no output / returns None), a constant (prints 0 / returns 0), then point mutations at
-    sites spread evenly over the program. Deterministic; cached per program."""
+    """Up to max_mutants wrong versions of a correct program, the structural ones first (a stdin
+    program: no output, then printing 0; a function: the empty value of its result's type), then point
+    mutations at sites spread evenly over the program. Deterministic; cached per program."""
+    name = entry or "solution"
     if kind == "io":
         structural = ["pass\n", "print(0)\n"]
-    else:  # redefine the entry point last, whatever the program's own layout (helpers, classes)
-        name = entry or "solution"
-        structural = [f"{program}\n\ndef {name}(*args, **kwargs):\n    pass\n",
-                      f"{program}\n\ndef {name}(*args, **kwargs):\n    return 0\n"]
+    else:  # the empty value of the result's type (0, "", [], False)
+        structural = [f"{program}\n\n_correct_{name} = {name}\n\n\ndef {name}(*args, **kwargs):\n"
+                      f"    return type(_correct_{name}(*args, **kwargs))()\n"]
     out = structural[:max_mutants]
     try:
         n_sites = len(_sites(ast.parse(program)))
@@ -84,7 +89,54 @@ def mutants(program: str, kind: str, entry: str = "", max_mutants: int = MAX_MUT
             continue
         if text not in out:
             out.append(text)
-    return tuple(out[:max_mutants])
+    out = out[:max_mutants]
+    return tuple(out if kind == "io" else (typed(program, m, name) for m in out))
+
+
+CALL_S = 0.5  # a typed mutant's call that takes longer (a loop the mutation made endless) answers correctly,
+# and so do its later calls (one such wait per test run, whatever the test calls)
+
+
+def typed(program: str, mutant: str, name: str) -> str:
+    """`mutant` whose entry point `name` returns the correct program's result wherever the mutant's own
+    call would raise, run past CALL_S or return a value of another type (and the correct program itself
+    where the mutant does not load): a wrong program of the right result type."""
+    return f"""import copy as _copy
+import signal as _signal
+
+_correct, _mutant = {{}}, {{}}
+exec({program!r}, _correct)
+try:
+    exec({mutant!r}, _mutant)
+except Exception:
+    _mutant = _correct
+
+
+def _too_long(*_):
+    raise TimeoutError
+
+
+_looped = []
+
+
+def {name}(*args, **kwargs):
+    expected = _correct[{name!r}](*_copy.deepcopy(args), **_copy.deepcopy(kwargs))
+    if _looped:
+        return expected
+    before = _signal.signal(_signal.SIGALRM, _too_long)
+    _signal.setitimer(_signal.ITIMER_REAL, {CALL_S})
+    try:
+        got = _mutant[{name!r}](*args, **kwargs)
+    except TimeoutError:
+        _looped.append(True)
+        return expected
+    except Exception:
+        return expected
+    finally:
+        _signal.setitimer(_signal.ITIMER_REAL, 0)
+        _signal.signal(_signal.SIGALRM, before)
+    return got if type(got) is type(expected) else expected
+"""
 
 
 def entry_point(problem) -> str:

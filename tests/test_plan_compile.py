@@ -114,7 +114,7 @@ def test_a_gpu_target_without_jax_s_cuda_plugin_is_one_line_and_exit_2(capsys):
 
 def test_targets_name_chips_and_hosts_as_cloud_tpu_builds_them():
     cases = {"v5p:2x2x1": (4, 1), "v5p-8": (4, 1), "v5p-32": (16, 4), "v5p:2x2x4": (16, 4), "v6e-8": (8, 1),
-             "v6e:2x4": (8, 1), "v6e:4x4": (16, 4), "v5litepod-16": (16, 4), "h100": (1, 1), "h200x8": (8, 1)}
+             "v6e:2x4": (8, 1), "v6e:4x4": (16, 4), "v5litepod-16": (16, 4), "h100": (1, 1), "h200x8": (8, 1), "h100x16": (16, 2)}
     for name, (chips, hosts) in cases.items():
         t = parse_target(name)
         assert (t.chips, t.hosts) == (chips, hosts), name
@@ -136,3 +136,23 @@ def test_collectives_are_counted_with_the_bytes_of_their_results():
     assert c["all-reduce"] == {"count": 1, "bytes": 384 * 128 * 4 + 40}
     assert c["collective-permute"] == {"count": 1, "bytes": 16}
     assert c["reduce-scatter"] == c["all-to-all"] == {"count": 0, "bytes": 0}
+
+
+def test_the_time_model_counts_what_the_benchmarks_count():
+    """The update's useful FLOPs are the benchmarks' MFU numerator (bench.train.update_flops); a decode
+    step reads the weights once and each prompt's keys and values once (its branches share them)."""
+    from atgrpo_jax.bench.train import update_flops
+    from atgrpo_jax.models.config import get_preset
+    from atgrpo_jax.plan import costing
+
+    cfg = get_preset("qwen3-1.7b", param_dtype="bfloat16", compute_dtype="bfloat16")
+    assert 3 * costing.forward_flops(cfg, 4, 1024) == pytest.approx(update_flops(cfg, 4, 1024), rel=1e-9)
+    mesh = {"data": 1, "fsdp": 4, "tensor": 1}
+    per_token_kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+    layers = cfg.num_layers * (cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+                               + 3 * cfg.hidden_size * cfg.intermediate_size)
+    weights = (layers + cfg.hidden_size * cfg.vocab_size) * 2  # bf16, whole on each chip (decode_gather)
+    expected = weights + per_token_kv * (32 * 1000 + 256 * 300) / 4
+    assert costing.decode_step_bytes(cfg, mesh, 32, 1000, 256, 300) == pytest.approx(expected, rel=1e-9)
+    sharded = costing.decode_step_bytes(cfg.replace(decode_gather=False), mesh, 32, 1000, 256, 300)
+    assert sharded == pytest.approx(weights / 4 + per_token_kv * (32 * 1000 + 256 * 300) / 4, rel=1e-9)

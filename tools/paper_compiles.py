@@ -7,8 +7,8 @@ Each compile runs `python -m atgrpo_jax.plan --compile=TARGET --json` in its own
 crash then costs one row, not the sweep). The five tasks of one model size have the same programs
 (the same batch, lengths and sampling settings: train/config.py `paper_config`), so each (size,
 regime, target) is compiled once, from the Plan-Path config, and every task's step is modelled from
-its own config (its turns and group filters). H100 rows are the same model without a compile (this
-machine has no CUDA plugin to compile for them); their memory is the planner's.
+its own config (its turns and group filters). The costed table models every config on v5p-8,
+v5p-32, one H100, eight and sixteen H100s (plan/costing.py; no compile: memory is the planner's).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ TASKS = ("plan_path", "sokoban", "sudoku", "math", "code")
 REGIMES = ("shared", "per_role", "lora")
 # The topologies the README sends each size to, and one of the other generation.
 TARGETS = {"1p7b": ("v5p-8", "v6e-8"), "8b": ("v5p-32", "v6e-16")}
-GPU_TARGETS = ("h100", "h100x8")
+MODEL_TARGETS = ("v5p-8", "v5p-32", "h100", "h100x8", "h100x16")  # the costed table's columns
 PUBLISHED_HOURS = {("plan_path", "1p7b"): 8, ("code", "1p7b"): 24, ("math", "1p7b"): 16,
                    ("plan_path", "8b"): 16, ("code", "8b"): 48, ("math", "8b"): 32}  # PettingLLMs' docs
 
@@ -70,22 +70,33 @@ def modelled(size: str, task: str, regime: str, target: str) -> dict:
             "hbm": t.chip.hbm_bytes, "planned_fits": p.peak <= t.chip.hbm_bytes}
 
 
+def all_models(only: str = "") -> list[dict]:
+    return [{"size": s, "task": task, "regime": r, "target": t, **modelled(s, task, r, t)}
+            for s in TARGETS for task in TASKS for r in REGIMES for t in MODEL_TARGETS if only in (s, r, "")]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/results/paper_compiles.json")
     parser.add_argument("--only", default="", help="a size (1p7b, 8b) or regime to restrict the compiles to")
     parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--markdown", action="store_true", help="print docs/tpu.md's tables from --out and exit")
+    parser.add_argument("--markdown", action="store_true", help="print docs/results/tpu.md's tables from --out")
+    parser.add_argument("--models-only", action="store_true", help="redo the time model (no compile) into --out")
     args = parser.parse_args()
     if args.markdown:
         print(markdown(os.path.join(ROOT, args.out)))
         return 0
+    if args.models_only:
+        with open(os.path.join(ROOT, args.out)) as f:
+            out = json.load(f)
+        out["models"] = all_models(args.only)
+        with open(os.path.join(ROOT, args.out), "w") as f:
+            json.dump(out, f, indent=1)
+        return 0
     jobs = [(s, r, t) for s in TARGETS for r in REGIMES for t in TARGETS[s] if args.only in (s, r, "")]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         compiles = list(pool.map(lambda j: compile_one(*j), jobs))
-    models = [{"size": s, "task": task, "regime": r, "target": t, **modelled(s, task, r, t)}
-              for s in TARGETS for task in TASKS for r in REGIMES for t in TARGETS[s] + GPU_TARGETS
-              if args.only in (s, r, "")]
+    models = all_models(args.only)
     out = {"compiles": compiles, "models": models,
            "published_hours": {f"{t}_{s}": h for (t, s), h in PUBLISHED_HOURS.items()}}
     with open(os.path.join(ROOT, args.out), "w") as f:
@@ -112,14 +123,14 @@ def markdown(path: str) -> str:
             planned = f"{plan / gib:.2f}" if plan else "-"
             lines.append(f"{head} {p['name']} ({p['pool']}) | {p['compiled_peak_bytes'] / gib:.2f} | {planned} | "
                          f"{diff} | {p['hbm_bytes'] / gib:.1f} |")
-    lines += ["", "| config | regime | " + " | ".join(TARGETS["1p7b"] + GPU_TARGETS) + " | published |",
-              "|---|---|" + "---|" * (len(TARGETS["1p7b"]) + len(GPU_TARGETS) + 1)]
+    lines += ["", "| config | regime | " + " | ".join(MODEL_TARGETS) + " | published (8 or 16 GPUs) |",
+              "|---|---|" + "---|" * (len(MODEL_TARGETS) + 1)]
     by = {(m["size"], m["task"], m["regime"], m["target"]): m for m in out["models"]}
     for size in TARGETS:
         for task in TASKS:
             for regime in REGIMES:
                 cells = []
-                for target in TARGETS[size] + GPU_TARGETS:
+                for target in MODEL_TARGETS:
                     m = by.get((size, task, regime, target))
                     if m is None:
                         cells.append("")

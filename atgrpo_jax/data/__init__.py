@@ -61,7 +61,7 @@ def is_prepared_name(name: str, task: str = "") -> bool:
 
 
 def read_rows(source: str) -> list[dict]:
-    """All rows of a source: a local file or directory (readers.py), hf:org/name (hub.py), or the `py:`
+    """All rows of a source: a local file or directory (readers.py), hf:org/name (hf_sets.py), or the `py:`
     name of records handed to the Python API (a list of dicts or a `datasets.Dataset`)."""
     if source.startswith("py:"):
         from atgrpo_jax.registry import registered
@@ -69,7 +69,7 @@ def read_rows(source: str) -> list[dict]:
         rows = registered(source, "data source")
         return list(rows.to_list() if hasattr(rows, "to_list") else rows)
     if source.startswith("hf:"):
-        from atgrpo_jax.data.hub import read_hf
+        from atgrpo_jax.data.hf_sets import read_hf
         return read_hf(source)
     return read_file(os.path.expanduser(source))
 
@@ -77,7 +77,7 @@ def read_rows(source: str) -> list[dict]:
 def source_name(source: str) -> str:
     """The split name a source is evaluated as: a file's stem, a directory's name, an hf name's last parts."""
     if source.startswith("hf:"):
-        from atgrpo_jax.data.hub import parse_hf
+        from atgrpo_jax.data.hf_sets import parse_hf
 
         spec = parse_hf(source)
         return "_".join(p for p in (spec.name.split("/")[-1], spec.config, spec.split) if p)

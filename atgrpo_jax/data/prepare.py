@@ -8,7 +8,7 @@ import os
 from typing import Iterator
 
 from atgrpo_jax.data import data_dir, prepare_command
-from atgrpo_jax.data.hub import local_files, snapshot
+from atgrpo_jax.data.hf_sets import local_files, snapshot
 from atgrpo_jax.data.paper_sets import PAPER_SETS, PaperSet
 from atgrpo_jax.data.readers import DataError, iter_jsonl, iter_parquet, read_arrow, read_json
 

@@ -1,5 +1,5 @@
 """Rows of a local data source: a JSONL/JSON/CSV file, a parquet file, a Hugging Face `save_to_disk`
-directory (arrow files); hub data sets are hub.py's, and `atgrpo_jax.data` reads either.
+directory (arrow files); hub data sets are hf_sets.py's, and `atgrpo_jax.data` reads either.
 
 Every reader returns a list of plain dicts (column -> Python value). Errors a user can fix are
 `DataError`s with one line that names the source and what is wrong.

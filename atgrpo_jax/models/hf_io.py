@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from atgrpo_jax.models.config import Qwen3Config
-from atgrpo_jax.models.hub import CheckpointError, local_model_dir
+from atgrpo_jax.models.hub_ids import CheckpointError, local_model_dir
 from atgrpo_jax.models.qwen3 import LAYER_PARAMS, Qwen3
 from atgrpo_jax.sharding import logical_sharding
 
@@ -251,7 +251,7 @@ def read_config(path: str, **config_overrides) -> Qwen3Config:
 
 def load_pretrained(path: str, mesh=None, expected: Qwen3Config | None = None, expected_name: str = "",
                     **config_overrides) -> Qwen3:
-    """The Qwen3 model stored at `path` (a directory, or a hub id org/name[@revision]: models/hub.py), each
+    """The Qwen3 model stored at `path` (a directory, or a hub id org/name[@revision]: models/hub_ids.py), each
     parameter placed on `mesh` by its logical axes.
 
     config_overrides set Qwen3Config fields such as param_dtype or compute_dtype; `expected`

@@ -150,16 +150,14 @@ def layer_unroll(cfg: Qwen3Config, t: int, platform: str | None = None) -> int:
     Auto (decode_unroll 0) unrolls every layer of a one-token decode step on GPUs and TPUs,
     which then reads per-layer weights and caches (`decodes_per_layer`). A rolled step slices
     each layer's weights and cache out of the stacks, and XLA's matmuls read whole buffers, so
-    every step copies them (docs/sampler_performance.md; on an H100 the per-layer step was 2.32x
-    faster at 64 rows, 1.76x at one: docs/device.md), and on a TPU a loop
-    keeps XLA from fetching the next layer's weights during this one's work. A CPU keeps the
-    rolled loop: its per-layer step won with wide layers and many rows (1.2-1.5x at 64 rows) but
-    lost with 28 narrow ones (0.75-0.8x at 1-4 rows) and compiles 2.8x slower at 28 layers.
+    every step copies them (docs/sampler_performance.md; the per-layer step's speed-up on a GPU is in
+    docs/device.md), and on a TPU a loop keeps XLA from fetching the next layer's weights during
+    this one's work. A CPU keeps the rolled loop: its per-layer step wins with wide layers and many
+    rows but loses with many narrow ones, and compiles several times slower.
     Longer calls (prefill, the update; auto: sequence_unroll 0) unroll every layer on GPUs: the
     rolled update zero-fills its stacked activations and slices each layer's weights at every
-    step, and Qwen3-1.7B's update at 4,096 tokens ran 13% faster unrolled on an H200 (125.3 ->
-    109.4 ms), compiled in 17 s instead of 4 (docs/device.md). CPUs and TPUs keep one layer
-    per iteration, so compile time stays flat in depth (unmeasured on a TPU)."""
+    step, so the unrolled update is faster, for a longer compile (docs/device.md has the figures).
+    CPUs and TPUs keep one layer per iteration, so compile time stays flat in depth."""
     platform = platform or target_platform()
     if t != 1:
         if cfg.sequence_unroll:

@@ -182,9 +182,8 @@ def update_memory(cfg: Qwen3Config, mesh, trainable, batch: int, width: int, chu
     grads = param_bytes(trainable, mesh, rules=rules)
     acts = update_activations(cfg, mesh, batch, width - 1, chunk, cfg.remat, backend)
     # With every layer unrolled on a GPU, the compiled update holds no second gradient-sized tree at its
-    # peak. Fitted to compiles for an H100 (tools/gpu_aot.sh, docs/device.md): this plan is 0.4% / 9.8% /
-    # 11.3% above the compiled peaks of Qwen3-0.6B / 1.7B / 4B at 4,096 tokens (26% with the elementwise
-    # intermediates kept); one device, no remat.
+    # peak: a fit to compiles for an H100 (tools/gpu_aot.sh; docs/device.md has how close it is), which
+    # stays above the compiled peaks.
     updates = 0 if unrolled_on_gpu(cfg, width - 1, platform) else grads
     row_bytes = 4 + 1 + 1 + 4 + (4 if with_ref_logp else 0)
     inputs = local_bytes((batch, width), ("batch", "seq"), row_bytes, mesh)
@@ -310,7 +309,7 @@ def model_config(config) -> Qwen3Config:
         kw.update(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha)
     if m.hf_path:
         from atgrpo_jax.models.hf_io import config_from_hf
-        from atgrpo_jax.models.hub import local_model_dir
+        from atgrpo_jax.models.hub_ids import local_model_dir
 
         with open(os.path.join(local_model_dir(m.hf_path), "config.json")) as fh:
             return config_from_hf(json.load(fh), **kw)

@@ -55,9 +55,10 @@ _TOPOLOGY = re.compile(r"^(v4|v5p|v5e|v6e):(\d+(?:x\d+){1,2})$")
 _SHAPES_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8",
               512: "8x8x8"}
 _SHAPES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+GPUS_PER_HOST = 8
 GPU_COUNTS = re.compile(r"^(h100|h200)(?:x(\d+))?$")
 FORMS = ("a TPU topology such as v5p:2x2x1, v5p:2x2x4, v6e:2x4, v5e:4x4; an accelerator type such as "
-         "v5p-8, v5p-32, v6e-8; or a GPU: h100, h200")
+         "v5p-8, v5p-32, v6e-8; or GPUs: h100, h200, h100x8 (hosts of 8: h100x16)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,5 +157,8 @@ def parse_target(name: str) -> Target:
     m = GPU_COUNTS.match(text)
     if m:
         count = int(m.group(2) or 1)
-        return Target(name, CHIPS[m.group(1)], count, 1)
+        if count > GPUS_PER_HOST and count % GPUS_PER_HOST:
+            raise ValueError(f"unknown target {name!r}: more than {GPUS_PER_HOST} GPUs come in hosts of "
+                             f"{GPUS_PER_HOST}; use {FORMS}")
+        return Target(name, CHIPS[m.group(1)], count, max(1, count // GPUS_PER_HOST))
     raise ValueError(f"unknown target {name!r}; use {FORMS}")

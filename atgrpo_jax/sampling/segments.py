@@ -142,13 +142,13 @@ empty_jit = jax.jit(_empty, static_argnames=("graphdef", "slots", "settings"))
 JITTED = (prefill_jit, start_jit, segment_jit, compact_jit, admit_jit, empty_jit, grow_jit)  # what a call compiles
 
 
-class Run(NamedTuple):
+class Decoding(NamedTuple):
     out: Decoded  # [N] rows in the caller's order
     row_steps: int  # decode work: the rows of each segment's batch times the steps it ran
 
 
 def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingParams, settings: DecodeSettings,
-        budget=None, segment: int = 16, min_rows: int = 1, slots: int | None = None, grow_own: bool = True) -> Run:
+        budget=None, segment: int = 16, min_rows: int = 1, slots: int | None = None, grow_own: bool = True) -> Decoding:
     """Prefill, then decode to the end in segments of `segment` steps (0: one segment, no compaction).
 
     prompt_ids, prompt_mask [B, P] left-padded (every row's last column is
@@ -209,4 +209,4 @@ def run(model, prompt_ids, prompt_mask, stop_ids, row_keys, params: SamplingPara
                 break
             rows = compact_jit(rows, plan.src, plan.keep, plan.src_group)
             ids, done, level = plan.ids, ~plan.keep, level + 1
-    return Run(full, row_steps)
+    return Decoding(full, row_steps)

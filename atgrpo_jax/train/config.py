@@ -40,8 +40,8 @@ def base_config() -> ml_collections.ConfigDict:
     # gathered whole over the mesh's fsdp axis once per sampling call (no weight collectives in a step; one
     # more copy of the weights / tensor on each device); False: each step gathers its shards (less memory)
     c.model.sequence_unroll = 0  # decoder layers per loop iteration in prefill and the update (the same
-    # math); 0 = auto: all on GPU (an H200's update 13% faster, compiled in 17 s instead of 4: docs/device.md),
-    # 1 on CPU and TPU (compile time flat in depth)
+    # math); 0 = auto: all on GPU (a faster update, a longer compile: docs/device.md), 1 on CPU and TPU
+    # (compile time flat in depth)
     c.model.init_seed = 0  # seed of random weights and of LoRA adapters
     c.model.vocab_size = 0  # embedding rows of a random model; 0 = the preset's
     c.tokenizer = "qwen3"  # "qwen3" (offline, or model.hf_path's own), "char", or a directory (or hub id) with

@@ -33,7 +33,7 @@ from atgrpo_jax.train.episodes import as_markdown, training_records
 from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
 from atgrpo_jax.train.progress import ProgressBar, say
 from atgrpo_jax.trace import Tracer
-from atgrpo_jax.train.evaluation import evaluation, evaluation_splits
+from atgrpo_jax.train.heldout import evaluation, evaluation_splits
 from atgrpo_jax.train.step import policy_states, set_policy_states, train_step
 from atgrpo_jax.train.update import lr_factor
 

@@ -16,7 +16,7 @@ from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.attention import configured_backend
 from atgrpo_jax.models.hf_io import load_pretrained
-from atgrpo_jax.models.hub import local_model_dir
+from atgrpo_jax.models.hub_ids import local_model_dir
 from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
 from atgrpo_jax.sampling import shard_model
 from atgrpo_jax.sharding import make_mesh, platform_of, sub_meshes

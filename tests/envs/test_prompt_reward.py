@@ -126,7 +126,7 @@ def test_a_parquet_source_with_mapped_fields(data, tmp_path):
 def test_a_validation_split_chooses_the_checkpoint(data, tmp_path):
     import types
 
-    from atgrpo_jax.train.evaluation import evaluation_splits
+    from atgrpo_jax.train.heldout import evaluation_splits
 
     (tmp_path / "valid.jsonl").write_text(json.dumps({"prompt": "2+2=", "answer": 4}) + "\n")
     wf = make_workflow("prompt_reward", reward_fn="prompt_reward_fns:exact", valid_path=str(tmp_path / "valid.jsonl"),

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from atgrpo_jax.models.hf_io import CheckpointError
-from atgrpo_jax.models.hub import local_model_dir, parse_hub_id
+from atgrpo_jax.models.hub_ids import local_model_dir, parse_hub_id
 from hf_fixtures import make_hf_checkpoint
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

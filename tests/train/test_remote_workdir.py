@@ -289,3 +289,22 @@ def test_training_run_on_the_store_uploads_each_checkpointed_step_before_saving(
     assert all(r["loss"] < 100 for r in rows[1:])
     assert saves == [(2, [(r["step"], r["loss"]) for r in rows[:2]]), (3, [(r["step"], r["loss"]) for r in rows])]
     assert [s for s, _ in read_tb_scalars("gs://bucket/run")["loss"]] == [2, 3]
+
+
+def test_a_store_workdir_has_one_writer_by_lease(gcs, monkeypatch):
+    """A second run is refused while the first one's lease is renewed; a lease that ran out (a dead run)
+    is taken over with a notice; a released lease is gone."""
+    from atgrpo_jax.errors import WorkdirBusy
+    from atgrpo_jax.train import lock as lock_module
+
+    monkeypatch.setattr(lock_module, "SETTLE_S", 0.0)
+    first = lock_module.WorkdirLock("gs://bucket/run").acquire()
+    with pytest.raises(WorkdirBusy, match=r"gs://bucket/run is in use by another run: pid \d+ on .*lease was renewed"):
+        lock_module.WorkdirLock("gs://bucket/run").acquire()
+    first.release()
+    assert FakeGCS._strip_protocol("gs://bucket/run/train.lock") not in FakeGCS.store
+    stale = {"host": "gone", "pid": 1, "started": 0.0, "heartbeat": 0.0}
+    wd.write_text("gs://bucket/run/train.lock", json.dumps(stale))
+    second = lock_module.WorkdirLock("gs://bucket/run").acquire()
+    assert second.notice.startswith("took over gs://bucket/run/train.lock from pid 1 on gone")
+    second.release()

@@ -1,6 +1,6 @@
 """Hugging Face hub data sets: `hf:org/name[@revision][:config][:split]`.
 
-Files come through `huggingface_hub` into the standard cache (atgrpo_jax/hub.py: `$HF_HUB_CACHE`,
+Files come through `huggingface_hub` into the standard cache (atgrpo_jax/hf_cache.py: `$HF_HUB_CACHE`,
 else `$HF_HOME/hub`, else ~/.cache/huggingface/hub, laid out `datasets--org--name/snapshots/REV/...`):
 downloaded when the hub can be reached, read from the cache when it cannot or when
 `HF_HUB_OFFLINE=1`; a data set in neither place is one error naming what to download.
@@ -17,7 +17,7 @@ import fnmatch
 import os
 import re
 
-from atgrpo_jax import hub
+from atgrpo_jax import hf_cache
 from atgrpo_jax.data.readers import TABLE_EXTENSIONS, DataError, read_file
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +44,8 @@ def snapshot(repo: str, patterns: list[str], revision: str | None = None, comman
     """A local snapshot directory of dataset `repo` holding (at least) the files matching `patterns`;
     `command` is what to run where it is missing (by default the hf download)."""
     try:
-        return hub.snapshot(repo, patterns, revision, repo_type="dataset", command=command)
-    except hub.HubError as e:
+        return hf_cache.snapshot(repo, patterns, revision, repo_type="dataset", command=command)
+    except hf_cache.HubError as e:
         raise DataError(f"{repo}: {e}") from None
 
 

@@ -3,7 +3,7 @@
 `local_model_dir(spec)` returns a local directory for `spec`: an existing directory (or a gs://
 URL) as it is; a hub id through `huggingface_hub.snapshot_download` into the standard cache
 (`HF_HUB_CACHE`, by default ~/.cache/huggingface/hub), the weights, config and tokenizer files only
-(atgrpo_jax/hub.py). Offline (`HF_HUB_OFFLINE=1`) the cache must hold the revision already; otherwise
+(atgrpo_jax/hf_cache.py). Offline (`HF_HUB_OFFLINE=1`) the cache must hold the revision already; otherwise
 the error is one line saying what to download. Anything else is returned unchanged (a missing directory is then
 reported by whoever reads it).
 """
@@ -13,7 +13,7 @@ import functools
 import os
 import re
 
-from atgrpo_jax import hub
+from atgrpo_jax import hf_cache
 from atgrpo_jax.errors import CheckpointError  # noqa: F401  (raised here; also importable from here)
 
 
@@ -43,17 +43,17 @@ def local_model_dir(spec: str, what: str = "model.hf_path") -> str:
     parsed = parse_hub_id(spec)
     if parsed is None:
         return spec
-    return _download(parsed[0], parsed[1], hub.cache_dir(), hub.offline(), what)
+    return _download(parsed[0], parsed[1], hf_cache.cache_dir(), hf_cache.offline(), what)
 
 
 @functools.lru_cache(maxsize=None)  # one look-up per process and model, however many callers
 def _download(repo: str, revision: str | None, cache_dir: str, is_offline: bool, what: str) -> str:
-    # cache_dir and is_offline are read again by hub.snapshot; here they only key the memo, so a
+    # cache_dir and is_offline are read again by hf_cache.snapshot; here they only key the memo, so a
     # process that changes HF_HUB_CACHE or HF_HUB_OFFLINE looks the model up afresh
     spec = repo + (f"@{revision}" if revision else "")
     try:
-        path = hub.snapshot(repo, list(PATTERNS), revision)
-    except hub.HubError as e:
+        path = hf_cache.snapshot(repo, list(PATTERNS), revision)
+    except hf_cache.HubError as e:
         raise CheckpointError(f"{what}={spec!r}: no such directory, and as a hub id: {e}") from None
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise CheckpointError(f"{what}={spec!r}: {path} has no config.json: not a Hugging Face model checkpoint")
