@@ -1,6 +1,9 @@
 """The suite's two tiers. The default one (the README's test command) keeps within ~15 minutes on
 two CPU cores and runs one case of each slow end-to-end family; ATGRPO_FULL_SUITE=1 runs the
-other cases too (before a release, or when touching what they cover)."""
+other cases too (before a release, or when touching what they cover): the paper config from the
+command line (bf16) and its math, Sokoban and Sudoku cases, the shared asynchronous run, the
+trained-alone ablation, kills during an evaluation, SIGTERM at staleness 0 and to one of two hosts,
+a second process reading the compilation cache, and every part of `bench device --tiny`."""
 import os
 
 FULL = os.environ.get("ATGRPO_FULL_SUITE") == "1"

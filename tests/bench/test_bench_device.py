@@ -14,11 +14,8 @@ from atgrpo_jax.bench import device, device_parts, device_update
 from atgrpo_jax.models import get_preset
 from tiers import FULL
 
-# The suite's budget (tiers.py): the default tier runs the parts no other test covers (the device's
-# facts, the update against PyTorch per backend); the full tier adds bf16 parity, the sampler and
-# the AT-GRPO step (the paper config through the CLI also runs in tests/test_paper_path.py) and the
-# decode step's breakdown.
-TINY_PARTS = device.PARTS if FULL else ("facts", "update")
+# The suite's budget (tiers.py): `bench device --tiny` runs in the full tier, every part of it.
+TINY_PARTS = device.PARTS
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +26,7 @@ def tiny_run(tmp_path_factory):
     return proc, json.loads((out / "device.json").read_text()), out
 
 
-def test_every_part_reports(tiny_run):
+def every_part_reports(tiny_run):
     proc, res, _ = tiny_run
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert list(res["parts"]) == list(TINY_PARTS)
@@ -41,7 +38,7 @@ def test_every_part_reports(tiny_run):
         assert line in proc.stdout, line
 
 
-def test_update_figures(tiny_run):
+def update_figures(tiny_run):
     p = tiny_run[1]["parts"]
     losses = {k: r["loss"] for k, r in p["update"].items() if k.startswith("update_") and k not in device.UPDATE_DIAGNOSES}
     assert set(losses) == {"update_pytorch", "update_xla", "update_chunked"}  # no cuDNN/splash on a CPU
@@ -60,7 +57,10 @@ def test_update_figures(tiny_run):
     assert (tiny_run[2] / "update_hlo.txt.gz").stat().st_size > 0  # the compiled step, for reading offline
 
 
-if FULL:  # the parts of the full tier (TINY_PARTS)
+if FULL:  # tiers.py: every part of `bench device --tiny` (a few minutes); test_bench_train covers the update
+    # against PyTorch and tests/faults/test_operator.py the command's output in the default tier
+    test_every_part_reports, test_update_figures = every_part_reports, update_figures
+
     def test_parity_figures(tiny_run):
         par = tiny_run[1]["parts"]["parity"]["parity"]
         assert par["ours_f32_vs_f32_ref"]["rel_l2"] < 1e-5  # the same function in float32

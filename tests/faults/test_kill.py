@@ -9,6 +9,7 @@ import signal
 import jax
 import numpy as np
 
+from tiers import FULL
 from faults_util import FINISHED, assert_no_traceback, metrics_rows, run, stderr_lines, train_args
 
 HERE = os.path.dirname(__file__)
@@ -19,7 +20,7 @@ def faulty(workdir, fault: str):
     return run([args[0], os.path.join(HERE, "faulty_train.py"), *args[3:]], env=dict(os.environ, FAULT=fault))
 
 
-def test_kills_and_a_signal_in_an_evaluation_then_the_run_equals_an_uninterrupted_one(finished_run, tmp_path):
+def kills_and_a_signal_in_an_evaluation_then_the_run_equals_an_uninterrupted_one(finished_run, tmp_path):
     work = tmp_path / "run"
     ckpts = work / "checkpoints"
     seed = random.randrange(1 << 30)
@@ -63,3 +64,9 @@ def test_kills_and_a_signal_in_an_evaluation_then_the_run_equals_an_uninterrupte
     b = Checkpointer(str(finished_run / "checkpoints"), keep_last=0, read_only=True).restore(4)[0]
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+if FULL:  # tiers.py: a minute of runs; test_signals (SIGTERM, resume equality) and test_checkpoint (kill -9 in a
+    # save) cover the family in the default tier
+    test_kills_and_a_signal_in_an_evaluation_then_the_run_equals_an_uninterrupted_one = \
+        kills_and_a_signal_in_an_evaluation_then_the_run_equals_an_uninterrupted_one
