@@ -108,6 +108,7 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
     from atgrpo_jax.train.episodes import evaluation_records
     from atgrpo_jax.train.setup import build_run
     from atgrpo_jax.train.heldout import evaluation
+    from atgrpo_jax.envs.workflow import episodes_per_problem
     from atgrpo_jax.train.step import policy_states, set_policy_states
 
     if (checkpoint is None) == (hf_path is None):
@@ -145,7 +146,7 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
     if policies_from:
         load_policies_from(run, policies_from)
     tasks = config.train.eval_tasks if tasks is None else tasks
-    k = config.train.eval_k if k is None else k
+    k = episodes_per_problem(run.workflow, config.train.eval_k) if k is None else k
     metrics, episodes = evaluation(run, splits, tasks, k, temperature)
     result = {"model": hf_path or checkpoint, "step": step, "workflow": config.env.workflow,
               "sharing": config.policy.sharing, "k": k, "splits": splits,

@@ -40,10 +40,10 @@ import numpy as np
 from atgrpo_jax.data import require_prepared, source_name
 from atgrpo_jax.envs.code_grading import MATCH_RULES, TestVerdict, pass_rate
 from atgrpo_jax.envs.code_problems import CodeProblem, extract_tests, load_problems, run_tests, valid_tests
-from atgrpo_jax.envs.parsers import extract_code_block
+from atgrpo_jax.envs.parsers import extract_code_block, python_block
 from atgrpo_jax.envs.sandbox import Limits
 from atgrpo_jax.envs.text_state import clip_head, obj_array, response_grid
-from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, branch
+from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, as_reference, branch
 
 SYSTEM = {
     ("coder", "io"): "You are a competitive programmer. Solve the problem with a Python 3 program that reads "
@@ -104,8 +104,15 @@ class CodeWorkflow:
     max_shown_chars: int = 6000
     fields: dict | None = None  # {our field: the source's column} for sources of your own (code_sources.py)
     data_dir: str = ""  # where prepared sets are ("" = $ATGRPO_DATA, else ./data)
+    recipe: str = "paper"  # the switches below left at None follow it (envs/workflow.py: RECIPES)
+    python_blocks_only: bool | None = None  # True (reference): the coder's program is its last ```python block
+    # and nothing else (no untagged block); False: an untagged block when no block is tagged python
+    one_eval_sample: bool | None = None  # True (reference): one episode per evaluation problem (avg@1)
+    # whatever train.eval_k says; False: train.eval_k episodes
 
     def __post_init__(self):
+        for switch in ("python_blocks_only", "one_eval_sample"):
+            object.__setattr__(self, switch, as_reference(getattr(self, switch), self.recipe))
         for name in ("train_sets", "test_sets"):
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, (getattr(self, name),))
@@ -227,7 +234,8 @@ class CodeWorkflow:
                 out["turn_start"][b, j] = {"code": state["code"][b], "report": state["report"][b]}
             kind = out["problem"][b, j].kind
             if is_coder:
-                out["code"][b, j] = extract_code_block(grid[b][j]) or ""
+                out["code"][b, j] = (python_block(grid[b][j]) if self.python_blocks_only
+                                     else extract_code_block(grid[b][j])) or ""
             else:
                 out["gen_tests"][b, j] = extract_tests(kind, grid[b][j], self.max_generated_tests)
         self._evaluate(out, active, run_ground_truth=is_coder)

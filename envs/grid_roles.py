@@ -13,16 +13,22 @@ no sandbox runs.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import json
+import re
 from typing import Any
 
 from atgrpo_jax.envs.games import GridGame
+from atgrpo_jax.envs.grid import INVALID, LETTERS
 
 ACTIONS_MARKER = "**Actions List**:"
 NO_MOVE = "-"  # the last move shown before the first one
 DEFAULT_TOOL_PENALTY = -2.0  # the tool agent's unparsed reward for games without their own TOOL_PENALTY
 MAX_TURNS = 10_000  # a sanity bound on WorkflowConfig.max_turns
 _LIST_CHARS = 20_000  # an output's text after the actions marker that is parsed
+MOVE_GAMES = ("plan_path", "sokoban")  # games whose actions are U/D/L/R moves
+MOVES = tuple(LETTERS)  # a move's code is its index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +95,26 @@ class WorkflowConfig:
     sandbox_workers: int | None = None
     view: str = "grid"  # direct prompts: "grid" (rows joined by '/') or "local" (games with local_view)
     lenient: bool = False  # direct answers: the UDLR letters among the first max_len characters
+    recipe: str = "paper"  # the switches below left at None follow it (envs/workflow.py: RECIPES)
+    strict_answer: bool | None = None  # True (reference): the plan agent's answer is everything from its first
+    # `#### ` line to the end, and only a bracketed list parses: `#### ["U"]` then more text, two `####` lines,
+    # `####["U"]` or `#### U R` give no answer, and items other than U/D/L/R are invalid moves; False: the last
+    # `####` line outside code, lists or bare moves, lower case and words (up, left) read as moves
+    whole_reply_program: bool | None = None  # True (reference): a tool reply without a code block runs whole (an
+    # unclosed block too); False: a reply without a ```python (or untagged) block runs nothing
+    reference_tool_output: bool | None = None  # True (reference): a program whose run wrote anything to stderr
+    # (or timed out) gives no actions; else the last `**Actions List**: [...]`, then `Actions: [...]`, then the
+    # first bare `[...]` line of its output; False: the last `**Actions List**:` line, whatever stderr says
+    done_is_success: bool | None = None  # True (reference): an episode whose environment is done succeeded,
+    # so a Sokoban level that ran out of moves (max_steps) counts as solved; False: only a solved level
+
+    def __post_init__(self):
+        from atgrpo_jax.envs.workflow import as_reference
+
+        self.strict_answer = as_reference(self.strict_answer, self.recipe)
+        self.done_is_success = as_reference(self.done_is_success, self.recipe)
+        self.reference_tool_output = as_reference(self.reference_tool_output, self.recipe)
+        self.whole_reply_program = as_reference(self.whole_reply_program, self.recipe)
 
 
 def actions_from_output(stdout: str, game: GridGame) -> list[int] | None:
@@ -107,10 +133,71 @@ def actions_from_output(stdout: str, game: GridGame) -> list[int] | None:
     return game.parse_list(rest)
 
 
-def actions_from_answer(text: str, game: GridGame) -> list[int] | None:
-    """Actions after the last `####` line outside code blocks (None if absent or empty)."""
+def reference_tool_actions(output: str, game: GridGame) -> list[int] | None:
+    """The tool agent's actions as the reference system reads its program's output (`as_reference_reports`
+    of the run): none from an "error:..." (stderr) output; else the last `**Actions List**: [...]`, then
+    the last `Actions: [...]`, then the first line that is a bracketed list; in Plan-Path each item must
+    be exactly "U", "D", "L" or "R" (else that candidate is skipped), in Sokoban any item is a move
+    (unknown ones invalid), in Sudoku a list of [row, col, digit] triples or grid rows."""
+    if not isinstance(output, str) or output.startswith("error:"):
+        return None
+    marked = [m[-1] for m in (re.findall(pattern, output, re.DOTALL)
+                              for pattern in (r"\*\*Actions List\*\*:\s*(\[.*?\])", r"Actions:\s*(\[.*?\])")) if m]
+    lines = [line.strip() for line in output.strip().split("\n")]
+    for text in marked + [line for line in lines if line.startswith("[") and line.endswith("]")]:
+        try:
+            items = ast.literal_eval(text)
+        except Exception:  # noqa: BLE001 - the reference's eval() failing: the next candidate
+            continue
+        if not isinstance(items, list):
+            continue
+        if game.name == "plan_path" and not all(isinstance(a, str) and a in MOVES for a in items):
+            continue
+        if game.name == "sudoku" and not (items and all(isinstance(row, list) for row in items)):
+            continue
+        if game.name in MOVE_GAMES:
+            return [MOVES.index(a) if isinstance(a, str) and a in MOVES else INVALID for a in items][:game.max_actions]
+        return game.parse_list(json.dumps(items))
+    return None
+
+
+def actions_from_answer(text: str, game: GridGame, strict: bool = False) -> list[int] | None:
+    """Actions after the last `####` line outside code blocks (None if absent or empty); `strict`:
+    as the reference reads them (`reference_answer`)."""
     from atgrpo_jax.envs.parsers import extract_after_marker
 
+    if strict:
+        return reference_answer(text, game)
     rest = extract_after_marker(text, "####")
     actions = game.parse_list(rest) if rest is not None else None
     return actions or None
+
+
+_REFERENCE_ANSWER = re.compile(r"(?m)^\s*####\s+(.+)$", re.DOTALL)
+
+
+def reference_answer(text: str, game: GridGame) -> list[int] | None:
+    """The plan agent's actions as the reference system reads them: everything from the first `#### `
+    line to the end of the text must be one bracketed list (a Python or JSON literal, or bare U/D/L/R
+    items); in the move games an item other than "U", "D", "L", "R" is an invalid move."""
+    found = _REFERENCE_ANSWER.findall(text) if isinstance(text, str) else []
+    body = found[-1].strip() if found else ""
+    if not (body.startswith("[") and body.endswith("]")):
+        return None
+    items = None
+    for load in (ast.literal_eval, json.loads):
+        try:
+            value = load(body)
+        except Exception:  # noqa: BLE001 - a malformed literal is no answer
+            continue
+        if isinstance(value, list):
+            items = value
+            break
+    if items is None and game.name in MOVE_GAMES:
+        bare = [item.strip().strip("\"'") for item in body[1:-1].split(",")]
+        items = [item for item in bare if item] if all(item in MOVES for item in bare if item) else None
+    if not items:
+        return None
+    if game.name in MOVE_GAMES:
+        return [MOVES.index(item) if item in MOVES else INVALID for item in items][:game.max_actions]
+    return game.parse_list(json.dumps(items))

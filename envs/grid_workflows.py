@@ -47,7 +47,8 @@ import numpy as np
 from atgrpo_jax.envs import grid, plan_path
 from atgrpo_jax.envs.games import GridGame, make_game
 from atgrpo_jax.envs.grid_roles import (ACTIONS_MARKER, DEFAULT_TOOL_PENALTY, KINDS, MAX_TURNS, NO_MOVE, Role,
-                                        WorkflowConfig, actions_from_answer, actions_from_output, make_roles)
+                                        WorkflowConfig, actions_from_answer, actions_from_output, make_roles,
+                                        reference_tool_actions)
 from atgrpo_jax.envs.workflow import Agent, StepOut, branch
 
 # How much text goes into prompts (characters)
@@ -134,6 +135,8 @@ class GridWorkflow:
         return np.asarray(state.env.done)
 
     def success(self, state: GridState) -> np.ndarray:
+        if self.config.done_is_success:  # the reference's: any end, a step-limit timeout too
+            return np.asarray(state.env.success) | np.asarray(state.env.done)
         return np.asarray(state.env.success)
 
     def prompts(self, state: GridState, agent: int, turn: int) -> list:
@@ -206,7 +209,7 @@ class GridWorkflow:
     def _parse(self, role: Role, text: str) -> Any:
         """A role's answer -> action codes (None when nothing parses); the tool's -> its code block."""
         if role.answer == "list":
-            return actions_from_answer(text, self.game)
+            return actions_from_answer(text, self.game, self.config.strict_answer)
         if role.answer == "code":
             from atgrpo_jax.envs.parsers import extract_code_block
 
@@ -223,13 +226,15 @@ class GridWorkflow:
 
     def _run_tools(self, state: GridState, texts, active):
         """Extract, run (sandbox) and parse the tool agent's programs."""
-        from atgrpo_jax.envs.parsers import extract_code_block
+        from atgrpo_jax.envs.parsers import extract_code_block, reference_program
         from atgrpo_jax.envs.sandbox import run_many
 
         n_tasks, k = len(texts), len(texts[0])
         envs = jax.device_get(state.env)
         grids = [self.game.render(jax.tree.map(lambda x: x[b], envs)) for b in range(n_tasks)]
-        codes = [[extract_code_block(t) if active[b] else None for t in row] for b, row in enumerate(texts)]
+        extract = (lambda t: reference_program(t, unclosed_blocks=True)) if self.config.whole_reply_program \
+            else extract_code_block
+        codes = [[extract(t) if active[b] else None for t in row] for b, row in enumerate(texts)]
         jobs = [(b, j) for b in range(n_tasks) for j in range(k) if codes[b][j]]
         results = run_many([codes[b][j] for b, j in jobs], [grids[b] for b, _ in jobs],
                            self.config.sandbox_limits, self.config.sandbox_workers)
@@ -237,7 +242,8 @@ class GridWorkflow:
         handoff = _texts((n_tasks, k), "The tool agent wrote no Python code block.")
         reasons = _texts((n_tasks, k), "unparsed: no ```python block")
         for (b, j), res in zip(jobs, results):
-            actions[b][j] = actions_from_output(res.stdout, self.game)
+            actions[b][j] = (reference_tool_actions(res.as_reference_reports, self.game)
+                             if self.config.reference_tool_output else actions_from_output(res.stdout, self.game))
             reasons[b, j] = ("unparsed: the program " + ("timed out" if res.timed_out else "failed") if not res.ok
                          else "unparsed: no '**Actions List**: [...]' line in the program's output")
             output = _clip(res.stdout, _OUTPUT_CHARS, keep="tail") or "(no output)"

@@ -165,9 +165,12 @@ class _MathVerifyWorker:
         self.proc = None
 
     def _ask(self, pred: str, reference: str, timeout_s: float) -> bool | None:
+        return {b"1\n": True, b"0\n": False}.get(self._request([pred, reference], timeout_s))
+
+    def _request(self, request, timeout_s: float) -> bytes | None:
         proc = self.proc
         try:
-            proc.stdin.write((json.dumps([pred, reference]) + "\n").encode())
+            proc.stdin.write((json.dumps(request) + "\n").encode())
             reply = b""
             fd = proc.stdout.fileno()
             while not reply.endswith(b"\n"):
@@ -180,13 +183,20 @@ class _MathVerifyWorker:
             self.stop()
             self.restarts += 1
             return None
-        return {b"1\n": True, b"0\n": False}.get(reply)
+        return reply
 
     def verify(self, pred: str, reference: str, timeout_s: float) -> bool | None:
         with self.lock:
             if self.unavailable or (self.proc is None and not self._start()):
                 return None
             return self._ask(pred, reference, timeout_s)
+
+    def extract(self, text: str, timeout_s: float) -> str | None:
+        with self.lock:
+            if self.unavailable or (self.proc is None and not self._start()):
+                return None
+            reply = self._request({"extract": text}, timeout_s)
+        return json.loads(reply) if reply and reply != b"-\n" else None
 
 
 _WORKER = _MathVerifyWorker()
@@ -210,6 +220,18 @@ def grade(pred: str | None, reference: str, timeout_s: float = DEFAULT_TIMEOUT_S
         return _grade_cached(pred.strip(), reference.strip(), float(timeout_s), bool(use_math_verify))
     except Exception:  # noqa: BLE001
         return False
+
+
+def answer_anywhere(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+    """The answer math_verify's parse finds anywhere in `text` ("The answer is $42$." -> "42", a
+    program's "42\nDone" -> "42"), as the reference system reads answers ("" for none; \boxed{} or
+    the fallback's reading when math_verify cannot run)."""
+    if not isinstance(text, str) or not text.strip():
+        return ""
+    found = _WORKER.extract(text, timeout_s)
+    if found is None and _WORKER.unavailable:
+        found = extract_boxed(text)
+    return found or ""
 
 
 def grade_many(preds: Sequence[str | None], references: Sequence[str], **kwargs) -> list[bool]:

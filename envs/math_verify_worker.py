@@ -1,7 +1,9 @@
 """A long-lived worker process that runs math_verify for `math_grading`.
 
-Run as a script; reads one JSON line `[pred, reference]` per request and writes
-one line: `1` (equal), `0` (not equal) or `-` (math_verify could not decide).
+Run as a script; reads one JSON line per request and writes one line: for
+`[pred, reference]`, `1` (equal), `0` (not equal) or `-` (math_verify could not
+decide); for `{"extract": text}`, the answer math_verify's parse finds anywhere
+in the text as a JSON string, or `-` for none.
 math_verify's own timeouts use signal.alarm, which fails off the main thread
 and cannot stop long C-level big-integer arithmetic (e.g. 9^(9^9)); so they
 are disabled here and the parent kills this process when an answer takes too
@@ -34,7 +36,13 @@ def main() -> None:
 
     for line in sys.stdin:
         try:
-            pred, reference = json.loads(line)
+            request = json.loads(line)
+            if isinstance(request, dict):
+                found = parse(request["extract"], parsing_timeout=None)
+                sys.stdout.write((json.dumps(str(found[-1])) if found else "-") + "\n")
+                sys.stdout.flush()
+                continue
+            pred, reference = request
             gold = parse(_wrap(reference), parsing_timeout=None)
             guess = parse(_wrap(pred), parsing_timeout=None)
             if not gold or not guess:

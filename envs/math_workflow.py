@@ -39,11 +39,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from atgrpo_jax.data import is_prepared_name, is_source, load_records, prepared_path, require_prepared, source_name
-from atgrpo_jax.envs.math_grading import grade
-from atgrpo_jax.envs.parsers import extract_boxed, extract_code_block
+from atgrpo_jax.envs.math_grading import answer_anywhere, grade
+from atgrpo_jax.envs.parsers import extract_boxed, extract_code_block, reference_program
 from atgrpo_jax.envs.sandbox import Limits, run_many
 from atgrpo_jax.envs.text_state import clip_head, clip_tail, load_jsonl, obj_array, response_grid
-from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, branch
+from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, as_reference, branch
 
 MATH_DATASETS = {
     "gsm8k_train": "math/gsm8k_train.jsonl",
@@ -114,6 +114,14 @@ class MathWorkflow:
     max_shown_chars: int = 4000  # of an earlier response shown in a prompt
     tool_first: bool = False  # turn order tool agent, reasoner (the reference's)
     simultaneous: bool = False  # the second agent of a turn sees the turn's starting state (the reference's)
+    recipe: str = "paper"  # the switches below left at None follow it (envs/workflow.py: RECIPES)
+    answer_anywhere: bool | None = None  # True (reference): an answer is what math_verify finds anywhere in the
+    # reasoner's response or the program's output ("The answer is $42$." is one); False: \boxed{} is required,
+    # a program's answer is its \boxed{} or last line
+    whole_reply_program: bool | None = None  # True (reference): a tool reply without a code block runs whole;
+    # False: a reply without a ```python (or untagged) block runs nothing (rewards.tool_error)
+    failed_program_is_wrong: bool | None = None  # True (reference): a program that fails, prints nothing or is
+    # missing scores as a wrong answer (0); False: rewards.tool_error (-1)
 
     def __post_init__(self):
         if isinstance(self.test_sets, str):
@@ -121,6 +129,8 @@ class MathWorkflow:
         if self.fields is not None:  # a dict or ConfigDict, kept as sorted pairs: the workflow stays hashable
             pairs = sorted((str(k), str(v)) for k, v in dict(self.fields).items())
             object.__setattr__(self, "fields", tuple(pairs))
+        for switch in ("answer_anywhere", "whole_reply_program", "failed_program_is_wrong"):
+            object.__setattr__(self, switch, as_reference(getattr(self, switch), self.recipe))
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
         names = [self.train_path or self.train_set, *self.test_sets]
@@ -256,7 +266,7 @@ class MathWorkflow:
     def _step_reasoner(self, out, grid, active, turn, local, parsed_as):
         r = self.rewards
         for b, j in active:
-            answer = extract_boxed(grid[b][j]) or ""
+            answer = answer_anywhere(grid[b][j]) if self.answer_anywhere else extract_boxed(grid[b][j]) or ""
             correct = bool(answer) and grade(answer, out["reference"][b, j])
             out["reasoner_response"][b, j] = grid[b][j]
             out["reasoner_answer"][b, j] = answer
@@ -264,11 +274,13 @@ class MathWorkflow:
             out["history"][b, j] += f"turn {turn + 1}, reasoner: {answer or '(no boxed answer)'}\n"
             local[b, j] = r.reasoner_correct * correct if answer else r.reasoner_unparsable
             out["done"][b, j] = self._agree(out, b, j)
-            parsed_as[b, j] = f"answer {answer}" if answer else "unparsed: no \\boxed{} answer"
+            parsed_as[b, j] = f"answer {answer}" if answer else \
+                "unparsed: no answer found" if self.answer_anywhere else "unparsed: no \\boxed{} answer"
 
     def _step_tool(self, out, grid, active, turn, local, parsed_as):
         r = self.rewards
-        codes = {(b, j): extract_code_block(grid[b][j]) for b, j in active}
+        extract = reference_program if self.whole_reply_program else extract_code_block
+        codes = {(b, j): extract(grid[b][j]) for b, j in active}
         runnable = [key for key, code in codes.items() if code]
         results = dict(zip(runnable, run_many([codes[key] for key in runnable], limits=self.limits,
                                               max_workers=self.max_workers)))
@@ -276,6 +288,9 @@ class MathWorkflow:
             result = results.get((b, j))
             if result is None:
                 output, answer = "(no python block found)", ""
+            elif self.answer_anywhere:  # the reference parses whatever its runner reports, errors too
+                output = result.as_reference_reports
+                answer = answer_anywhere(output)
             elif not result.ok:
                 reason = ("timed out" if result.timed_out else "ran out of memory" if result.memory_exceeded
                           else "printed too much" if result.output_truncated else "failed")
@@ -283,11 +298,12 @@ class MathWorkflow:
             else:
                 output, answer = result.stdout, tool_answer_from_output(result.stdout)
             correct = bool(answer) and grade(answer, out["reference"][b, j])
+            error = r.tool_wrong if self.failed_program_is_wrong else r.tool_error
             out["tool_code"][b, j] = codes[(b, j)] or ""
             out["tool_output"][b, j] = clip_head(output, 4000)
             out["tool_answer"][b, j] = answer
             out["history"][b, j] += f"turn {turn + 1}, tool agent: {answer or '(no answer)'}\n"
-            local[b, j] = r.tool_correct if correct else r.tool_wrong if answer else r.tool_error
+            local[b, j] = r.tool_correct if correct else r.tool_wrong if answer else error
             parsed_as[b, j] = f"printed {answer}" if answer else "unparsed: " + clip_head(output, 120)
             out["done"][b, j] = self._agree(out, b, j)
 

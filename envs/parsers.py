@@ -94,6 +94,37 @@ def extract_code_block(text: Any, which: str = "last") -> str | None:
         return None
 
 
+def python_block(text: Any) -> str | None:
+    """The last block opened by exactly ```` ```python ```` (the reference coder's reading: an untagged or
+    otherwise tagged block is no program); None if none."""
+    try:
+        found = re.findall(r"```python(.*?)```", as_text(text), re.DOTALL)
+        return found[-1].strip() or None if found else None
+    except Exception:  # noqa: BLE001 - a parser never raises
+        return None
+
+
+_CODE_WORDS = ("def ", "import ", "from ", "=", "print(", "return", "if ", "for ", "while ")
+
+
+def reference_program(text: Any, unclosed_blocks: bool = False) -> str:
+    """The program the reference system runs from a reply in games (`unclosed_blocks`) and math: the
+    last ```` ```python ```` block, else the last ```` ``` ```` block, (games: else an unclosed
+    ```` ```python ```` block, else an unclosed ```` ``` ```` one that looks like code,) else the whole reply."""
+    try:
+        text = as_text(text)
+        patterns = [r"```python\s*(.*?)```", r"```\s*(.*?)```"]
+        if unclosed_blocks:
+            patterns += [r"```python\s*(.*?)$", r"```\s*(.*?)$"]
+        for n, pattern in enumerate(patterns):
+            found = re.findall(pattern, text, re.DOTALL)
+            if found and (n < 3 or any(word in found[-1] for word in _CODE_WORDS)):
+                return found[-1].strip()
+        return text.strip()
+    except Exception:  # noqa: BLE001 - a parser never raises
+        return ""
+
+
 def _matching_braces(text: str) -> dict[int, int]:
     """Index of each unescaped '{' -> index of its matching '}' (linear, one pass)."""
     stack, match = [], {}

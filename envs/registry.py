@@ -16,6 +16,7 @@ role alone, grid_roles.SINGLE).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 from atgrpo_jax.registry import Registry, closest, import_function, registered
@@ -25,15 +26,15 @@ GRID_KINDS = ("tool_plan", "direct")  # `<game>_<kind>`; single_agent picks `<ki
 
 
 @WORKFLOWS.register("math")
-def _math(single_agent: bool = False, **kwargs):
+def _math(single_agent: bool = False, recipe: str = "paper", **kwargs):
     from atgrpo_jax.envs.math_workflow import make_math_workflow
-    return make_math_workflow(single_agent=single_agent, **kwargs)
+    return make_math_workflow(single_agent=single_agent, recipe=recipe, **kwargs)
 
 
 @WORKFLOWS.register("code")
-def _code(single_agent: bool = False, **kwargs):
+def _code(single_agent: bool = False, recipe: str = "paper", **kwargs):
     from atgrpo_jax.envs.code_workflow import make_code_workflow
-    return make_code_workflow(single_agent=single_agent, **kwargs)
+    return make_code_workflow(single_agent=single_agent, recipe=recipe, **kwargs)
 
 
 @WORKFLOWS.register("prompt_reward")
@@ -64,9 +65,9 @@ def _grid_factory(name: str) -> Callable[..., Any] | None:
     for kind in GRID_KINDS:
         game = name[:-len(kind) - 1] if name.endswith("_" + kind) else None
         if game in GAMES:
-            def make(single_agent: bool = False, alone: str = "", **kwargs):
+            def make(single_agent: bool = False, alone: str = "", recipe: str = "paper", **kwargs):
                 from atgrpo_jax.envs.grid_workflows import make_grid_workflow
-                return make_grid_workflow(_single(kind, single_agent, alone), game, **kwargs)
+                return make_grid_workflow(_single(kind, single_agent, alone), game, recipe=recipe, **kwargs)
             return make
     return None
 
@@ -95,10 +96,14 @@ def factory_of(name: str) -> Callable[..., Any]:
     return grid
 
 
-def make_workflow(name: str, single_agent: bool = False, **kwargs):
+def make_workflow(name: str, single_agent: bool = False, recipe: str = "paper", **kwargs):
     """The workflow `name` (see the module docstring) built with the factory's keyword arguments;
-    an unknown keyword is a ValueError naming the factory's arguments."""
+    an unknown keyword is a ValueError naming the factory's arguments. `recipe` (config.recipe)
+    goes to the factories that name a `recipe` argument: the paper's workflows, whose switches
+    follow it (docs/paper.md, "Recipes"); a workflow of yours without one has nothing to switch."""
     factory = factory_of(name)
+    if "recipe" in inspect.signature(factory).parameters:
+        kwargs["recipe"] = recipe
     try:
         return factory(single_agent=single_agent, **kwargs)
     except TypeError as e:

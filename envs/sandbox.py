@@ -101,6 +101,16 @@ class RunResult:
         """The program ran to completion and exited with status 0."""
         return self.exit_code == 0 and not (self.timed_out or self.output_truncated or self.sandbox_error)
 
+    @property
+    def as_reference_reports(self) -> str:
+        """The run's output as the reference system hands it to its parsers: "timeout", or with
+        anything on stderr (a warning too) "error: STDERR\n\nSTDOUT:\nSTDOUT", else stdout."""
+        if self.timed_out:
+            return "timeout"
+        if self.stderr_tail.strip():
+            return f"error: {self.stderr_tail}\n\nSTDOUT:\n{self.stdout}"
+        return self.stdout
+
 
 def _child_env(workdir: str) -> dict[str, str]:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}

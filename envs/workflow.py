@@ -27,6 +27,24 @@ import numpy as np
 
 Messages = list[dict[str, str]]  # [{"role": "system"|"user", "content": ...}]
 
+# config.recipe: "paper" keeps this project's behaviour where it differs from the reference system's,
+# "reference" takes the reference's (docs/paper.md, "Recipes"). A workflow's own switches are keyword
+# arguments that default to None: as its `recipe` says.
+RECIPES = ("paper", "reference")
+
+
+def episodes_per_problem(workflow, eval_k: int) -> int:
+    """Held-out episodes per problem: train.eval_k, or 1 where the workflow evaluates one sample
+    (the reference's code evaluation, `one_eval_sample`)."""
+    return 1 if getattr(workflow, "one_eval_sample", False) else eval_k
+
+
+def as_reference(switch: bool | None, recipe: str) -> bool:
+    """Whether a workflow's switch takes the reference's behaviour: its own value, or with None its recipe's."""
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe: unknown {recipe!r}; known: {', '.join(RECIPES)}")
+    return recipe == "reference" if switch is None else bool(switch)
+
 
 @dataclasses.dataclass(frozen=True)
 class StepOut:

@@ -131,7 +131,8 @@ def test_docs_table_says_what_the_paper_configs_carry():
     assert {"rollout.top_p", "rollout.repetition_penalty", "rollout.eval_top_k", "optim.min_lr_ratio"} <= keys
     assert {"env.kwargs.params.rewards", "env.kwargs.output_match"} <= {row["config key"] for row in per_workflow}
     for preset in ("qwen3-1.7b", "qwen3-8b"):
-        configs = {task: paper_config(task, preset) for tasks in WORKFLOW_COLUMNS.values() for task in tasks}
+        configs = {task: resolve(paper_config(task, preset), weights=False)  # as a run reads it (recipe paper)
+                   for tasks in WORKFLOW_COLUMNS.values() for task in tasks}
         for row in main:
             for column, tasks in WORKFLOW_COLUMNS.items():
                 for task in tasks:

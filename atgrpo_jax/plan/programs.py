@@ -44,7 +44,7 @@ from atgrpo_jax.sharding import RULES, TRAIN_RULES, batch_shards, logical_shardi
 from atgrpo_jax.train.batch import fine_bucket, length_bucket
 from atgrpo_jax.train.config import agent_sampling, loss_config, max_new_tokens, sharing
 from atgrpo_jax.train.policies import on_mesh
-from atgrpo_jax.train.setup import make_tokenizer, scoring_of
+from atgrpo_jax.train.setup import make_tokenizer, scored_as, scoring_of
 from atgrpo_jax.train.update import Packed, TrainState, make_optimizer, update_steps
 
 # How the TPU compiler refuses a program that does not fit: (what it needs, what the chip has).
@@ -134,7 +134,8 @@ def outputs(program: "Program"):
 def agent_names(config) -> tuple[list[str], str]:
     """The workflow's agents, and a note when they had to be assumed (its data is not prepared here)."""
     try:
-        workflow = make_workflow(config.env.workflow, single_agent=config.env.single_agent, **dict(config.env.kwargs))
+        workflow = make_workflow(config.env.workflow, single_agent=config.env.single_agent, recipe=config.recipe,
+                                 **dict(config.env.kwargs))
         return [a.name for a in workflow.agents], ""
     except Exception as e:  # noqa: BLE001  (a workflow that needs data or a service: its roles are assumed)
         n = 1 if config.env.single_agent else AGENTS
@@ -310,7 +311,7 @@ def _hosts_of(mesh) -> int:
 
 def _update_programs(config, s: PoolState, others, sampling, vocab_limit, tx) -> list[Program]:
     r, o = config.rollout, config.optim
-    how = scoring_of(config, sampling, vocab_limit)
+    how = scoring_of(scored_as(config, sampling), vocab_limit)
     logprobs_fn, update_fn = update_steps(s.graphdef, tx, loss_config(config), config.loss.logprob_chunk, how,
                                           train_head=not jax.tree.leaves(s.frozen))
     width = length_bucket(r.max_prompt_len + max_new_tokens(config))

@@ -11,6 +11,7 @@ import dataclasses
 
 import ml_collections
 
+from atgrpo_jax.envs.workflow import RECIPES  # noqa: F401  (config.recipe's choices, shared with the workflows)
 from atgrpo_jax.errors import ConfigError  # noqa: F401  (raised here; also importable from here)
 
 
@@ -63,6 +64,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.policy.pools = False  # per_role: each agent's model on its own disjoint part of the mesh
     c.policy.frozen_agents = ()  # agents whose samples are not trained on (the paper's ablation: one role
     # trained alone while the other stays the base model)
+    c.recipe = "paper"  # "paper": the paper's intent with the reference system's bugs fixed; "reference":
+    # PettingLLMs as it runs (docs/paper.md "Recipes"): every switch left at None below, and the workflow's own
+    # (env.kwargs, see each workflow), take the reference's behaviour
+    c.reference = ml_collections.ConfigDict()  # one switch per difference from the reference that is a run
+    # setting; None: as `recipe` says, True: the reference's behaviour, False: this project's
+    c.reference.lr_schedule = None  # verl's cosine as the reference runs it: warm-up from min_lr_ratio x lr, and
+    # with no total step count set, the rate alternates lr, min_lr_ratio x lr after the warm-up (a bug: row 8)
+    c.reference.logprobs_at_t1 = None  # score old and new log-probs at temperature 1 with no top-k, top-p or
+    # repetition penalty, whatever the tokens were drawn from (row 6)
     c.regime = ""  # shorthand expanded once by resolve(): shared, per_role, lora, single_agent, plain_grpo (see
     # REGIMES)
     c.rollout = ml_collections.ConfigDict()  # sampling of training episodes
@@ -111,8 +121,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.loss.logprob_chunk = 512  # tokens per chunk of the LM head in the update ([chunk, vocab] logits at a time)
     c.optim = ml_collections.ConfigDict()  # AdamW
     c.optim.lr = 1e-6  # learning rate
-    c.optim.master_dtype = "float32"  # "float32": with a lower model.param_dtype, train float32 master weights
-    # (AdamW's moments too) and sample with a copy in param_dtype; "param_dtype": train in param_dtype (less memory)
+    c.optim.master_dtype = "auto"  # "float32": with a lower model.param_dtype, train float32 master weights
+    # (AdamW's moments too) and sample with a copy in param_dtype; "param_dtype": train in param_dtype (less
+    # memory, as the reference: row 7); "auto": float32 under recipe "paper", param_dtype under "reference"
     c.optim.schedule = "constant"  # "constant" or "cosine" (verl's: over the run's training steps down to
     # min_lr_ratio x lr); the rate changes once per training step, never within one
     c.optim.warmup_steps = 0  # training steps of linear warm-up from 0 (step s runs at (s - 1) / warmup_steps x lr)

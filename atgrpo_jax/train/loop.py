@@ -27,6 +27,7 @@ from atgrpo_jax.train.lock import WorkdirLock
 from atgrpo_jax.train.prefetch import Prefetch
 from atgrpo_jax.train.resume import fixed_changes, restore_or_start, step_dirs
 from atgrpo_jax import workdir as wd
+from atgrpo_jax.envs.workflow import episodes_per_problem
 from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, flat, from_saved
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.episodes import as_markdown, training_records
@@ -53,10 +54,11 @@ def check_resume(config, workdir: str, allow_config_change: bool) -> dict:
     return changed
 
 
-def horizon_note(optim, changed: dict, start: int) -> str:
+def horizon_note(optim, changed: dict, start: int, as_reference_runs: bool = False) -> str:
     """What a new train.steps does to a cosine schedule on resume: it is recomputed over the new
-    length, so the rate of the next step moves (said, not hidden)."""
-    if optim.schedule != "cosine" or "train.steps" not in changed:
+    length, so the rate of the next step moves (said, not hidden). The reference's schedule ignores
+    the length."""
+    if optim.schedule != "cosine" or "train.steps" not in changed or as_reference_runs:
         return ""
     before, after = changed["train.steps"]
     old, new = (optim.lr * lr_factor(start + 1, optim, n) for n in (before, after))
@@ -111,7 +113,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
         if start:
             changes = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changed.items())
             print(f"resuming at step {start}" + (f" with changed settings: {changes}" if changes else "")
-                  + horizon_note(config.optim, changed, start), flush=True)
+                  + horizon_note(config.optim, changed, start, config.reference.lr_schedule), flush=True)
     extra = [wandb_log.WandbLogger(workdir, flat(config), project=t.wandb_project, entity=t.wandb_entity,
                                    resumed=states is not None)] if lead and "wandb" in t.loggers else []
     writer = MetricsWriter(workdir, enabled=lead, resume_step=start if states is not None else -1,
@@ -123,6 +125,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     began = time.time()
     last: dict = {}
     step = start
+    eval_k = episodes_per_problem(run.workflow, t.eval_k)
     streaks: dict[str, int] = {}  # consecutive skipped updates per policy
     skipped = 0  # skipped updates in this process's part of the run
     signal = guard.SignalWatch()
@@ -163,7 +166,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
             raise stopped(start)
         if start == 0 and t.eval_every:
             say("evaluating before training (the first sampling call compiles the sampler)", lead)
-            last, _ = evaluation(run, splits, t.eval_tasks, t.eval_k)
+            last, _ = evaluation(run, splits, t.eval_tasks, eval_k)
             writer.write(0, dict(last, time_s=0.0))
             if lead:
                 print(f"step 0 (before training): held-out success {last['eval_success']:.1%}", flush=True)
@@ -193,7 +196,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
             evaluating = t.eval_every and not diverged and (step % t.eval_every == 0 or step == t.steps
                                                              or out_of_time)
             if evaluating:
-                metrics.update(evaluation(run, splits, t.eval_tasks, t.eval_k)[0])
+                metrics.update(evaluation(run, splits, t.eval_tasks, eval_k)[0])
                 if lead:
                     bar.note(f"step {step}: held-out success {metrics['eval_success']:.1%}")
             metrics["time_s"] = time.time() - began

@@ -40,6 +40,7 @@ class Run:
     lr_schedule: Any  # training step (1-based) -> learning rate
     sampling: list[AgentSampling]  # per agent, in training
     eval_sampling: list[AgentSampling]  # per agent, in evaluation (rollout.eval_*)
+    scored_as: list[AgentSampling]  # per agent, the distribution the update scores its tokens under
     ref_params: dict = dataclasses.field(default_factory=dict)  # policy name -> frozen params (KL)
     warned: set = dataclasses.field(default_factory=set)  # prompt warnings already printed
 
@@ -98,10 +99,19 @@ def build_model(config, mesh) -> Qwen3:
     return shard_model(Qwen3(get_preset(m.preset, **kw), rngs=nnx.Rngs(m.init_seed)), mesh)
 
 
-def scoring_of(config, sampling: list[AgentSampling], vocab_limit: int | None) -> SampledFrom:
-    """The distribution the update scores tokens under: the one the agents sampled from."""
-    return SampledFrom(vocab_limit=vocab_limit, top_k=config.rollout.top_k, top_p=any(s.top_p < 1 for s in sampling),
-                       repetition_penalty=any(s.repetition_penalty != 1 for s in sampling))
+def scored_as(config, sampling: list[AgentSampling]) -> list[AgentSampling]:
+    """The distribution the update scores each agent's tokens under: the one it sampled from, or with
+    reference.logprobs_at_t1 (as the reference's trainer) temperature 1 with no filter or penalty."""
+    if not config.reference.logprobs_at_t1:
+        return sampling
+    return [dataclasses.replace(s, temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0) for s in sampling]
+
+
+def scoring_of(scored: list[AgentSampling], vocab_limit: int | None) -> SampledFrom:
+    """The static part of `scored_as`'s distributions (what the update's programs are compiled for)."""
+    return SampledFrom(vocab_limit=vocab_limit, top_k=max(s.top_k for s in scored),
+                       top_p=any(s.top_p < 1 for s in scored),
+                       repetition_penalty=any(s.repetition_penalty != 1 for s in scored))
 
 
 def build_run(config, workdir: str | None = None) -> Run:
@@ -119,7 +129,8 @@ def build_run(config, workdir: str | None = None) -> Run:
                 raise ConfigError(f"config.{key}: {tasks} tasks cannot be split evenly over {n} processes")
     tokenizer = make_tokenizer(config.tokenizer, config.model.hf_path, config.char_alphabet)
     try:
-        workflow = make_workflow(config.env.workflow, single_agent=config.env.single_agent, **dict(config.env.kwargs))
+        workflow = make_workflow(config.env.workflow, single_agent=config.env.single_agent, recipe=config.recipe,
+                                 **dict(config.env.kwargs))
     except ValueError as e:
         raise ConfigError(f"config.{e}" if str(e).startswith("env.") else f"config.env: {e}") from None
     declared = getattr(workflow, "max_turns", None)
@@ -142,10 +153,11 @@ def build_run(config, workdir: str | None = None) -> Run:
     base = build_model(config, pools[0])
     if base.cfg.vocab_size < len(tokenizer):
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
-    tx, lr = make_optimizer(config.optim, config.train.steps)  # lr(training step), as verl's schedule
+    tx, lr = make_optimizer(config.optim, config.train.steps, config.reference.lr_schedule)  # as verl schedules
     layout = sharing(config)
     limit = len(tokenizer) if len(tokenizer) < base.cfg.vocab_size else None  # as the sampler's (rollout.router)
-    how = scoring_of(config, sampling, limit)
+    scored = scored_as(config, sampling)
+    how = scoring_of(scored, limit)
     route = layout.route(len(names))
     per_agent_pool = int(route.max()) + 1 == len(names)  # one policy per agent: each on its agent's pool
     policies = build_policies(layout, base, names, tx, loss_config(config), config.loss.logprob_chunk,
@@ -158,4 +170,4 @@ def build_run(config, workdir: str | None = None) -> Run:
     # The KL reference is the starting policy; nothing is kept when the KL is off.
     ref = {p.name: jax.tree.map(jnp.copy, p.state.params) for p in policies} if config.loss.kl_coef else {}
     return Run(config, mesh, tokenizer, workflow, policies, route, stops, lr, sampling,
-               [agent_sampling(config, n, evaluation=True) for n in names], ref)
+               [agent_sampling(config, n, evaluation=True) for n in names], scored, ref)

@@ -201,8 +201,8 @@ def batch_of(run: Run, step: int, samples, groups: Groups, policy: int) -> Polic
     c = run.config
     rng = np.random.default_rng([c.train.seed, step] + ([policy] if policy else []))
     return policy_batch(samples, groups.adv, groups.trained, run.policy_of_agent, policy, c.optim.mini_batch_size,
-                        rng, np.array([s.inv_temp for s in run.sampling], np.float32),
-                        np.array([s.top_p for s in run.sampling], np.float32), penalties(run))
+                        rng, np.array([s.inv_temp for s in run.scored_as], np.float32),
+                        np.array([s.top_p for s in run.scored_as], np.float32), penalties(run))
 
 
 NOT_STARTED = object()  # an early update that a stop request held back
@@ -307,8 +307,8 @@ def rollout_metrics(run: Run, ro: Rollout, groups: Groups) -> dict:
 
 
 def penalties(run: Run) -> np.ndarray | None:
-    """Each agent's repetition penalty in training, or None when no agent has one."""
-    values = np.array([s.repetition_penalty for s in run.sampling], np.float32)
+    """Each agent's repetition penalty as the update scores it, or None when no agent has one."""
+    values = np.array([s.repetition_penalty for s in run.scored_as], np.float32)
     return values if (values != 1).any() else None
 
 

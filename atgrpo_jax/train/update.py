@@ -59,27 +59,34 @@ class Packed(NamedTuple):
 SCHEDULES = ("constant", "cosine")  # optim.schedule: see lr_factor
 
 
-def lr_factor(step: int, optim, total_steps: int) -> float:
+def lr_factor(step: int, optim, total_steps: int, as_reference_runs: bool = False) -> float:
     """The multiple of optim.lr that training step `step` (1-based) runs at, as verl schedules it:
     its scheduler advances once per training step, so step s reads the factor of s - 1. Warm-up:
     (s - 1) / warmup_steps; then 1 ("constant"), or "cosine" from 1 down to optim.min_lr_ratio at
     `total_steps` (the run's training steps). Unlike verl's constant schedule, which starts at 0
-    even without warm-up, "constant" with warmup_steps = 0 starts at 1 (our runs always did)."""
-    done, warm = step - 1, optim.warmup_steps
+    even without warm-up, "constant" with warmup_steps = 0 starts at 1 (our runs always did).
+
+    as_reference_runs (config.reference.lr_schedule, docs/paper.md "Recipes"): "cosine" as the
+    reference system runs it. Its vendored verl warms up from min_lr_ratio, not 0, and it never sets
+    the total step count (-1), so the cosine's progress is (s - 1 - warmup) whole half-periods: the
+    rate alternates 1, min_lr_ratio, 1, ... after the warm-up."""
+    done, warm, floor = step - 1, optim.warmup_steps, optim.min_lr_ratio
+    reference_cosine = as_reference_runs and optim.schedule == "cosine"
     if done < warm:
-        return done / max(1, warm)
+        return floor + (1 - floor) * done / warm if reference_cosine else done / max(1, warm)
     if optim.schedule == "constant":
         return 1.0
-    progress = (done - warm) / max(1, total_steps - warm)
-    floor = optim.min_lr_ratio
-    return max(0.0, (1 - floor) / 2 * math.cos(math.pi * progress) + (1 + floor) / 2)
+    span = max(1, (-1 if reference_cosine else total_steps) - warm)
+    progress = (done - warm) / span
+    return max(floor if reference_cosine else 0.0, (1 - floor) / 2 * math.cos(math.pi * progress) + (1 + floor) / 2)
 
 
-def make_optimizer(optim, total_steps: int) -> tuple[optax.GradientTransformation, Callable]:
+def make_optimizer(optim, total_steps: int, as_reference_runs: bool = False
+                   ) -> tuple[optax.GradientTransformation, Callable]:
     """(AdamW with global-norm clipping, lr_at) where lr_at(training step) is the learning rate of that
     step (`lr_factor`). The rate is a hyperparameter in the optimizer state, set once per training step
     (`with_lr`): verl counts its schedule in training steps, not in optimizer steps."""
-    lr_at = lambda step: optim.lr * lr_factor(step, optim, total_steps)  # noqa: E731
+    lr_at = lambda step: optim.lr * lr_factor(step, optim, total_steps, as_reference_runs)  # noqa: E731
     adamw = optax.inject_hyperparams(optax.adamw)(learning_rate=lr_at(1), b1=optim.b1, b2=optim.b2,
                                                   weight_decay=optim.weight_decay)
     return optax.chain(optax.clip_by_global_norm(optim.grad_clip), adamw), lr_at

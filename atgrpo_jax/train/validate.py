@@ -7,7 +7,7 @@ import math
 import ml_collections
 
 from atgrpo_jax.registry import closest
-from atgrpo_jax.train.config import (AGENT_KEYS, REGIMES, SHARINGS, ConfigError, agent_sampling, base_config,
+from atgrpo_jax.train.config import (AGENT_KEYS, RECIPES, REGIMES, SHARINGS, ConfigError, agent_sampling, base_config,
                                      flat, loss_config)
 
 FILTER_SCOPES = ("policy", "agent", "batch")
@@ -32,7 +32,8 @@ def _set(c, dotted: str, value):
 
 
 def resolve(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collections.ConfigDict:
-    """Expand `regime` into the settings it stands for (once: regime is then ""), then validate.
+    """Expand `regime` into the settings it stands for (once: regime is then ""), settle every switch
+    the `recipe` decides (reference.* and optim.master_dtype "auto"), then validate.
 
     A setting the user changed from its default to something the regime contradicts is an error.
     weights=False: do not ask for model weights (the memory planner needs the architecture only).
@@ -47,6 +48,16 @@ def resolve(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collect
                      f"{mine!r} contradicts regime={c.regime!r}, which sets it to {value!r}")
             _set(c, key, value)
         c.regime = ""
+    _require(c.recipe in RECIPES, "recipe", f"unknown {c.recipe!r}{closest(c.recipe, RECIPES)}; known: "
+             f"{', '.join(RECIPES)}")
+    as_reference = c.recipe == "reference"
+    for key, value in c.reference.items():
+        _require(value is None or isinstance(value, bool), f"reference.{key}",
+                 f"must be True, False or None (as recipe={c.recipe!r}), got {value!r}")
+        if value is None:
+            c.reference[key] = as_reference
+    if c.optim.master_dtype == "auto":
+        c.optim.master_dtype = "param_dtype" if as_reference else "float32"
     return validate(c, weights=weights)
 
 
@@ -81,8 +92,8 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
                  "model.init='random' to train from random weights on purpose")
     for key in ("param_dtype", "compute_dtype"):
         _require(m[key] in DTYPES, f"model.{key}", f"must be one of {sorted(DTYPES)}")
-    _require(c.optim.master_dtype in MASTER_DTYPES, "optim.master_dtype",
-             f"must be one of {MASTER_DTYPES}, got {c.optim.master_dtype!r}")
+    _require(c.optim.master_dtype in MASTER_DTYPES + ("auto",), "optim.master_dtype",
+             f"must be one of {MASTER_DTYPES + ('auto',)}, got {c.optim.master_dtype!r}")
     _require(m.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = the preset's)")
     _require(m.attention in BACKENDS, "model.attention",
              f"unknown {m.attention!r}{closest(m.attention, BACKENDS)}; known: {', '.join(BACKENDS)}")
@@ -165,6 +176,9 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     _require(y.schedule in ("sync", "async"), "system.schedule", f"must be 'sync' or 'async', got {y.schedule!r}")
     _require(y.cohorts >= 1 and y.host_workers >= 1, "system.cohorts", "cohorts and host_workers must be >= 1")
     _require(y.staleness in (0, 1), "system.staleness", f"must be 0 or 1, got {y.staleness!r}")
+    _require(not (y.staleness and c.reference.logprobs_at_t1), "system.staleness",
+             "1 takes the importance ratio against the sampler's log-probs, which reference.logprobs_at_t1 "
+             "(on under recipe='reference') does not score under; set one of them to 0 / False")
     _require(y.trace_every >= 0, "system.trace_every", "must be >= 0")
     _require(y.stage_timeout_s >= 0, "system.stage_timeout_s", "must be >= 0 (0 = no limit)")
     t = c.train
