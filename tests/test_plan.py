@@ -22,7 +22,7 @@ from atgrpo_jax.sampling import decode, segments
 from atgrpo_jax.sampling.cache import init_cache
 from atgrpo_jax.sharding import MeshConfig, logical_sharding, make_mesh, sub_meshes
 from atgrpo_jax.train.config import base_config
-from atgrpo_jax.train.validate import validate
+from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.batch import rows_update
 from atgrpo_jax.train.update import TrainState, make_optimizer, make_update_fns
 
@@ -63,7 +63,7 @@ def small_config(**model):
     c.rollout.update(num_tasks=4, k=2, max_prompt_len=64, prompt_buckets=(64,), max_new_tokens=32)
     c.optim.mini_batch_size = 8
     c.mesh.update(data=1, fsdp=-1, tensor=1)
-    return validate(c, weights=False)
+    return resolve(c, weights=False)
 
 
 # --- sizes against real arrays -------------------------------------------------------------
@@ -335,7 +335,7 @@ def test_advice_lowers_the_peak_and_the_combination_fits(config_file, capsys):
     assert any(a["overrides"] == {"model.remat": True} for a in out["advice"])
     combined = out["combined"]
     assert combined["fits"]
-    config = validate(plan_cli.with_overrides(base_config(), {"model.preset": "qwen3-1.7b"} | {
+    config = resolve(plan_cli.with_overrides(base_config(), {"model.preset": "qwen3-1.7b"} | {
         k: v for k, v in combined["overrides"].items() if k != "num_devices"}), weights=False)
     replanned = plan(config, TPUS["v5p"], combined["overrides"].get("num_devices", 4))
     assert replanned.fits and replanned.peak == combined["peak"]
