@@ -124,7 +124,7 @@ def physical_order(devices) -> list:
     without coordinates as they are. On a v5p host (a 2x2 plane) the halves are chips {0, 2} and {1, 3};
     on a v6e-8 host (2x4), {0..3} and {4..7}. (libtpu 0.0.42 fails internal checks compiling collectives
     over other cuts of these hosts, e.g. v5p's {2, 3} of every host of a v5p-32, v6e's {0, 2, 4, 6}:
-    docs/tpu.md.)"""
+    docs/guides/tpu.md.)"""
     coords = [getattr(d, "coords", None) for d in devices]
     if any(c is None for c in coords):
         return list(devices)

@@ -1,5 +1,5 @@
 """Compile every paper config (configs/*_qwen3_*.py) in each regime for its TPU topologies, and model
-the paper's runs on TPUs and H100s: the figures of docs/tpu.md.
+the paper's runs on TPUs and H100s: the figures of docs/results/tpu.md.
 
     python tools/paper_compiles.py --out=docs/results/paper_compiles.json [--only=1p7b] [--jobs=2]
 
@@ -30,9 +30,10 @@ PUBLISHED_HOURS = {("plan_path", "1p7b"): 8, ("code", "1p7b"): 24, ("math", "1p7
                    ("plan_path", "8b"): 16, ("code", "8b"): 48, ("math", "8b"): 32}  # PettingLLMs' docs
 
 
-def regime_flags(regime: str) -> list[str]:
+def regime_flags(regime: str, chips: int = 2) -> list[str]:
+    """per_role puts each model on its own pool of chips where there are chips to split (one chip: both on it)."""
     flags = [f"--config.regime={regime}"]
-    return flags + (["--config.policy.pools=True"] if regime == "per_role" else [])
+    return flags + (["--config.policy.pools=True"] if regime == "per_role" and chips > 1 else [])
 
 
 def compile_one(size: str, regime: str, target: str) -> dict:
@@ -56,16 +57,16 @@ def modelled(size: str, task: str, regime: str, target: str) -> dict:
     from atgrpo_jax import cli
     from atgrpo_jax.plan import costing
     from atgrpo_jax.plan.compile_cli import model_step
-    from atgrpo_jax.plan.memory import AGENTS, plan
+    from atgrpo_jax.plan.memory import plan
     from atgrpo_jax.plan.targets import parse_target
     from atgrpo_jax.train.validate import resolve
 
-    overrides, _ = cli.pop_overrides(["x", *regime_flags(regime)])
+    t = parse_target(target)
+    overrides, _ = cli.pop_overrides(["x", *regime_flags(regime, t.chips)])
     config = resolve(cli.config_from_args(os.path.join(ROOT, f"configs/{task}_qwen3_{size}.py"), overrides),
                      weights=False)
-    t = parse_target(target)
     step = model_step(config, t, costing.Assumptions.of(config))
-    p = plan(config, t.planner_device(), t.chips, AGENTS if regime == "per_role" else 1)
+    p = plan(config, t.planner_device(), t.chips)  # pools as the config says
     return {"step_s": step, "run_hours": step["total"] * config.train.steps / 3600, "planned_peak": p.peak,
             "hbm": t.chip.hbm_bytes, "planned_fits": p.peak <= t.chip.hbm_bytes}
 
@@ -94,19 +95,19 @@ def main() -> int:
             json.dump(out, f, indent=1)
         return 0
     jobs = [(s, r, t) for s in TARGETS for r in REGIMES for t in TARGETS[s] if args.only in (s, r, "")]
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        compiles = list(pool.map(lambda j: compile_one(*j), jobs))
-    models = all_models(args.only)
-    out = {"compiles": compiles, "models": models,
+    out = {"compiles": [], "models": all_models(args.only),
            "published_hours": {f"{t}_{s}": h for (t, s), h in PUBLISHED_HOURS.items()}}
-    with open(os.path.join(ROOT, args.out), "w") as f:
-        json.dump(out, f, indent=1)
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        for row in pool.map(lambda j: compile_one(*j), jobs):  # saved as each ends: a long sweep cut short keeps its rows
+            out["compiles"].append(row)
+            with open(os.path.join(ROOT, args.out), "w") as f:
+                json.dump(out, f, indent=1)
     return 0
 
 
 
 def markdown(path: str) -> str:
-    """docs/tpu.md's tables from the sweep's JSON."""
+    """docs/results/tpu.md's tables from the sweep's JSON."""
     with open(path) as f:
         out = json.load(f)
     gib = 2 ** 30

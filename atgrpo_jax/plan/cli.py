@@ -134,12 +134,26 @@ def _compile(config, target_name: str, as_json: bool, prompt_tokens: int, respon
         report = compile_cli.compile_step(config, target, assumptions)
     except compile_cli.DoesNotFit as e:
         print(f"DOES NOT FIT on {target_name}: {e}", file=sys.stderr)
+        print(what_lowers(config, target), file=sys.stderr)
         return EXIT_DOES_NOT_FIT
     print(json.dumps(report) if as_json else compile_cli.text_report(report, config.train.steps))
     if not report["fits"]:
         print(f"DOES NOT FIT on {target_name}: {compile_cli.over_line(report)}", file=sys.stderr)
+        print(what_lowers(config, target), file=sys.stderr)
         return EXIT_DOES_NOT_FIT
     return 0
+
+
+def what_lowers(config, target, shown: int = 4) -> str:
+    """The planner's single changes that lower the peak most, to try with --compile next (the
+    planner's peak is a prediction; the compile after the change is the answer)."""
+    device = target.planner_device()
+    base = plan(config, device, target.chips)
+    single, _ = advise(config, device, target.chips, base.policies, base)
+    lines = [f"  - {a.change}: {(base.peak - a.peak) / GiB:.2f} GiB less"
+             for a in single[:shown]]  # those the planner thinks fit first
+    return "what lowers the peak (the planner's estimate; compile again to confirm):\n" + "\n".join(lines) \
+        if lines else "the planner finds no single change that lowers the peak"
 
 
 def main(argv: list[str]) -> int:

@@ -50,7 +50,8 @@ class Analysis:
     compiled_peak: int  # with the state that stays beside it
     flops: float
     bytes_accessed: float
-    optimal_s: float | None  # libtpu's estimate of one run at the chip's peaks (TPU only)
+    optimal_s: float | None  # libtpu's estimate of one run at the chip's peaks (TPU only; None where it
+    # gives none: it reports a negative number for programs with loops)
     collectives: dict
     compile_s: float
     text: str = ""  # the compiled program (kept when asked: tests read it)
@@ -68,5 +69,5 @@ def analyze(program: Program, keep_text: bool = False) -> Analysis:
     text = compiled.as_text()
     optimal = cost.get("optimal_seconds")
     return Analysis(program, int(own), int(own + program.resident), float(cost.get("flops", 0.0)),
-                    float(cost.get("bytes accessed", 0.0)), float(optimal) if optimal else None,
+                    float(cost.get("bytes accessed", 0.0)), float(optimal) if optimal and optimal > 0 else None,
                     collectives(text), seconds, text if keep_text else "")

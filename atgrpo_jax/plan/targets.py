@@ -87,7 +87,7 @@ class Target:
         """One host's `devices` (a multi-host TPU slice's) as the same chips of a one-host topology, matched
         by their place in the host's grid. A program on one host's chips is the same on either; libtpu's
         compile-only client fails an internal check compiling for the chips of one host of a larger v6e
-        or v5e slice whose ids are not consecutive (docs/tpu.md)."""
+        or v5e slice whose ids are not consecutive (docs/guides/tpu.md)."""
         if self.platform != "tpu" or self.hosts == 1:
             return devices
         family = self.topology.split(":")[0]
