@@ -58,7 +58,7 @@ class DoesNotFit(Exception):
 
     def __init__(self, program: "Program", need: int, have: int):
         super().__init__(f"{program.name} of {program.pool} needs {need / 2**30:.2f} GiB per chip, more than "
-                         f"the chip's {have / 2**30:.2f} GiB")
+                         f"the {have / 2**30:.2f} GiB the compiler may use of each chip")
         self.program, self.need, self.have = program, need, have
 
 
