@@ -316,6 +316,20 @@ def test_parse_device(name, family, chips):
     assert (device, n) == (TPUS[family], chips)
 
 
+@pytest.mark.parametrize("name", ["v5p-8", "v5p-32", "v4-16", "v5litepod-8", "v5litepod-16", "v6e-8", "v6e-16",
+                                  "v6e-32"])
+def test_the_planner_and_the_compile_target_count_the_same_hosts(name):
+    """A v6e-16 is four 4-chip hosts, not two of 8: the planner places a sampler copy per host as the
+    compile (and Cloud TPU) does."""
+    from atgrpo_jax.plan.devices import hosts_of
+    from atgrpo_jax.plan.targets import parse_target
+
+    device, chips = parse_device(name)
+    target = parse_target(name)
+    assert (chips, hosts_of(device, chips)) == (target.chips, target.hosts)
+    assert hosts_of(target.planner_device(), target.chips) == target.hosts
+
+
 def test_parse_device_gpu_and_errors():
     device, n = parse_device("gpu", 40)
     assert device.hbm_bytes == 40 * GiB and n == 8

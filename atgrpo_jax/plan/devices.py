@@ -50,6 +50,12 @@ def device_platform(device: Device) -> str:
     return "gpu" if device.name.startswith("GPU") else "tpu"
 
 
+CHIPS_PER_HOST = 4  # TPU VMs of a multi-host slice (v4, v5p; v5e and v6e beyond their 8-chip one-host machines)
+
+
 def hosts_of(device: Device, num_devices: int) -> int:
-    """Hosts of a slice: the mesh's data axis must be a multiple of this (see distributed.py)."""
-    return max(1, num_devices // device.default_chips) if device.name.startswith("TPU") else 1
+    """Hosts of a slice: the mesh's data axis must be a multiple of this (see distributed.py). A slice
+    up to one machine's chips is one host; a larger one is built of 4-chip hosts (a v6e-16 is 4 x 4)."""
+    if not device.name.startswith("TPU") or num_devices <= device.default_chips:
+        return 1
+    return max(1, num_devices // CHIPS_PER_HOST)
