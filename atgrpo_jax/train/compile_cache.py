@@ -21,7 +21,7 @@ SUBDIR = "compile_cache"
 
 
 MIN_COMPILE_S = 0.1  # cache every program that took this long to compile (JAX's default, 1 s, skips a CPU's)
-MAX_BYTES = 4 * 2**30  # the cache's size; the least recently used programs go first
+MAX_BYTES = 4 * 2**30  # the size of the project's own cache (`user_cache`); least recently used go first
 
 
 def user_cache() -> str:
@@ -49,6 +49,9 @@ def enable(setting: str, workdir: str | None) -> str | None:
         jax.config.update("jax_compilation_cache_dir", path)
         if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
             jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)
-        if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
+        # A size limit only on the project's own directory: JAX's eviction reads an access-time file
+        # beside every entry, which a process writing without a limit (any other JAX program sharing
+        # $JAX_COMPILATION_CACHE_DIR or a named directory) never writes, so every later write fails.
+        if path == user_cache() and "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
             jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     return path

@@ -45,3 +45,19 @@ def test_a_run_fills_its_cache_and_the_next_one_compiles_nothing_new(tmp_path):
     if FULL:  # a second process with the same programs: every one read back from the cache
         train(tmp_path / "b", cache)
         assert entries(cache) == first
+
+
+def test_a_directory_shared_with_a_program_that_sets_no_size_limit_takes_our_entries(tmp_path):
+    """JAX's size limit reads an access-time file beside each entry; a program with no limit writes
+    none. A named directory (or $JAX_COMPILATION_CACHE_DIR) gets no limit from us, so both write."""
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    (cache / "jit_other_program-0123-cache").write_bytes(b"written by a program without a size limit")
+    code = ("import jax, jax.numpy as jnp; from atgrpo_jax.train.compile_cache import enable; "
+            f"enable({str(cache)!r}, None); jax.jit(lambda x: jnp.sin(x) @ x.T)(jnp.ones((64, 64))).block_until_ready()")
+    env = dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    env.pop("JAX_COMPILATION_CACHE_MAX_SIZE", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Error writing persistent compilation cache" not in proc.stderr, proc.stderr[-2000:]
+    assert any(f.startswith("jit__lambda") for f in entries(cache)), entries(cache)  # ours beside the other's
