@@ -12,13 +12,19 @@ is kept), and writes `device.json` after every part plus a table at the end:
 - step: one AT-GRPO step of configs/plan_path_qwen3_1p7b.py (random weights, small B) through the
   trainer's CLI, its time split into sampling, environment and update;
 - decode (only when named in --parts): a decode step's cost at 1 and 64 rows, with the layers
-  rolled and unrolled, the LM head and the token selection alone.
+  rolled and unrolled, the LM head and the token selection alone;
+- paper_step (named): one step of the paper's Plan-Path run at its full width (32 tasks x K=8,
+  both agents; 2 turns of 512 tokens, random weights, so every response runs to its budget)
+  beside `atgrpo_jax.plan`'s modelled step for this device at the same lengths;
+- torch_update (named): the PyTorch update as verl users run it (compiled; packed without padding
+  with Liger's fused linear loss) beside the eager one (`bench/torch_verl.py`).
 `--tiny` runs every part with small shapes on any machine (seconds each): the test suite does, so
 the check cannot rot. docs/device.md gives the exact call on a lent GPU.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -27,15 +33,17 @@ import tempfile
 import time
 from pathlib import Path
 
-PARTS = ("facts", "parity", "sampler", "update", "step", "decode")
-DEFAULT_PARTS = PARTS[:-1]  # decode (where a decode step's time goes) is asked for by name
+PARTS = ("facts", "parity", "sampler", "update", "step", "decode", "paper_step", "torch_update")
+DEFAULT_PARTS = PARTS[:5]  # the others (diagnoses and the larger runs) are asked for by name
 # Seconds each part may run on a device (compilation included). On an H100 the six parts took 430 s
 # (docs/device.md: sampler 151, update 60 before its sweep was added, decode 87, step 63, parity
-# 53); on an H200 (2026-11-27) facts 4, update 99, decode 122, sampler 154, step 62, parity 42.
-# Since then the update compiles its 28 layers unrolled (~17 s a variant instead of ~4). The
-# default five add up to 575 s of limits, under the device tool's 600 s per call, so a part that
-# overruns still leaves the others' figures.
-LIMITS = {"facts": 20, "parity": 75, "sampler": 185, "update": 205, "step": 90, "decode": 240}
+# 53); on an H200 facts 4, update 99, decode 122, sampler 154, step 62, parity 42, and on a fresh
+# H200 machine (no compilation cache, slow first CUDA start) facts passed 20 s. The update compiles
+# its 28 layers unrolled (~17 s a variant). The default five add up to 595 s, under the device
+# tool's 600 s per call, so a part that overruns still leaves the others' figures. paper_step took
+# 139 s on a warm H200 machine and more than 200 s on a fresh one.
+LIMITS = {"facts": 40, "parity": 75, "sampler": 185, "update": 205, "step": 90, "decode": 240,
+          "paper_step": 300, "torch_update": 220}
 # The update part's figures that are not a backend's timing.
 UPDATE_DIAGNOSES = ("update_split", "update_profile", "update_sweep", "update_hlo")
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -65,20 +73,54 @@ def run_part(name: str, tiny: bool, out: str) -> None:
             device_update.update(shapes, record, out_dir=str(Path(out).parent))
         elif name == "decode":
             device_parts.decode(shapes, record)
+        elif name == "torch_update":
+            from atgrpo_jax.bench.torch_verl import torch_update
+            torch_update(shapes, record)
+        elif name == "paper_step":
+            step(shapes, record, tmp, shapes.paper_step_overrides, "paper_step")
+            modelled_step(shapes, record)
         else:
-            step(shapes, record, tmp)
+            step(shapes, record, tmp, shapes.step_overrides, "step")
 
 
-def step(shapes, record, tmp: str) -> None:
-    """Two steps of the paper's Plan-Path run through the trainer's CLI; the second step's time
-    (the first compiles) split into sampling, environment (host work) and update."""
+def modelled_step(shapes, record, kind: str | None = None) -> None:
+    """`atgrpo_jax.plan`'s modelled step of the paper_step run on this device (plan/costing.py), at
+    the lengths the run samples: every response its full budget (random weights never stop), the
+    prompts as the trainer pads them (the smallest bucket that holds a Plan-Path prompt)."""
+    import jax
+    from atgrpo_jax.cli import config_from_args
+    from atgrpo_jax.plan import costing
+    from atgrpo_jax.plan.compile_cli import model_step
+    from atgrpo_jax.plan.targets import parse_target
+    from atgrpo_jax.train.validate import resolve
+    kind = (kind or jax.devices()[0].device_kind).lower()
+    name = "h200" if "h200" in kind else "h100" if "h100" in kind else None
+    if name is None:
+        record("paper_step_modelled", {"error": f"no modelled chip for {kind!r}"})
+        return
+    overrides = [flag.removeprefix("--config.").split("=", 1) for flag in shapes.paper_step_overrides]
+    config = resolve(config_from_args(str(paper_step_config()), overrides), weights=False)
+    r = config.rollout
+    a = costing.Assumptions(min(r.prompt_buckets), r.max_new_tokens, 1.0 - config.algo.drop_low_mean_frac)
+    record("paper_step_modelled", {"target": name, **model_step(config, parse_target(name), a),
+                                   "assumptions": dataclasses.asdict(a)})
+
+
+def paper_step_config() -> Path:
     config = CONFIGS / "plan_path_qwen3_1p7b.py"
     if not config.is_file():  # an installed (not editable) package: its packaged copy
         from atgrpo_jax.cli import packaged_config
         config = packaged_config("configs/plan_path_qwen3_1p7b.py") or config
+    return config
+
+
+def step(shapes, record, tmp: str, overrides, key: str) -> None:
+    """Two steps of the paper's Plan-Path run through the trainer's CLI; the second step's time
+    (the first compiles) split into sampling, environment (host work) and update."""
+    config = paper_step_config()
     cmd = [sys.executable, "-m", "atgrpo_jax.train", f"--config={config}", f"--workdir={tmp}/run",
            "--config.model.init=random", "--config.train.steps=2", "--config.train.eval_every=0",
-           "--config.train.checkpoint_every=0", "--config.train.log_episodes_every=0", *shapes.step_overrides]
+           "--config.train.checkpoint_every=0", "--config.train.log_episodes_every=0", *overrides]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
@@ -87,11 +129,13 @@ def step(shapes, record, tmp: str) -> None:
     m = rows[-1]
     total = m["rollout_s"] + m["update_s"]
     env = m.get("host_busy", 0.0) * total
-    record("step", {"command_seconds": time.perf_counter() - start, "step_seconds": total,
+    record(key, {"command_seconds": time.perf_counter() - start, "step_seconds": total,
                     "sampling_seconds": m["rollout_s"] - env, "environment_seconds": env,
                     "update_seconds": m["update_s"], "rollout_tokens_per_s": m.get("rollout_tokens_per_s"),
                     "first_step_seconds": rows[0]["rollout_s"] + rows[0]["update_s"],
-                    "overrides": list(shapes.step_overrides)})
+                    "samples": m.get("samples"), "trained_tokens": m.get("tokens_per_s", 0) * m["update_s"],
+                    "response_tokens": m.get("rollout_tokens_per_s", 0) * m["rollout_s"],
+                    "overrides": list(overrides)})
 
 
 # ---------------------------------------------------------------- the parent
@@ -226,6 +270,22 @@ def table(results: dict) -> str:
         lines.append(f"AT-GRPO step (2nd): {st['step_seconds']:.1f} s = sampling {st['sampling_seconds']:.1f} + "
                      f"environment {st['environment_seconds']:.1f} + update {st['update_seconds']:.1f} "
                      f"(first step {st['first_step_seconds']:.1f} s)")
+    ps, pm = _get(p, "paper_step", "paper_step"), _get(p, "paper_step", "paper_step_modelled")
+    if ps:
+        model = (f"; modelled for {pm['target']} {pm['total']:.1f} s = sampling {pm['sampling']:.1f} + update "
+                 f"{pm['update']:.1f} (measured / modelled {ps['step_seconds'] / pm['total']:.2f}x)"
+                 if pm and "error" not in pm else "")
+        lines.append(f"paper-width step (2nd): {ps['step_seconds']:.1f} s = sampling {ps['sampling_seconds']:.1f} + "
+                     f"environment {ps['environment_seconds']:.1f} + update {ps['update_seconds']:.1f}{model}")
+    tu = p.get("torch_update", {})
+    ours_key = next((k for k in tu if k.startswith("update_")), None)
+    for key in ("torch_eager", "torch_compiled", "torch_verl", ours_key):
+        r = tu.get(key) if key else None
+        if r:
+            loss = f", first loss {r['first_loss']:.5f}" if "first_loss" in r else ""
+            lines.append(f"update, {key}: " + (r["error"] if "error" in r else
+                         f"{r['tokens_per_s']:.0f} tok/s, MFU {_fmt(r.get('mfu'), '.1%')}{loss}, compile and first "
+                         f"step {r['compile_and_first_s']:.0f} s"))
     for key, form in (("decode_step_ms_by_rows", "layers rolled"), ("decode_step_ms_by_rows_unrolled", "layers unrolled"),
                       ("decode_step_ms_by_rows_kernel", "layers unrolled, Pallas attention")):
         if d.get(key, {}).get("error"):

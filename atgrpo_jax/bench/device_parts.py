@@ -46,6 +46,7 @@ class Shapes:
     copy_mib: int  # buffer of the bandwidth measurement
     matmul: int  # size of the peak matmul
     step_overrides: tuple[str, ...]  # flags of the one AT-GRPO step
+    paper_step_overrides: tuple[str, ...]  # flags of the full-width step (the paper's batch)
 
 
 # The update's sweep on a GPU, where the layers run unrolled (`layer_unroll`): twice the tokens, the
@@ -54,8 +55,14 @@ REAL = Shapes("qwen3-1.7b", 4, (2, 256), 64, 512, 512, (4, 1024), 3,
               ((2048, 8, 28, True), (512, 4, 28, False), (512, 4, 1, True)), 4096, 8192,
               ("--config.rollout.num_tasks=2", "--config.rollout.k=4", "--config.rollout.max_turns=2",
                "--config.rollout.max_new_tokens=256", "--config.rollout.max_prompt_len=1024",
-               "--config.rollout.prompt_buckets=(512,1024)"))
+               "--config.rollout.prompt_buckets=(512,1024)"),
+              ("--config.rollout.max_turns=2", "--config.rollout.max_new_tokens=512"))
 TINY = Shapes("test-tiny", 2, (2, 16), 4, 16, 16, (2, 32), 1, ((16, 2, 2, True), (16, 2, 1, False)), 8, 256,
+              ("--config.model.preset=test-tiny", "--config.model.vocab_size=151936",
+               "--config.rollout.num_tasks=2", "--config.rollout.k=2", "--config.rollout.max_turns=1",
+               "--config.rollout.max_new_tokens=8", "--config.rollout.max_prompt_len=512",
+               "--config.rollout.prompt_buckets=(512,)", "--config.model.param_dtype=float32",
+               "--config.model.compute_dtype=float32"),
               ("--config.model.preset=test-tiny", "--config.model.vocab_size=151936",
                "--config.rollout.num_tasks=2", "--config.rollout.k=2", "--config.rollout.max_turns=1",
                "--config.rollout.max_new_tokens=8", "--config.rollout.max_prompt_len=512",

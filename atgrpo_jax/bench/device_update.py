@@ -78,6 +78,24 @@ def new_update(cfg, chunk: int):
     return jax_update(model, optim_config(), LossConfig(), chunk)
 
 
+def ours_timed(shapes: Shapes, record, backend: str) -> None:
+    """Only the timing of ours with one backend (`update_BACKEND`), for a part that compares."""
+    rows, width = shapes.update_rows
+    cfg = get_preset(shapes.preset).replace(param_dtype="float32", compute_dtype="bfloat16", attention=backend)
+    data = make_batch(cfg.vocab_size, rows, width)
+    peak = datasheet_peak(jax.devices()[0].device_kind)
+    try:
+        logprobs_fn, update_fn, state = new_update(cfg, CHUNK)
+        batch = jax_batch(data, old_logprobs(logprobs_fn, state.params, data))
+        state, m, first, times = timed_steps(update_fn, state, batch, shapes.update_steps)
+    except Exception as e:
+        record(f"update_{backend}", error(e))
+        return
+    record(f"update_{backend}", {"tokens": rows * width, "compile_and_first_s": first, "step_seconds": times,
+                                 "tokens_per_s": rows * width / min(times), "loss": float(m["loss"]),
+                                 "mfu": update_flops(cfg, rows, width) / min(times) / peak if peak else None})
+
+
 def ours(shapes: Shapes, record, backends=None, out_dir: str | None = None) -> None:
     """Time each backend's update (compile first), in an order that lets the process-wide peak
     be read for each: cuDNN / splash (smallest score memory) before the einsum's [B, H, T, T]."""

@@ -29,7 +29,7 @@ def modelled_seconds(a: Analysis, cfg, chip) -> float:
     """Modelled seconds of one run of a program at its compiled shape (costing's model)."""
     p = a.program
     chips = p.mesh.devices.size
-    flops_per_s = chip.peak_flops * costing.UPDATE_MFU
+    flops_per_s = chip.peak_flops * costing.DENSE_MFU
     if p.name == "decode segment":  # one step with every cache slot of the compiled call
         mesh = dict(zip(p.mesh.axis_names, p.mesh.devices.shape))
         prompts = p.args[3].prefix.valid.shape[0]  # the rows' groups: one per prompt
@@ -77,7 +77,8 @@ def compile_step(config, target: Target, assumptions: costing.Assumptions, devic
             "assumptions": {"prompt_tokens": assumptions.prompt_tokens,
                             "response_tokens": assumptions.response_tokens,
                             "kept_fraction": assumptions.kept_fraction,
-                            "update_mfu": costing.UPDATE_MFU, "decode_efficiency": costing.DECODE_EFFICIENCY},
+                            "update_mfu": costing.UPDATE_MFU, "decode_efficiency": costing.DECODE_EFFICIENCY,
+                            "row_step_seconds": costing.ROW_STEP_SECONDS},
             "notes": steps.notes}
 
 
@@ -110,7 +111,8 @@ def text_report(r: dict, steps: int) -> str:
               f"(sampling {s['sampling']:.1f}, update {s['update']:.1f}); {steps} steps "
               f"{r['run_modelled_hours']:.2f} h. Assumed: prompts of {a['prompt_tokens']} tokens, responses of "
               f"{a['response_tokens']}, {a['kept_fraction']:.0%} of samples kept; update MFU {a['update_mfu']:.1%} "
-              f"and decode at {a['decode_efficiency']:.0%} of its floor, as measured on an H200."]
+              f"(the trainer's, at the paper's width), decode at {a['decode_efficiency']:.0%} of its floor plus "
+              f"{a['row_step_seconds'] * 1e6:.1f} us per row and step, as measured on an H200."]
     lines += [f"note: {n}" for n in r["notes"]]
     lines.append("FITS: every program fits." if r["fits"] else f"DOES NOT FIT: {over_line(r)}")
     return "\n".join(lines)

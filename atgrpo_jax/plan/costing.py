@@ -9,9 +9,11 @@ It is a model, not a measurement. What it assumes:
   Per-role policies on their own pools update at the same time; on one mesh, one after the other.
 - Environment steps, the host's work and evaluation are left out.
 A decode step reads the weights and the KV cache: its time is those bytes per chip at the chip's
-HBM bandwidth over the decode efficiency measured on an H200 (a step against that floor); prefill
-and the update are their useful FLOPs (as `atgrpo_jax.bench` counts MFU) at the chip's peak over
-the update MFU measured there (docs/device.md). Both are counted from the model, not taken from
+HBM bandwidth over the decode efficiency measured on an H200 (a step against that floor), plus a
+per-row cost (choosing each row's token over the vocabulary: penalty, top-k, top-p); prefill and
+the update are their useful FLOPs (as `atgrpo_jax.bench` counts MFU) at the chip's peak over an
+MFU measured there: the update's is the trainer's whole update at the paper's width (old
+log-probs, mini-batch packing and host work included), not the dense 4,096-token kernel figure. Both are counted from the model, not taken from
 XLA's cost analysis, which counts a loop's body once (the layer loop, the log-prob chunks) and
 counts an in-place cache update as a read and write of the whole cache.
 """
@@ -24,9 +26,14 @@ import jax.numpy as jnp
 
 from atgrpo_jax.models.config import DTYPES, Qwen3Config
 
-# Measured on one H200 (docs/device.md; docs/device_results/h200_2026-11-27.json):
-UPDATE_MFU = 0.353  # Qwen3-1.7B update, 4,096 tokens, layers in a loop (as TPUs run it)
+# Measured on one H200 (docs/device.md, docs/device_results/):
+DENSE_MFU = 0.353  # Qwen3-1.7B update, 4,096 dense tokens, layers in a loop (as TPUs run it)
 DECODE_EFFICIENCY = 2.67 / 4.30  # a decode step at 64 rows against its weights + KV-cache read floor
+# The paper-width step (`bench device --parts=paper_step`: Plan-Path 1.7B, 32 tasks x K=8, both agents,
+# 2 turns of 512 tokens) took 20.3 s sampling and 18.4 s updating where the two figures above alone
+# modelled 9.5 and 12.2 s. The gaps, as the model now counts them:
+ROW_STEP_SECONDS = 20.5e-6  # per row per decode step: (9.6 ms measured - 4.3 ms modelled) / 256 rows
+UPDATE_MFU = DENSE_MFU * 12.18 / 18.41  # the trainer's update at that width: 23.4%
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +87,8 @@ def decode_step_bytes(cfg: Qwen3Config, mesh: dict, prompts: int, prompt_tokens:
 def decode_step_seconds(cfg: Qwen3Config, chip, mesh: dict, prompts: int, prompt_tokens: float, rows: int,
                         own_tokens: float) -> float:
     bytes_ = decode_step_bytes(cfg, mesh, prompts, prompt_tokens, rows, own_tokens)
-    return bytes_ / (chip.hbm_bytes_per_s * DECODE_EFFICIENCY)
+    rows_per_chip = rows / (mesh["data"] * mesh["fsdp"])
+    return bytes_ / (chip.hbm_bytes_per_s * DECODE_EFFICIENCY) + rows_per_chip * ROW_STEP_SECONDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,11 +109,12 @@ def step_time(cfg: Qwen3Config, config, chip, pools: list[PoolWork], pools_in_pa
     at the same time."""
     r, o = config.rollout, config.optim
     flops_per_s = chip.peak_flops * UPDATE_MFU
+    dense_flops_per_s = chip.peak_flops * DENSE_MFU
     sampling, updates = 0.0, []
     for pool in pools:
         calls = pool.agents * r.max_turns
         chips = math.prod(pool.sampler_mesh.values())
-        prefill = forward_flops(cfg, pool.prompts, a.prompt_tokens) / (chips * flops_per_s)
+        prefill = forward_flops(cfg, pool.prompts, a.prompt_tokens) / (chips * dense_flops_per_s)
         step = decode_step_seconds(cfg, chip, pool.sampler_mesh, pool.prompts, a.prompt_tokens, pool.rows,
                                    a.response_tokens / 2)  # the mean step reads half the response's slots
         sampling += calls * (prefill + a.response_tokens * step)
