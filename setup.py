@@ -13,6 +13,7 @@ PACKAGES = [
     "atgrpo_jax.rollout",
     "atgrpo_jax.algo",
     "atgrpo_jax.train",
+    "atgrpo_jax.sft",
     "atgrpo_jax.plan",
     "atgrpo_jax.bench",
     "atgrpo_jax.data",

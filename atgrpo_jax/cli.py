@@ -7,7 +7,7 @@ misspelt key is one line naming it and the closest valid key, not a traceback. A
 is read as the type of the key's default (bool: true/false/1/0/yes/no; tuples and lists as
 Python literals); keys under `env.kwargs` may be new (a Python literal, else a string), and
 `--config.env.kwargs={}` replaces the whole section.
-Every absl command (`python -m atgrpo_jax.{train,evaluate,export,ablate}`) has the same shape:
+Every absl command (`python -m atgrpo_jax.{train,sft,evaluate,export,ablate}`) has the same shape:
 its module defines `_flags()` (run only when the command runs, so importing the module defines no
 flag) and `main(f, overrides)`, and ends with `cli.command(main, _flags)`.
 `fail` turns the errors a user can fix (a bad config, file or checkpoint) into one line on

@@ -159,7 +159,7 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     if lora == "adapter" and not base:
         raise cli.UsageError(f"--lora=adapter: the base of {chosen.name} is random weights (model.hf_path is "
                              "empty), which no one can load the adapter onto: use --lora=merge")
-    states, _ = restore_given(ckpt, step, policy_states(run), "--step", config, workdir)
+    states, meta = restore_given(ckpt, step, policy_states(run), "--step", config, workdir)
     set_policy_states(run, states)
     ckpt.close()
 
@@ -167,7 +167,7 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     extras = (run.tokenizer, generation_config(run, index))
     card = model_card(config, step=step, policy=chosen.name, adapter=lora == "adapter",
                       metrics=read_metrics(workdir) if wd.exists(wd.join(workdir, METRICS_FILE)) else [],
-                      agents=[a.name for a in run.workflow.agents])
+                      agents=[a.name for a in run.workflow.agents], sft=meta.get("command") == "sft")
     writer = jax.process_index() == 0
     tmp = None
     if writer:

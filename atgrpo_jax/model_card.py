@@ -1,6 +1,7 @@
 """The README.md model card `export` writes: YAML front matter as the Hugging Face Hub reads it
 (base_model, library_name, pipeline_tag, tags, license where known), then the task, the regime,
-the steps, the run's held-out results at the exported step and the run's config."""
+the steps, the run's held-out results at the exported step and the run's config (an sft run's: its data,
+steps and held-out loss)."""
 from __future__ import annotations
 
 import json
@@ -35,21 +36,39 @@ def _yaml_list(items) -> str:
     return "".join(f"\n- {json.dumps(x)}" for x in items)
 
 
-def model_card(config, *, step: int, policy: str, adapter: bool, metrics: list[dict], agents: list[str]) -> str:
-    """The card's text (see the module docstring)."""
+def sft_lines(config, step: int, metrics: list[dict], start: str) -> list[str]:
+    """The body of an sft run's card (atgrpo_jax/sft): its data, steps and last held-out loss."""
+    s = config.sft
+    lines = ["# Supervised warm start (atgrpo-jax)", "",
+             f"Fine-tuned by atgrpo-jax's sft command (the negative log-likelihood of the assistant tokens of "
+             f"chat data) from {start}.", "", "| | |", "|---|---|", f"| data | `{s.train_path}` |",
+             f"| steps | {step} of {s.steps} ({s.rows} packed rows of {s.row_tokens} tokens per step) |", ""]
+    held = [r for r in metrics if r["step"] <= step and r.get("valid_loss") is not None]
+    if held:
+        lines += [f"Held-out loss on `{s.valid_path}` at step {held[-1]['step']}: {held[-1]['valid_loss']:.4g}.", ""]
+    return lines
+
+
+def model_card(config, *, step: int, policy: str, adapter: bool, metrics: list[dict], agents: list[str],
+               sft: bool = False) -> str:
+    """The card's text (see the module docstring); `sft`: of an sft run (atgrpo_jax/sft)."""
     base = config.model.hf_path
     hub = parse_hub_id(base) if base else None
     base_id = hub[0] if hub else None
     regime = regime_of(config)
     workflow = config.env.workflow
+    start = f"`{base}`" if base else "random weights"
+    if config.model.init_from:
+        start = f"the weights of the run `{config.model.init_from}` (model.init_from)"
     front = ["---"]
     if base_id:
         front.append(f"base_model: {json.dumps(base_id)}")
     front.append(f"library_name: {'peft' if adapter else 'transformers'}")
     front.append("pipeline_tag: text-generation")
-    tags = ["atgrpo-jax", "reinforcement-learning", "grpo", "at-grpo" if config.rollout.tree else "plain-grpo",
-            "multi-agent" if len(agents) > 1 else "single-agent", workflow.replace(":", "-")] + (["lora"] if adapter
-                                                                                                else [])
+    tags = ["atgrpo-jax", "sft"] if sft else \
+        ["atgrpo-jax", "reinforcement-learning", "grpo", "at-grpo" if config.rollout.tree else "plain-grpo",
+         "multi-agent" if len(agents) > 1 else "single-agent", workflow.replace(":", "-")] + \
+        (["lora"] if adapter else [])
     front.append("tags:" + _yaml_list(tags))
     license_ = next((lic for prefix, lic in KNOWN_LICENSES.items() if base_id and base_id.startswith(prefix)), None)
     if license_:
@@ -58,7 +77,7 @@ def model_card(config, *, step: int, policy: str, adapter: bool, metrics: list[d
     at, rows = eval_rows(metrics, step)
     lines = [f"# {workflow} policy `{policy}` (atgrpo-jax)", "",
              "Trained with atgrpo-jax (AT-GRPO, [arXiv 2510.11062](https://arxiv.org/abs/2510.11062)) "
-             f"from {f'`{base}`' if base else 'random weights'}" + (" (a PEFT LoRA adapter on it)" if adapter else "")
+             f"from {start}" + (" (a PEFT LoRA adapter on it)" if adapter else "")
              + ".", "",
              "| | |", "|---|---|",
              f"| task | `{workflow}`{' (single-agent variant)' if config.env.single_agent else ''}; agents: "
@@ -66,7 +85,9 @@ def model_card(config, *, step: int, policy: str, adapter: bool, metrics: list[d
              f"| regime | `{regime}` |",
              f"| steps | {step} of {config.train.steps} (K = {config.rollout.k} per group, {config.rollout.num_tasks} "
              f"tasks per step) |", ""]
-    if rows:
+    if sft:
+        lines = sft_lines(config, step, metrics, start)
+    elif rows:
         lines += [f"## Held-out results (step {at})", "", "| metric | value |", "|---|---|"]
         lines += [f"| `{k}` | {v:.4g} |" if isinstance(v, float) else f"| `{k}` | {v} |" for k, v in rows]
         lines.append("")

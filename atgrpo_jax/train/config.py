@@ -44,6 +44,9 @@ def base_config() -> ml_collections.ConfigDict:
     # math); 0 = auto: all on GPU (a faster update, a longer compile: docs/device.md), 1 on CPU and TPU
     # (compile time flat in depth)
     c.model.init_seed = 0  # seed of random weights and of LoRA adapters
+    c.model.init_from = ""  # the workdir of an `sft` (or `train`) run of one shared policy whose newest checkpoint's
+    # weights start the model (after model.hf_path or random init; every policy starts from them, LoRA: the base);
+    # read at step 0 only, so a resumed run no longer needs it ("" = none; docs/guides/sft.md)
     c.model.vocab_size = 0  # embedding rows of a random model; 0 = the preset's
     c.tokenizer = "qwen3"  # "qwen3" (offline, or model.hf_path's own), "char", or a directory (or hub id) with
     # tokenizer files
@@ -171,6 +174,17 @@ def base_config() -> ml_collections.ConfigDict:
     # a resume continues the same W&B run)
     c.train.wandb_project = ""  # W&B project ("" = $WANDB_PROJECT, else "atgrpo-jax")
     c.train.wandb_entity = ""  # W&B entity, a user or team ("" = your default)
+    c.sft = ml_collections.ConfigDict()  # supervised warm start, `python -m atgrpo_jax.sft` (docs/guides/sft.md);
+    # it also reads model.*, tokenizer, rollout.thinking (the chat template's), optim.*, train.seed,
+    # train.checkpoint_every, train.keep_last, train.loggers
+    c.sft.train_path = ""  # chat data to train on: .jsonl/.json/.parquet, a save_to_disk directory or hf:org/name,
+    # rows of {"messages": [{"role": system|user|assistant, "content": str}, ...]}; loss on assistant tokens only
+    c.sft.valid_path = ""  # held-out chat data in the same format, its loss logged as valid_loss ("" = none)
+    c.sft.steps = 100  # optimizer steps (optim.schedule spans them)
+    c.sft.rows = 8  # packed rows per optimizer step
+    c.sft.row_tokens = 2048  # tokens per packed row: conversations are packed whole into rows (attending only
+    # to themselves); a longer one is cut at the row's end (metric truncated)
+    c.sft.eval_every = 10  # held-out loss on sft.valid_path every this many steps and at the end (0 = never)
     c.distributed = ml_collections.ConfigDict()  # several processes (hosts); see atgrpo_jax/distributed.py
     c.distributed.coordinator_address = ""  # host:port of process 0 (or ATGRPO_COORDINATOR)
     c.distributed.num_processes = 0  # processes in the run (0: from ATGRPO_NUM_PROCESSES, else 1)
@@ -311,6 +325,7 @@ def flat(c) -> dict:
 RESUMABLE = ("train.steps", "train.time_budget_s", "train.eval_every", "train.eval_tasks", "train.eval_k",
              "train.log_every", "train.log_episodes", "train.checkpoint_every", "train.keep_last",
              "train.max_skipped_updates", "train.loggers", "train.wandb_", "train.compile_cache", "mesh.",
+             "sft.",  # the sft command's own keys, which a train run does not read (sft.loop.SFT_RESUMABLE)
              "distributed.", "rollout.decode_slots", "model.decode_attention", "model.decode_unroll",
              "model.decode_gather",
              "model.sequence_unroll",

@@ -65,6 +65,14 @@ def horizon_note(optim, changed: dict, start: int, as_reference_runs: bool = Fal
     return f"; the cosine schedule now spans {after} steps: step {start + 1}'s rate is {new:.3g} (was {old:.3g})"
 
 
+def check_init_from(config, workdir: str) -> None:
+    """A model.init_from that a fresh run could not start from: one line before the workdir is touched
+    (a resumed run restores its own checkpoint and does not read it)."""
+    if config.model.init_from and not wd.exists(wd.checkpoint_dir(workdir)):
+        from atgrpo_jax.train.init_from import source_checkpoint
+        source_checkpoint(config.model.init_from)
+
+
 def pool_busy(tracer: Tracer, run, seconds: float) -> dict:
     """The fraction of the step each pool (policy) spent sampling or updating, and the host workers stepping."""
     out = {f"pool_busy/{p.name}": tracer.busy_seconds(f"pool {p.name}") / max(seconds, 1e-9) for p in run.policies}
@@ -84,6 +92,7 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False,
     wd.check_writable(workdir, "--workdir")
     if "wandb" in config.train.loggers and wandb_log.missing():
         raise ConfigError(f"config.train.loggers: 'wandb' needs {wandb_log.missing()}")
+    check_init_from(config, workdir)
     init_distributed(config.distributed)  # which process leads is known before the workdir is touched
     lock = WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
     with guard.StopSignals() as stop, lock:
@@ -98,7 +107,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     changed = check_resume(config, workdir, allow_config_change) if resumed else {}
     lead = jax.process_index() == 0
     say("building the run: tokenizer, model, workflow", lead)
-    run = setup.build_run(config, workdir)
+    run = setup.build_run(config, workdir, init_from=not resumed)
     say(run_summary(run), lead)
     stop.install()  # after jax.distributed.initialize, which takes SIGTERM for itself
     splits = evaluation_splits(run)
@@ -106,6 +115,8 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     start, states, meta = restore_or_start(config, run, workdir, fresh_if_unreadable, changed)
     if states is not None:
         set_policy_states(run, states)
+    elif resumed and config.model.init_from:  # no checkpoint restored after all: a fresh start, from model.init_from
+        run = setup.build_run(config, workdir, init_from=True)
     # only now, with a restored state in hand, is anything in the workdir changed (its compilation cache aside)
     ckpt = checkpoint.Checkpointer(wd.checkpoint_dir(workdir), keep_last=t.keep_last, best_metric=best)
     if lead:

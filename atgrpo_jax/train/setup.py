@@ -114,9 +114,21 @@ def scoring_of(scored: list[AgentSampling], vocab_limit: int | None) -> SampledF
                        repetition_penalty=any(s.repetition_penalty != 1 for s in scored))
 
 
-def build_run(config, workdir: str | None = None) -> Run:
+def starting_model(config, mesh, init_from: bool = False) -> Qwen3:
+    """`build_model`, with `init_from` and config.model.init_from set the weights of that run's newest
+    checkpoint (train/init_from.py): a run's start; a resumed run's checkpoint replaces them anyway."""
+    model = build_model(config, mesh)
+    if init_from and config.model.init_from:
+        from atgrpo_jax.train.init_from import load_weights
+        model = load_weights(model, config.model.init_from)
+    return model
+
+
+def build_run(config, workdir: str | None = None, *, init_from: bool = False) -> Run:
     """Everything a run needs from its (resolved) config; with `workdir`, the run's compilation
-    cache is switched on first (`compile_cache`: before anything compiles)."""
+    cache is switched on first (`compile_cache`: before anything compiles). init_from: every policy
+    (LoRA: the base) starts from config.model.init_from's weights (the trainer's fresh start; a
+    command that restores a checkpoint of its own, as export and evaluate do, needs no such run)."""
     resolve(config)
     init_distributed(config.distributed)
     if workdir is not None:
@@ -150,7 +162,7 @@ def build_run(config, workdir: str | None = None) -> Run:
         local_meshes = [local_mesh(m) if is_multiprocess() else None for m in pools]
     except ValueError as e:
         raise ConfigError(f"config.mesh: {e}") from None
-    base = build_model(config, pools[0])
+    base = starting_model(config, pools[0], init_from)
     if base.cfg.vocab_size < len(tokenizer):
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
     tx, lr = make_optimizer(config.optim, config.train.steps, config.reference.lr_schedule)  # as verl schedules
@@ -162,7 +174,7 @@ def build_run(config, workdir: str | None = None) -> Run:
     per_agent_pool = int(route.max()) + 1 == len(names)  # one policy per agent: each on its agent's pool
     policies = build_policies(layout, base, names, tx, loss_config(config), config.loss.logprob_chunk,
                               config.lora.rank, config.lora.alpha, config.model.init_seed,
-                              model_copy=lambda i: build_model(config, pools[i]), how=how,
+                              model_copy=lambda i: starting_model(config, pools[i], init_from), how=how,
                               master_dtype=config.optim.master_dtype,
                               meshes=lambda i: (pools[i], local_meshes[i]) if per_agent_pool else
                               (mesh, local_meshes[0]))

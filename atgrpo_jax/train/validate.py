@@ -84,7 +84,9 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
              f"unknown preset {m.preset!r}{closest(m.preset, PRESETS)}; known: {sorted(PRESETS)} "
              "(or \"\" with model.hf_path: the checkpoint's architecture)")
     _require(m.init in MODEL_INITS, "model.init", f"must be one of {MODEL_INITS}, got {m.init!r}")
-    if weights and not m.hf_path and m.init == "auto" and m.preset in PRESETS:
+    _require(isinstance(m.init_from, str), "model.init_from",
+             f"must be a run's workdir (a string; \"\" = none), got {m.init_from!r}")
+    if weights and not m.hf_path and not m.init_from and m.init == "auto" and m.preset in PRESETS:
         size = PRESETS[m.preset].num_params()
         _require(size < RANDOM_INIT_MAX_PARAMS, "model.hf_path",
                  f"preset {m.preset!r} ({size / 1e9:.1f}B parameters) has no weights: set model.hf_path to a "
@@ -189,10 +191,29 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     _require(t.log_every >= 1, "train.log_every", "must be >= 1")
     _require(isinstance(t.compile_cache, str), "train.compile_cache",
              f"must be \"auto\", \"\" (off) or a directory, got {t.compile_cache!r}")
+    s = c.sft
+    for key in ("train_path", "valid_path"):
+        _require(isinstance(s[key], str), f"sft.{key}", f"must be a data source (a string), got {s[key]!r}")
+    for key in ("steps", "rows", "row_tokens"):
+        _require(isinstance(s[key], int) and s[key] > 0, f"sft.{key}", f"must be a positive int, got {s[key]!r}")
+    _require(s.row_tokens >= 2, "sft.row_tokens", f"must be >= 2 (a token and the one it predicts), got {s.row_tokens}")
+    _require(isinstance(s.eval_every, int) and s.eval_every >= 0, "sft.eval_every",
+             f"must be an int >= 0 (0 = never), got {s.eval_every!r}")
     loggers = t.loggers
     _require(isinstance(loggers, (tuple, list)) and all(isinstance(x, str) for x in loggers), "train.loggers",
              f"must be a tuple of names from {LOGGERS}, e.g. ('console', 'wandb'), got {loggers!r}")
     unknown = [x for x in loggers if x not in LOGGERS]
     _require(not unknown, "train.loggers", f"unknown {unknown[0]!r}{closest(unknown[0], LOGGERS)}; known: "
              f"{', '.join(LOGGERS)}" if unknown else "")
+    return c
+
+
+def validate_sft(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """What the sft command needs besides `resolve` (atgrpo_jax/sft: one full model, trained on chat data)."""
+    resolve(c)
+    _require(bool(c.sft.train_path), "sft.train_path",
+             "is required: the chat data to train on (--config.sft.train_path=FILE.jsonl; docs/guides/sft.md)")
+    _require(c.policy.sharing == "shared", "policy.sharing",
+             f"sft trains one full model, so it must be 'shared', got {c.policy.sharing!r}; a per_role or lora "
+             "train run then starts every policy (LoRA: the base) from it with model.init_from")
     return c
