@@ -3,7 +3,9 @@ two CPU cores and runs one case of each slow end-to-end family; ATGRPO_FULL_SUIT
 other cases too (before a release, or when touching what they cover): the paper config from the
 command line (bf16) and its math, Sokoban and Sudoku cases, the shared asynchronous run, the
 trained-alone ablation, kills during an evaluation, SIGTERM at staleness 0 and to one of two hosts,
-a second process reading the compilation cache, and every part of `bench device --tiny`."""
+a second process reading the compilation cache, every part of `bench device --tiny`, the compiled
+PyTorch baselines, and the fault cases a sibling covers (a disk full at save time, no readable
+checkpoint, max_skipped_updates=0)."""
 import os
 
 FULL = os.environ.get("ATGRPO_FULL_SUITE") == "1"
