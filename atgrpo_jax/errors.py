@@ -61,3 +61,10 @@ class RunStopped(Exception):
         super().__init__(message)
         self.code = code
         self.hard = hard
+
+    @staticmethod
+    def by_signal(signal_name: str, code: int, done: int, kept: int | None) -> "RunStopped":
+        """A run stopped by a signal after step `done`, its newest checkpoint `kept`."""
+        what = f"checkpoint {kept} saved" if kept == done and done else \
+            (f"last checkpoint {kept}" if kept else "no checkpoint yet")
+        return RunStopped(f"stopped by {signal_name} at step {done}; {what}; run the same command to resume", code)

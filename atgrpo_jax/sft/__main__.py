@@ -7,39 +7,11 @@ command resumes it; `python -m atgrpo_jax.export --checkpoint=DIR` exports it an
 """
 from __future__ import annotations
 
-import types
-
-from absl import flags
-
 from atgrpo_jax import cli
-from atgrpo_jax.train.progress import say
+from atgrpo_jax.train.command import workdir_flags, workdir_main
 
-
-def main(f, overrides=()):
-    """The command (run by `cli.command`: flags parsed, errors as one line)."""
-    if not f.workdir.value:
-        raise cli.UsageError("--workdir is required")
-    config = cli.config_from_args(f.config.value, overrides)
-    say(f"sft {f.config.value} in {f.workdir.value}: loading jax and the trainer")
-    from atgrpo_jax.sft.loop import run_sft  # (after the config: a bad one is refused in a second)
-
-    run_sft(config, f.workdir.value, allow_config_change=f.allow_config_change.value,
-            fresh_if_unreadable=f.fresh_if_unreadable.value)
-
-
-def _flags() -> types.SimpleNamespace:
-    """The command's flags (defined when it runs, so importing this module defines none)."""
-    return types.SimpleNamespace(
-        config=flags.DEFINE_string("config", None, "config file configs/X.py[:ARG]; set its keys with "
-                                   "--config.KEY=VALUE (the data: --config.sft.train_path=FILE)"),
-        workdir=flags.DEFINE_string("workdir", None, "directory or gs:// URL for checkpoints, metrics and "
-                                    "TensorBoard"),
-        allow_config_change=flags.DEFINE_bool("allow_config_change", False, "resume a run with a config that "
-                                              "differs from its own (its config.json is kept as config.step<N>.json)"),
-        fresh_if_unreadable=flags.DEFINE_bool("fresh_if_unreadable", False, "when no checkpoint of the workdir "
-                                              "restores, start again from step 0 (they are moved to "
-                                              "checkpoints.unreadable/) instead of stopping"))
-
+main = workdir_main("sft", "atgrpo_jax.sft.loop:run_sft")
+_flags = workdir_flags(" (the data: --config.sft.train_path=FILE)")
 
 if __name__ == "__main__":
     cli.command(main, _flags)

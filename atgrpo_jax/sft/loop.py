@@ -203,10 +203,7 @@ def _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if
             save(done, last, force=True)
         kept = ckpt.latest_step()
         ckpt.close()
-        what = f"checkpoint {kept} saved" if kept == done and done else \
-            (f"last checkpoint {kept}" if kept else "no checkpoint yet")
-        return cli.RunStopped(f"stopped by {stop.name} at step {done}; {what}; run the same command to resume",
-                              stop.exit_code)
+        return cli.RunStopped.by_signal(stop.name, stop.exit_code, done, kept)
 
     try:
         if start == 0 and valid and s.eval_every:

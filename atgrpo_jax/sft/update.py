@@ -13,11 +13,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 
 from atgrpo_jax.algo.logprobs import fused_head_loss, token_logprobs
-from atgrpo_jax.train.update import TrainState, scoring_states
+from atgrpo_jax.train.update import TrainState, apply_if_finite, scoring_states
 
 
 def sft_loss(model, rows, chunk: int) -> jax.Array:
@@ -43,15 +42,8 @@ def make_sft_fns(graphdef, frozen, tx, chunk: int):
     @functools.partial(jax.jit, donate_argnums=0)
     def update(state: TrainState, rows):
         loss, grads = jax.value_and_grad(lambda p: sft_loss(model_of(p), rows, chunk))(state.params)
-        grad_norm = optax.global_norm(grads)
-        ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-        def step(args):
-            updates, opt_state = tx.update(grads, args[1], args[0])
-            return optax.apply_updates(args[0], updates), opt_state
-        params, opt_state = jax.lax.cond(ok, step, lambda args: args, (state.params, state.opt_state))
-        metrics = {"loss": loss, "grad_norm": grad_norm, "skipped": (~ok).astype(jnp.float32)}
-        return TrainState(params, opt_state, state.step + ok.astype(jnp.int32)), metrics
+        new_state, grad_norm, ok = apply_if_finite(tx, state, grads, loss)
+        return new_state, {"loss": loss, "grad_norm": grad_norm, "skipped": (~ok).astype(jnp.float32)}
 
     @jax.jit
     def nll(params, rows):

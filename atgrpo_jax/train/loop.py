@@ -167,10 +167,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
             save(done, last, force=True)
         kept = ckpt.latest_step()
         ckpt.close()
-        what = f"checkpoint {kept} saved" if kept == done and done else \
-            (f"last checkpoint {kept}" if kept else "no checkpoint yet")
-        return cli.RunStopped(f"stopped by {stop.name} at step {done}; {what}; run the same command to resume",
-                              stop.exit_code)
+        return cli.RunStopped.by_signal(stop.name, stop.exit_code, done, kept)
 
     try:
         if stop.requested():

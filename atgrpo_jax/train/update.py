@@ -137,6 +137,20 @@ def packed_logprobs(model, p: Packed, chunk: int, how: SampledFrom = SampledFrom
                           repeats_of(p, how, head.shape[1]))[0]
 
 
+def apply_if_finite(tx, state: TrainState, grads, loss):
+    """(new state, gradient norm, ok): the optimizer step, or the state as it is when the loss or the
+    gradient is not finite (a skipped update). A cond rather than a select per leaf: the step then
+    makes one pass over params and moments (CPU: the optimizer alone 1.4x faster)."""
+    grad_norm = optax.global_norm(grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+    def step(args):
+        updates, opt_state = tx.update(grads, args[1], args[0])
+        return optax.apply_updates(args[0], updates), opt_state
+    params, opt_state = jax.lax.cond(ok, step, lambda args: args, (state.params, state.opt_state))
+    return TrainState(params, opt_state, state.step + ok.astype(jnp.int32)), grad_norm, ok
+
+
 def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how: SampledFrom = SampledFrom()):
     """(logprobs_fn, update_fn) for one policy; tokens are scored under the distribution the sampler drew
     them from (`how`, and each token's temperature, top-p and repetition penalty in the batch).
@@ -184,16 +198,7 @@ def update_steps(graphdef, tx, loss_cfg: LossConfig, chunk: int, how: SampledFro
     @functools.partial(jax.jit, donate_argnums=0)  # the old state's buffers become the new one's
     def update_fn(state: TrainState, batch: Packed, frozen):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, frozen)
-        grad_norm = optax.global_norm(grads)
-        ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-        def step(args):
-            updates, opt_state = tx.update(grads, args[1], args[0])
-            return optax.apply_updates(args[0], updates), opt_state
-        # A skipped step keeps params and optimizer state as they are. A cond rather than a select per
-        # leaf: the step then makes one pass over params and moments (CPU: the optimizer alone 1.4x faster).
-        params, opt_state = jax.lax.cond(ok, step, lambda args: args, (state.params, state.opt_state))
-        new_state = TrainState(params, opt_state, state.step + ok.astype(jnp.int32))
+        new_state, grad_norm, ok = apply_if_finite(tx, state, grads, loss)
         metrics = dict(metrics, grad_norm=grad_norm, skipped=(~ok).astype(jnp.float32))
         return new_state, metrics
 
