@@ -107,6 +107,9 @@ class WorkflowConfig:
     # first bare `[...]` line of its output; False: the last `**Actions List**:` line, whatever stderr says
     done_is_success: bool | None = None  # True (reference): an episode whose environment is done succeeded,
     # so a Sokoban level that ran out of moves (max_steps) counts as solved; False: only a solved level
+    static_observation: bool | None = None  # True (reference): Plan-Path's prompts (and a program's standard
+    # input) show the walls and the level's start and goal, never where the walker is now; False: the current
+    # cell marked and stated. Games without a static view (Sokoban, Sudoku) show their state either way
 
     def __post_init__(self):
         from atgrpo_jax.envs.workflow import as_reference
@@ -115,6 +118,7 @@ class WorkflowConfig:
         self.done_is_success = as_reference(self.done_is_success, self.recipe)
         self.reference_tool_output = as_reference(self.reference_tool_output, self.recipe)
         self.whole_reply_program = as_reference(self.whole_reply_program, self.recipe)
+        self.static_observation = as_reference(self.static_observation, self.recipe)
 
 
 def actions_from_output(stdout: str, game: GridGame) -> list[int] | None:

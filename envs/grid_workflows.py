@@ -231,7 +231,7 @@ class GridWorkflow:
 
         n_tasks, k = len(texts), len(texts[0])
         envs = jax.device_get(state.env)
-        grids = [self.game.render(jax.tree.map(lambda x: x[b], envs)) for b in range(n_tasks)]
+        grids = [self._board(jax.tree.map(lambda x: x[b], envs)) for b in range(n_tasks)]
         extract = (lambda t: reference_program(t, unclosed_blocks=True)) if self.config.whole_reply_program \
             else extract_code_block
         codes = [[extract(t) if active[b] else None for t in row] for b, row in enumerate(texts)]
@@ -257,9 +257,17 @@ class GridWorkflow:
 
     # ------------------------------------------------------------ prompts
 
+    def _static(self) -> bool:
+        return self.config.static_observation and hasattr(self.game.module, "static_view")
+
+    def _board(self, env) -> str:
+        """What a program reads on its standard input: the state, or with static_observation the static view."""
+        return self.game.module.static_view(env) if self._static() else self.game.render(env)
+
     def _long_prompt(self, role: Role, env, history: str, handoff: str) -> list:
         game = self.game.module
-        board = f"Current state:\n```\n{self.game.render(env)}\n```\n{game.status(env)}\n"
+        board = game.static_view(env) if self._static() else \
+            f"Current state:\n```\n{self.game.render(env)}\n```\n{game.status(env)}\n"
         past = f"Earlier turns:\n{history}" if history else ""
         if role.answer == "code":
             ask = (f"Write one Python program in a ```python block that computes a solution (for example "

@@ -250,6 +250,15 @@ def render(state: State, row_sep: str = "\n") -> str:
     return row_sep.join(rows)
 
 
+def static_view(state: State) -> str:
+    """The reference's observation (recipe "reference"): the walls alone, then the level's start and goal
+    as (row, col); where the walker is now is never shown."""
+    walls = np.asarray(state.walls)
+    grid_text = "\n".join("".join("#" if w else "." for w in row) for row in walls)
+    start, goal = tuple(np.asarray(state.start).tolist()), tuple(np.asarray(state.goal).tolist())
+    return f"Grid ('.' free, '#' blocked):\n```\n{grid_text}\n```\nStart: {start},  Goal: {goal}\n"
+
+
 # ---------------------------------------------------------------- what the workflows need (envs/games.py)
 
 TITLE = "Path S to G, # wall"

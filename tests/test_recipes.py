@@ -2,10 +2,12 @@
 outcomes asserted (docs/paper.md, "Recipes")."""
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from atgrpo_jax.envs import plan_path
 from atgrpo_jax.envs.code_workflow import CodeWorkflow
 from atgrpo_jax.envs.grid_roles import actions_from_answer, reference_tool_actions
 from atgrpo_jax.envs.math_workflow import MathWorkflow
@@ -160,6 +162,29 @@ def test_row_17_a_sokoban_timeout_counts_as_success_under_the_reference():
         timed_out = state._replace(env=state.env._replace(done=jnp.ones_like(state.env.done),
                                                           success=jnp.zeros_like(state.env.success)))
         assert wf.success(timed_out).tolist() == [success] and not wf.success(state)[0]
+
+
+def test_row_2_plan_path_shows_only_the_static_level_under_the_reference():
+    """The reference shows the walls and the level's start and goal; where the walker is now is never
+    shown, so a walker that moved sees the prompt it saw before the move."""
+    prompts = {}
+    for recipe in ("paper", "reference"):
+        wf = grid(recipe)
+        state = wf.reset([0], "test")
+        moved = state._replace(env=state.env._replace(pos=state.env.goal))
+        prompts[recipe] = [wf.prompts(s_, 1, 0)[0][-1]["content"] for s_ in (state, moved)]
+        assert wf.config.static_observation is (recipe == "reference")
+    start, goal = state.env.start[0].tolist(), state.env.goal[0].tolist()
+    before, after = prompts["reference"]
+    assert before == after and f"Start: {tuple(start)},  Goal: {tuple(goal)}" in before
+    board = before.split("```")[1]
+    assert set(board.strip()) <= {".", "#", "\n"}  # no S, G or * marks
+    before, after = prompts["paper"]
+    assert before != after and f"You are at (row {start[0]}, col {start[1]})" in before and "*" in after.split("```")[1]
+    env0 = jax.tree.map(lambda x: x[0], grid("reference").reset([0], "test").env)
+    assert grid("reference")._board(env0) == plan_path.static_view(env0)  # a program's standard input: the same view
+    sokoban = grid("reference", "sokoban")
+    assert "Current state" in sokoban.prompts(sokoban.reset([0], "test"), 1, 0)[0][-1]["content"]  # no static view
 
 
 FAST = Limits(wall_s=2.0, cpu_s=2.0, memory_mb=512)
