@@ -107,6 +107,9 @@ class WorkflowConfig:
     # first bare `[...]` line of its output; False: the last `**Actions List**:` line, whatever stderr says
     done_is_success: bool | None = None  # True (reference): an episode whose environment is done succeeded,
     # so a Sokoban level that ran out of moves (max_steps) counts as solved; False: only a solved level
+    handoff_next_turn: bool | None = None  # True (reference): every agent's prompt is rendered at the start of
+    # the turn, so what the first agent passes on (a program's result, a proposal) reaches the next agent one turn
+    # later (nothing at turn 0); False: the next agent sees this turn's selected branch's
     static_observation: bool | None = None  # True (reference): Plan-Path's prompts (and a program's standard
     # input) show the walls and the level's start and goal, never where the walker is now; False: the current
     # cell marked and stated. Games without a static view (Sokoban, Sudoku) show their state either way
@@ -119,6 +122,7 @@ class WorkflowConfig:
         self.reference_tool_output = as_reference(self.reference_tool_output, self.recipe)
         self.whole_reply_program = as_reference(self.whole_reply_program, self.recipe)
         self.static_observation = as_reference(self.static_observation, self.recipe)
+        self.handoff_next_turn = as_reference(self.handoff_next_turn, self.recipe)
 
 
 def actions_from_output(stdout: str, game: GridGame) -> list[int] | None:

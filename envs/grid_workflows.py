@@ -64,6 +64,7 @@ class GridState(NamedTuple):
     handoff: np.ndarray  # object str: what this turn's first agent passed on
     last_reward: np.ndarray  # float32: the environment's reward of its latest real step (0 before the first)
     last_move: np.ndarray  # object str: the last move of the latest real step, a letter ('-': none)
+    pending: np.ndarray  # object str: with handoff_next_turn, what the first agent passed on this turn, shown next turn
 
 
 def _texts(shape, value: str = "") -> np.ndarray:
@@ -129,7 +130,7 @@ class GridWorkflow:
             raise ValueError("task_ids must be a non-empty 1-D sequence of integers in [0, 2**32)")
         env = self._reset[split](jnp.asarray(ids.astype(np.uint32)))
         return GridState(env, _texts(len(ids)), _texts(len(ids)), np.zeros(len(ids), np.float32),
-                         _texts(len(ids), NO_MOVE))
+                         _texts(len(ids), NO_MOVE), _texts(len(ids)))
 
     def done(self, state: GridState) -> np.ndarray:
         return np.asarray(state.env.done)
@@ -201,7 +202,11 @@ class GridWorkflow:
         else:  # proposals are only simulated: the environment stays as it was
             new_env, last_reward = branch(state.env, k), branch(state.last_reward, k)
             team = last_reward * active[:, None]
-        return StepOut(state=GridState(new_env, history, handoff, last_reward, last_move), local_reward=local.astype(np.float32),
+        pending = branch(state.pending, k)
+        if self.config.handoff_next_turn and agent == 0:  # every prompt is rendered at the turn's start: the
+            handoff, pending = pending, handoff  # next agent sees what this one passed on a turn ago
+        return StepOut(state=GridState(new_env, history, handoff, last_reward, last_move, pending),
+                       local_reward=local.astype(np.float32),
                        team_reward=team.astype(np.float32), parsed_as=parsed_as)
 
     # ------------------------------------------------------------ answers

@@ -164,6 +164,24 @@ def test_row_17_a_sokoban_timeout_counts_as_success_under_the_reference():
         assert wf.success(timed_out).tolist() == [success] and not wf.success(state)[0]
 
 
+def test_row_1_the_next_agent_sees_what_the_first_passed_on_a_turn_later_under_the_reference():
+    """Every prompt is rendered at the start of the turn in the reference: the executor sees the planner's
+    proposal of the turn before (none at turn 0), where the paper's tree shows this turn's selected one."""
+    from atgrpo_jax.envs.workflow import take_branch
+
+    shown = {}
+    for recipe in ("paper", "reference"):
+        wf = make_workflow("plan_path_direct", recipe=recipe)
+        assert wf.config.handoff_next_turn is (recipe == "reference")
+        state, seen = wf.reset([0], "test"), []
+        for turn, proposal in enumerate(("UR", "DL")):
+            state = take_branch(wf.step(state, 0, turn, [[proposal]]).state, np.zeros(1, int))
+            seen.append(wf.prompts(state, 1, turn)[0][-1]["content"].split("Plan:")[1].split()[0])
+            state = take_branch(wf.step(state, 1, turn, [["xx"]]).state, np.zeros(1, int))  # unparsed: no move
+        shown[recipe] = seen
+    assert shown == {"paper": ["UR", "DL"], "reference": ["?", "UR"]}
+
+
 def test_row_2_plan_path_shows_only_the_static_level_under_the_reference():
     """The reference shows the walls and the level's start and goal; where the walker is now is never
     shown, so a walker that moved sees the prompt it saw before the move."""

@@ -295,7 +295,8 @@ def test_a_parsed_answer_beats_the_format_penalty_whenever_its_step_reward_excee
     rows = ["SG........"] + [".........."] * 9
     env = grid.stack_states([plan_path.from_ascii("\n".join(rows))])
     texts = np.array([""], dtype=object)
-    state = gw.GridState(env, texts, texts.copy(), np.zeros(1, np.float32), np.array([gw.NO_MOVE], dtype=object))
+    state = gw.GridState(env, texts, texts.copy(), np.zeros(1, np.float32), np.array([gw.NO_MOVE], dtype=object),
+                         texts.copy())
     out = solver_wf.step(state, 0, 0, [['#### ' + str(["U"] * 9), "nothing"]])
     total = out.local_reward + out.team_reward
     assert out.team_reward[0, 0] == pytest.approx(9 * (-0.1 + 0.01), abs=1e-5)
