@@ -121,6 +121,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.loss.aggregation = "token-mean"  # a name in atgrpo_jax.algo.loss.AGGREGATIONS (token-mean, seq-mean-token-mean)
     c.loss.kl_coef = 0.0  # weight of the k3 KL to the starting policy (0: no reference kept)
     c.loss.entropy_coef = 0.0  # weight of the entropy bonus
+    c.loss.is_correction = "none"  # "truncated" (TIS) / "masked" (MIS): weigh tokens by pi_trainer / pi_sampler,
+    # capped at loss.is_cap or dropped above it, for a sampler that runs in another precision (logprob_gap > 0)
+    c.loss.is_cap = 2.0  # C of loss.is_correction (>= 1)
     c.loss.logprob_chunk = 512  # tokens per chunk of the LM head in the update ([chunk, vocab] logits at a time)
     c.optim = ml_collections.ConfigDict()  # AdamW
     c.optim.lr = 1e-6  # learning rate

@@ -15,12 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from atgrpo_jax.algo.advantages import group_advantages, group_filter
+from atgrpo_jax.algo.loss import is_weights
 from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_host
 from atgrpo_jax.rollout.router import make_sample_fn
 from atgrpo_jax.rollout.tree import PlainRollout, Schedule, TreeRollout, merge_rollouts
 from atgrpo_jax.sharding import batch_shards
 from atgrpo_jax.train.batch import Minibatch, PolicyBatch, length_bucket, pack, policy_batch
-from atgrpo_jax.train.config import max_new_tokens
+from atgrpo_jax.train.config import loss_config, max_new_tokens
 from atgrpo_jax.train.guard import StepAbandoned
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.trace import Tracer
@@ -98,10 +99,13 @@ def start_update(run: Run, policy, batch: PolicyBatch, behavior_logprobs: bool =
         old = recomputed = logprobs(policy.state.params)
     ref = run.ref_params.get(policy.name)  # the KL reference's log-probs, once per batch like old
     ref_logp = [None] * len(placed) if ref is None else logprobs(ref)
+    cfg = loss_config(run.config)  # the sampler's mismatch with the trainer, corrected by choice
+    weights = [None] * len(placed) if cfg.is_correction == "none" else \
+        [is_weights(cfg, old_mb, global_array(mb.sampler_logp, policy.mesh)) for mb, old_mb in zip(packed, old)]
     metrics = []
     for _ in range(o.epochs):
-        for mb, old_mb, ref_mb in zip(placed, old, ref_logp):
-            metrics.append(policy.update(mb._replace(old_logp=old_mb, ref_logp=ref_mb)))
+        for mb, old_mb, ref_mb, is_mb in zip(placed, old, ref_logp, weights):
+            metrics.append(policy.update(mb._replace(old_logp=old_mb, ref_logp=ref_mb, is_weight=is_mb)))
     return PendingUpdate(policy, metrics, recomputed, packed, batch.num_samples, int(batch.lengths()[1].sum()))
 
 

@@ -50,6 +50,7 @@ class Packed(NamedTuple):
     penalty: jax.Array | None = None  # [R, M] float32: the repetition penalty it was sampled with (None: none)
     sample: jax.Array | None = None  # [R, M] int32: the sample each scored token belongs to (with penalty)
     sample_row: jax.Array | None = None  # [S] int32: the row holding sample s's prompt, -1 none (with penalty)
+    is_weight: jax.Array | None = None  # [R, M] float32: importance weight of the sampler mismatch (loss.is_correction)
 
     def placed(self, place: Callable = jnp.asarray) -> "Packed":
         """Every array `place`d (e.g. onto a policy's mesh); the fields that are None stay None."""
@@ -187,12 +188,15 @@ def update_steps(graphdef, tx, loss_cfg: LossConfig, chunk: int, how: SampledFro
         per_token = {"old": p.old_logp, "adv": p.adv, "w": w}
         if loss_cfg.kl_coef:
             per_token["ref"] = p.ref_logp
+        if p.is_weight is not None:
+            per_token["is"] = p.is_weight
         head = model.head_weight()
         loss, (logp, ent) = fused_head_loss(
             scoring_states(model, p), head, p.target, per_token,
             lambda lp, en, x: token_loss_terms(loss_cfg, lp, en, x), chunk, head_grad=train_head,
             how=how, inv_temp=p.inv_temp, top_p=p.top_p, repeats=repeats_of(p, how, head.shape[1]))
-        _, metrics = weighted_policy_loss(loss_cfg, w, logp, p.old_logp, p.adv, p.ref_logp, ent)  # diagnostics
+        _, metrics = weighted_policy_loss(loss_cfg, w, logp, p.old_logp, p.adv, p.ref_logp, ent,  # diagnostics
+                                          p.is_weight)
         return loss, dict(metrics, loss=loss)
 
     @functools.partial(jax.jit, donate_argnums=0)  # the old state's buffers become the new one's

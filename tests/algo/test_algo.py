@@ -200,3 +200,36 @@ def test_chunked_logprobs_never_build_full_logits():
     full_bytes = b * t * v * 4
     assert peak(full) >= full_bytes
     assert chunked < full_bytes / 4, (chunked, full_bytes)
+
+
+@pytest.mark.parametrize("how", ["truncated", "masked"])
+def test_importance_correction_equals_numpy(how):
+    """TIS / MIS: each token's surrogate times min(pi_old / pi_sampler, C), or times 0 where it passes C."""
+    from atgrpo_jax.algo.loss import is_weights
+
+    rng = np.random.RandomState(4)
+    b, t, cap = 5, 8, 1.5
+    logp = rng.randn(b, t) * 0.3 - 2
+    old = logp + rng.randn(b, t) * 0.2
+    sampler = old + rng.randn(b, t) * 0.5  # a sampler that drifted from the trainer
+    adv, mask = rng.randn(b), rng.rand(b, t) > 0.2
+    ratio = np.exp(old - sampler)
+    w_np = np.minimum(ratio, cap) if how == "truncated" else (ratio <= cap).astype(float)
+    assert (ratio > cap).any() and (ratio < 1).any()  # both sides of the cap are exercised
+    a = adv[:, None]
+    r = np.exp(logp - old)
+    pg = np.maximum(-a * r, -a * np.clip(r, 0.8, 1.2))
+    expected = (w_np * pg * mask).sum() / mask.sum()
+    cfg = LossConfig(is_correction=how, is_cap=cap)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    w = is_weights(cfg, f32(old), f32(sampler))
+    np.testing.assert_allclose(np.asarray(w), w_np, rtol=1e-5)
+    loss, metrics = weighted_policy_loss(cfg, aggregation_weights(jnp.asarray(mask), cfg.aggregation), f32(logp),
+                                         f32(old), jnp.broadcast_to(f32(adv)[:, None], (b, t)), is_w=w)
+    np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["is_weight_mean"]), (w_np * mask).sum() / mask.sum(), rtol=1e-5)
+    assert is_weights(LossConfig(), f32(old), f32(sampler)) is None
+    with pytest.raises(ValueError, match="loss.is_correction"):
+        LossConfig(is_correction="tis")
+    with pytest.raises(ValueError, match="loss.is_cap"):
+        LossConfig(is_correction="truncated", is_cap=0.5)

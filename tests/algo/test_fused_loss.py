@@ -168,3 +168,38 @@ def test_chunks_per_head_product_divide_the_chunks_and_keep_within_the_head_grad
     for n in range(1, 40):
         k = chunks_per_head_product(n, 96, 256, 2)
         assert n % k == 0 and (k == 1 or k * 96 * 2 <= 4 * 256)
+
+
+def test_update_step_with_importance_correction_matches_the_loss_of_rows():
+    """loss.is_correction: the trainer's fused update weighs each token as the rows' loss does."""
+    from atgrpo_jax.algo.loss import is_weights
+
+    cfg = LossConfig(is_correction="truncated", is_cap=1.2)
+    model = Qwen3(get_preset("test-tiny"), rngs=nnx.Rngs(1))
+    graphdef, params = nnx.split(model)
+    rng = np.random.default_rng(1)
+    tokens = jnp.asarray(rng.integers(0, model.cfg.vocab_size, (3, 16)), jnp.int32)
+    valid = jnp.asarray(np.arange(16)[None] < np.array([16, 13, 10])[:, None])
+    is_resp = valid & (jnp.arange(16)[None] >= 5)
+    old = jnp.asarray(rng.normal(-4.0, 0.3, (3, 16)), jnp.float32)
+    sampler = old + jnp.asarray(rng.normal(0.0, 0.3, (3, 16)), jnp.float32)
+    adv = jnp.array([1.0, -0.7, 0.4])
+    w = is_weights(cfg, old, sampler)
+    assert float(w.min()) < 1.0 and float(w.max()) == pytest.approx(1.2)
+    batch = rows_packed(tokens, valid, is_resp, old, adv)
+    # the weights in the batch's packed layout: packed the way old log-probs are
+    batch = batch._replace(is_weight=rows_packed(tokens, valid, is_resp, w, adv).old_logp)
+    tx, _ = make_optimizer(base_config().optim, 10)
+    _, update = make_update_fns(graphdef, nnx.State({}), tx, cfg, 16)
+
+    def reference(p):
+        logp, ent = sequence_logprobs(nnx.merge(graphdef, p), tokens, valid, 16)
+        return weighted_policy_loss(cfg, aggregation_weights(is_resp, cfg.aggregation), logp, old,
+                                    jnp.broadcast_to(adv[:, None], logp.shape), None, ent, w)
+
+    (loss, metrics), grads = jax.value_and_grad(reference, has_aux=True)(params)
+    _, got = update(init_state(jax.tree.map(jnp.copy, params), tx), batch)
+    norm = float(jnp.sqrt(sum((g ** 2).sum() for g in jax.tree.leaves(grads))))
+    np.testing.assert_allclose(got["grad_norm"], norm, rtol=1e-5)
+    for k, v in dict(metrics, loss=loss).items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-7, err_msg=k)
