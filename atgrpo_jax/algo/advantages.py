@@ -22,6 +22,15 @@ def mix_rewards(local: jax.Array, team: jax.Array, alpha: float = 1.0) -> jax.Ar
     return local + alpha * team
 
 
+def overlong_penalty(length: jax.Array, budget: jax.Array, buffer: int, factor: float = 1.0) -> jax.Array:
+    """DAPO's soft overlong punishment (Yu et al. 2025): 0 up to budget - buffer tokens, then falling
+    linearly to -factor at the budget (a response cut there). length, budget: [...] tokens; buffer 0: off."""
+    if buffer <= 0:
+        return jnp.zeros(jnp.shape(length), jnp.float32)
+    over = jnp.asarray(length, jnp.float32) - (jnp.asarray(budget, jnp.float32) - buffer)
+    return -factor * jnp.clip(over / buffer, 0.0, 1.0)
+
+
 def _centered(r: jax.Array, m: jax.Array):
     """(r - mean) on the live samples (0 elsewhere), and how many are live."""
     n = m.sum()

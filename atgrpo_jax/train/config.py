@@ -114,6 +114,11 @@ def base_config() -> ml_collections.ConfigDict:
     # the reference filters only tree-sampled groups
     c.algo.filter_scope = "policy"  # the low-mean filter ranks groups within each "policy" (as each model's batch is
     # filtered on its own), each "agent", or the whole "batch"
+    c.algo.overlong_buffer = 0  # DAPO's soft overlong punishment: a response within this many tokens of its
+    # max_new_tokens loses up to algo.overlong_penalty of reward, linearly, all of it at the budget; 0: off
+    c.algo.overlong_penalty = 1.0  # the most the soft overlong punishment takes (>= 0)
+    c.algo.drop_overlong = False  # DAPO's overlong filtering: a response that used its whole budget (cut, most
+    # likely) is not trained on; its group's advantages are computed with it
     c.loss = ml_collections.ConfigDict()  # the clipped policy-gradient loss
     c.loss.eps_low = 0.2  # clip the ratio below at 1 - eps_low
     c.loss.eps_high = 0.2  # clip the ratio above at 1 + eps_high

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from atgrpo_jax.algo.advantages import group_advantages, group_filter
+from atgrpo_jax.algo.advantages import group_advantages, group_filter, overlong_penalty
 from atgrpo_jax.algo.loss import is_weights
 from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_host
 from atgrpo_jax.rollout.router import make_sample_fn
@@ -187,7 +187,9 @@ def score_groups(run: Run, samples) -> Groups:
     """Advantages and filters of `samples` (all of a step's, or those of some policies alone: each
     group's figures, and the filters ranking within a policy or an agent, depend on its own scope only)."""
     c = run.config
-    rewards, mask = jnp.asarray(samples.reward), jnp.asarray(samples.mask)
+    budget = np.array([s.max_new_tokens for s in run.sampling])[samples.sample_agent]  # [G, K]
+    penalty = overlong_penalty(samples.response_len, budget, c.algo.overlong_buffer, c.algo.overlong_penalty)
+    rewards, mask = jnp.asarray(samples.reward) + penalty, jnp.asarray(samples.mask)
     adv = np.asarray(group_advantages(rewards, mask, c.algo.advantage))
     mixed = samples.agent < 0  # a group of several agents' samples (plain GRPO by task): a scope of its own
     scope = {"policy": np.where(mixed, len(run.policies), run.policy_of_agent[samples.agent]),
@@ -196,7 +198,10 @@ def score_groups(run: Run, samples) -> Groups:
     low_mean, zero_var = (c.algo.drop_low_mean_frac, c.algo.drop_zero_variance) if filtering else (0.0, False)
     keep = np.asarray(group_filter(rewards, mask, low_mean, zero_var, scope))
     frozen = [i for i, a in enumerate(run.workflow.agents) if a.name in c.policy.frozen_agents]
-    return Groups(adv, keep, keep[:, None] & ~np.isin(samples.sample_agent, frozen))
+    trained = keep[:, None] & ~np.isin(samples.sample_agent, frozen)
+    if c.algo.drop_overlong:
+        trained &= samples.response_len < budget
+    return Groups(adv, keep, trained)
 
 
 def batch_of(run: Run, step: int, samples, groups: Groups, policy: int) -> PolicyBatch | None:

@@ -156,6 +156,10 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
              f"unknown {a.advantage!r}{closest(a.advantage, ADVANTAGES)}; known: {', '.join(ADVANTAGES)}")
     _require(0 <= a.drop_low_mean_frac < 1, "algo.drop_low_mean_frac", "must be in [0, 1)")
     _require(isinstance(a.filter_plain, bool), "algo.filter_plain", f"must be True or False, got {a.filter_plain!r}")
+    _require(isinstance(a.overlong_buffer, int) and a.overlong_buffer >= 0, "algo.overlong_buffer",
+             f"must be an integer >= 0 (0: off), got {a.overlong_buffer!r}")
+    _require(a.overlong_penalty >= 0, "algo.overlong_penalty", f"must be >= 0, got {a.overlong_penalty}")
+    _require(isinstance(a.drop_overlong, bool), "algo.drop_overlong", f"must be True or False, got {a.drop_overlong!r}")
     _require(a.filter_scope in FILTER_SCOPES, "algo.filter_scope", f"must be one of {FILTER_SCOPES}, got "
              f"{a.filter_scope!r}")
     try:

@@ -233,3 +233,55 @@ def test_importance_correction_equals_numpy(how):
         LossConfig(is_correction="tis")
     with pytest.raises(ValueError, match="loss.is_cap"):
         LossConfig(is_correction="truncated", is_cap=0.5)
+
+
+def np_overlong(length, budget, buffer, factor):
+    """DAPO's piecewise rule, case by case."""
+    start = budget - buffer
+    if length <= start:
+        return 0.0
+    if length >= budget:
+        return -factor
+    return -factor * (length - start) / buffer
+
+
+def test_overlong_penalty_equals_dapos_rule():
+    from atgrpo_jax.algo.advantages import overlong_penalty
+
+    lengths = np.arange(0, 40)
+    got = np.asarray(overlong_penalty(lengths, np.full(40, 32), 8, 0.5))
+    np.testing.assert_allclose(got, [np_overlong(n, 32, 8, 0.5) for n in lengths], rtol=1e-6, atol=1e-7)
+    assert not np.asarray(overlong_penalty(lengths, np.full(40, 32), 0)).any()  # off
+
+
+def test_score_groups_punishes_and_drops_overlong_responses():
+    """algo.overlong_buffer shifts the rewards the advantages see; algo.drop_overlong keeps a response that
+    used its whole budget out of training (each agent its own budget)."""
+    import types
+
+    from atgrpo_jax.algo.advantages import overlong_penalty
+    from atgrpo_jax.train.config import base_config
+    from atgrpo_jax.train.step import score_groups
+
+    c = base_config()
+    c.algo.update(overlong_buffer=4, drop_overlong=True, drop_low_mean_frac=0.0)
+    budgets = [16, 8]
+    run = types.SimpleNamespace(config=c, sampling=[types.SimpleNamespace(max_new_tokens=b) for b in budgets],
+                                policies=[0], policy_of_agent=np.array([0, 0]),
+                                workflow=types.SimpleNamespace(agents=[types.SimpleNamespace(name="a"),
+                                                                       types.SimpleNamespace(name="b")]))
+    reward = np.array([[1.0, 1.0, 0.0, 0.0], [0.5, 0.5, 0.5, 1.0]], np.float32)
+    length = np.array([[3, 14, 16, 10], [8, 2, 5, 7]])
+    agent = np.array([0, 1])
+    samples = types.SimpleNamespace(reward=reward, mask=np.ones((2, 4), bool), response_len=length, agent=agent,
+                                    sample_agent=np.repeat(agent[:, None], 4, 1))
+    groups = score_groups(run, samples)
+    budget = np.array(budgets)[samples.sample_agent]
+    shifted = reward + np.vectorize(np_overlong)(length, budget, 4, 1.0)
+    np.testing.assert_allclose(groups.adv, np.asarray(group_advantages(jnp.asarray(shifted), jnp.ones((2, 4)))),
+                               rtol=1e-5, atol=1e-6)
+    assert groups.trained.tolist() == [[True, True, False, True], [False, True, True, True]]
+    c.algo.update(overlong_buffer=0, drop_overlong=False)
+    plain = score_groups(run, samples)
+    assert plain.trained.all() and not np.allclose(plain.adv, groups.adv)
+    assert not np.asarray(overlong_penalty(length, budget, 0)).any()
