@@ -141,3 +141,19 @@ def test_docs_table_says_what_the_paper_configs_carry():
         for row in per_workflow:
             value = _leaf(configs[row["task"]], row["config key"])
             assert ast.literal_eval(row["value"]) == value, (row["config key"], row["task"], row["value"], value)
+
+
+def test_a_saved_config_keeps_the_keys_of_its_open_sections():
+    """rollout.agents, algo.role_advantage and env.kwargs name things the user chose: a run's config.json
+    with them reads back (resume, evaluate, export) as it was written."""
+    import json
+
+    from atgrpo_jax.train.config import base_config, from_saved
+
+    c = base_config()
+    c.rollout.agents = {"reasoner": {"max_new_tokens": 64}}
+    c.algo.role_advantage = {"reasoner": "drgrpo"}
+    c.env.kwargs = {"size": 5}
+    back = from_saved(json.loads(c.to_json()))
+    assert back.rollout.agents.reasoner.max_new_tokens == 64 and back.algo.role_advantage.reasoner == "drgrpo"
+    assert back.env.kwargs.size == 5

@@ -11,6 +11,7 @@ import dataclasses
 
 import ml_collections
 
+from atgrpo_jax.cli import OPEN_SECTIONS
 from atgrpo_jax.envs.workflow import RECIPES  # noqa: F401  (config.recipe's choices, shared with the workflows)
 from atgrpo_jax.errors import ConfigError  # noqa: F401  (raised here; also importable from here)
 
@@ -108,6 +109,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.algo = ml_collections.ConfigDict()  # rewards, advantages, group filters
     c.algo.alpha = 1.0  # an agent's reward = its own + alpha * the team's
     c.algo.advantage = "grpo"  # advantage estimator, a name in atgrpo_jax.algo.advantages.ADVANTAGES (grpo, drgrpo)
+    c.algo.role_advantage = ml_collections.ConfigDict()  # per agent, another estimator than algo.advantage, e.g.
+    # --config.algo.role_advantage.coder=drgrpo (rLLM's per-trajectory-group map); unset agents: algo.advantage
     c.algo.drop_low_mean_frac = 0.5  # drop this fraction of the groups with the lowest mean reward
     c.algo.drop_zero_variance = False  # drop groups whose K rewards are all equal
     c.algo.filter_plain = False  # apply the two filters above without tree sampling too (rollout.tree=False);
@@ -307,7 +310,7 @@ def _merge(c: ml_collections.ConfigDict, d: dict, prefix: str):
     for key, value in d.items():
         if key not in c:
             raise ConfigError(f"config.{prefix}{key}: in the saved config but not a key of this version")
-        if key == "kwargs":
+        if f"{prefix}{key}" in OPEN_SECTIONS:  # keys the user chose (agent names, kwargs): the saved ones
             c[key] = ml_collections.ConfigDict(value)
         elif isinstance(c[key], ml_collections.ConfigDict):
             _merge(c[key], value, f"{prefix}{key}.")

@@ -152,7 +152,8 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
                           f"episodes of {declared} turns short; raise it to {declared} (or give the workflow fewer)")
     names = [a.name for a in workflow.agents]
     for key, given in (("rollout.agents", set(config.rollout.agents)), ("policy.frozen_agents",
-                                                                          set(config.policy.frozen_agents))):
+                                                                          set(config.policy.frozen_agents)),
+                       ("algo.role_advantage", set(config.algo.role_advantage))):
         if given - set(names):
             raise ConfigError(f"config.{key}: {sorted(given - set(names))} are not agents of "
                               f"{config.env.workflow} ({names})")

@@ -190,7 +190,11 @@ def score_groups(run: Run, samples) -> Groups:
     budget = np.array([s.max_new_tokens for s in run.sampling])[samples.sample_agent]  # [G, K]
     penalty = overlong_penalty(samples.response_len, budget, c.algo.overlong_buffer, c.algo.overlong_penalty)
     rewards, mask = jnp.asarray(samples.reward) + penalty, jnp.asarray(samples.mask)
-    adv = np.asarray(group_advantages(rewards, mask, c.algo.advantage))
+    adv = np.array(group_advantages(rewards, mask, c.algo.advantage))  # (a copy: written below)
+    for name, estimator in c.algo.role_advantage.items():  # a group of one agent: that agent's estimator
+        mine = samples.agent == [a.name for a in run.workflow.agents].index(name)
+        if estimator != c.algo.advantage and mine.any():
+            adv[mine] = np.asarray(group_advantages(rewards[mine], mask[mine], estimator))
     mixed = samples.agent < 0  # a group of several agents' samples (plain GRPO by task): a scope of its own
     scope = {"policy": np.where(mixed, len(run.policies), run.policy_of_agent[samples.agent]),
              "agent": np.where(mixed, len(run.workflow.agents), samples.agent), "batch": None}[c.algo.filter_scope]

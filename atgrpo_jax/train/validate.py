@@ -154,6 +154,9 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     a = c.algo
     _require(a.advantage in ADVANTAGES, "algo.advantage",
              f"unknown {a.advantage!r}{closest(a.advantage, ADVANTAGES)}; known: {', '.join(ADVANTAGES)}")
+    for name, estimator in a.role_advantage.items():
+        _require(estimator in ADVANTAGES, f"algo.role_advantage.{name}",
+                 f"unknown {estimator!r}{closest(str(estimator), ADVANTAGES)}; known: {', '.join(ADVANTAGES)}")
     _require(0 <= a.drop_low_mean_frac < 1, "algo.drop_low_mean_frac", "must be in [0, 1)")
     _require(isinstance(a.filter_plain, bool), "algo.filter_plain", f"must be True or False, got {a.filter_plain!r}")
     _require(isinstance(a.overlong_buffer, int) and a.overlong_buffer >= 0, "algo.overlong_buffer",

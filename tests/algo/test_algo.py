@@ -285,3 +285,9 @@ def test_score_groups_punishes_and_drops_overlong_responses():
     plain = score_groups(run, samples)
     assert plain.trained.all() and not np.allclose(plain.adv, groups.adv)
     assert not np.asarray(overlong_penalty(length, budget, 0)).any()
+    c.algo.role_advantage = {"b": "drgrpo"}  # agent b's groups by another estimator, a's as before
+    mixed = score_groups(run, samples)
+    np.testing.assert_allclose(mixed.adv[0], plain.adv[0])
+    np.testing.assert_allclose(mixed.adv[1], np.asarray(group_advantages(jnp.asarray(reward[1:]), jnp.ones((1, 4)),
+                                                                         "drgrpo"))[0], rtol=1e-6)
+    assert not np.allclose(mixed.adv[1], plain.adv[1])
