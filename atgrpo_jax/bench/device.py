@@ -88,7 +88,7 @@ def modelled_step(shapes, record, kind: str | None = None) -> None:
     the lengths the run samples: every response its full budget (random weights never stop), the
     prompts as the trainer pads them (the smallest bucket that holds a Plan-Path prompt)."""
     import jax
-    from atgrpo_jax.cli import config_from_args
+    from atgrpo_jax.cli import config_from_args, pop_overrides
     from atgrpo_jax.plan import costing
     from atgrpo_jax.plan.compile_cli import model_step
     from atgrpo_jax.plan.targets import parse_target
@@ -98,7 +98,7 @@ def modelled_step(shapes, record, kind: str | None = None) -> None:
     if name is None:
         record("paper_step_modelled", {"error": f"no modelled chip for {kind!r}"})
         return
-    overrides = [flag.removeprefix("--config.").split("=", 1) for flag in shapes.paper_step_overrides]
+    overrides, _ = pop_overrides(shapes.paper_step_overrides)
     config = resolve(config_from_args(str(paper_step_config()), overrides), weights=False)
     r = config.rollout
     a = costing.Assumptions(min(r.prompt_buckets), r.max_new_tokens, 1.0 - config.algo.drop_low_mean_frac)

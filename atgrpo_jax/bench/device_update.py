@@ -195,17 +195,11 @@ def where_time_goes(record, update_fn, logprobs_fn, state, batch, data: dict, st
 def pytorch(shapes: Shapes, record) -> None:
     """The same loss in PyTorch on the same device: autocast bf16 over float32 weights."""
     import torch
-    import transformers
-    from atgrpo_jax.bench.torch_baseline import torch_loss, torch_token_logprobs
+    from atgrpo_jax.bench.torch_baseline import random_hf_model, torch_loss, torch_token_logprobs
     rows, width = shapes.update_rows
     cfg = get_preset(shapes.preset)
     dev = torch_device()
-    hf_cfg = transformers.Qwen3Config(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim, tie_word_embeddings=cfg.tie_word_embeddings, rope_theta=cfg.rope_theta)
-    with torch.device(dev):
-        model = transformers.Qwen3ForCausalLM(hf_cfg).float().train()
+    model = random_hf_model(cfg, dev)
     optim = optim_config()
     opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay,
                             fused=dev.type == "cuda")

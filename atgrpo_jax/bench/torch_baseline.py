@@ -29,6 +29,17 @@ def load_hf_model(path: str):
 
 # ---------------------------------------------------------------- the update
 
+def random_hf_model(cfg, device, seed: int = 0):
+    """A transformers Qwen3 of `cfg`'s architecture (the exporter's config mapping) with random float32
+    weights on `device`, in train mode."""
+    import torch
+    import transformers
+    from atgrpo_jax.models.hf_io import config_to_hf
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**config_to_hf(cfg))).float().train()
+
+
 def torch_optimizer(model, optim):
     import torch
     return torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=(optim.b1, optim.b2), eps=1e-8,

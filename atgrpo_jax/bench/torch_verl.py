@@ -23,6 +23,7 @@ import numpy as np
 
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.bench.device_parts import Shapes, datasheet_peak, error, torch_device, torch_sync
+from atgrpo_jax.bench.torch_baseline import random_hf_model
 from atgrpo_jax.bench.train import make_batch, optim_config, update_flops
 from atgrpo_jax.models import get_preset
 
@@ -31,18 +32,6 @@ def packed(valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(flat indices of the valid tokens in row order, their positions restarting at 0 per row)."""
     rows, cols = np.nonzero(valid)
     return rows * valid.shape[1] + cols, cols
-
-
-def hf_model(cfg, dev):
-    import torch
-    import transformers
-    hf_cfg = transformers.Qwen3Config(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim, tie_word_embeddings=cfg.tie_word_embeddings, rope_theta=cfg.rope_theta)
-    torch.manual_seed(0)
-    with torch.device(dev):
-        return transformers.Qwen3ForCausalLM(hf_cfg).float().train()
 
 
 def padded_loss(model, t: dict, old, loss_cfg: LossConfig):
@@ -110,7 +99,7 @@ def torch_update(shapes: Shapes, record) -> None:
     t["flat_index"] = torch.tensor(index, device=dev)
     t["flat_ids"] = t["tokens"].view(-1)[t["flat_index"]][None]
     t["flat_pos"] = torch.tensor(pos, device=dev)[None]
-    model = hf_model(cfg, dev)
+    model = random_hf_model(cfg, dev)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         from atgrpo_jax.bench.torch_baseline import torch_token_logprobs

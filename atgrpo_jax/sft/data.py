@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -166,17 +166,12 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, 0x5F7]).permutation(n)
 
 
-def plan_step(lengths: np.ndarray, cursor: Cursor, rows: int, row_tokens: int, seed: int
-              ) -> tuple[list[tuple[int, int, int]], Cursor]:
-    """([(sequence, row, column)] of one step, the cursor after it): sequences in stream order, each in the
-    current row if it fits, else in the next one (a sequence longer than a row takes a whole row and is
-    cut at its end); the step is full when the next sequence fits in no row left."""
-    n = len(lengths)
-    order = epoch_order(n, seed, cursor.epoch)
+def first_fit(indices: Iterable[int], lengths: np.ndarray, rows: int, row_tokens: int) -> list[tuple[int, int, int]]:
+    """[(sequence, row, column)]: sequences in the order given, each in the current row if it fits, else in
+    the next one (a sequence longer than a row takes a whole row and is cut at its end), until the next
+    sequence fits in no row left."""
     placed, row, col = [], 0, 0
-    epoch, index = cursor
-    while True:
-        i = int(order[index])
+    for i in indices:
         take = min(int(lengths[i]), row_tokens)
         if col + take > row_tokens:
             row, col = row + 1, 0
@@ -184,11 +179,26 @@ def plan_step(lengths: np.ndarray, cursor: Cursor, rows: int, row_tokens: int, s
             break
         placed.append((i, row, col))
         col += take
-        index += 1
-        if index == n:
-            epoch, index = epoch + 1, 0
-            order = epoch_order(n, seed, epoch)
-    return placed, Cursor(epoch, index)
+    return placed
+
+
+def stream(n: int, seed: int, cursor: Cursor) -> Iterator[int]:
+    """The training sequences from `cursor` on, epoch after epoch (each epoch its own order)."""
+    if n == 0:
+        raise ValueError("no training sequences to stream")
+    epoch, index = cursor
+    while True:
+        yield from (int(i) for i in epoch_order(n, seed, epoch)[index:])
+        epoch, index = epoch + 1, 0
+
+
+def plan_step(lengths: np.ndarray, cursor: Cursor, rows: int, row_tokens: int, seed: int
+              ) -> tuple[list[tuple[int, int, int]], Cursor]:
+    """([(sequence, row, column)] of one step, the cursor after it): the stream's next sequences, first fit."""
+    n = len(lengths)
+    placed = first_fit(stream(n, seed, cursor), lengths, rows, row_tokens)
+    epochs, index = divmod(cursor.index + len(placed), n)
+    return placed, Cursor(cursor.epoch + epochs, index)
 
 
 def pack_rows(examples: list[Example], placed: list[tuple[int, int, int]], rows: int, row_tokens: int
@@ -225,15 +235,7 @@ def held_out_steps(examples: list[Example], rows: int, row_tokens: int) -> list[
     lengths = np.array([len(e.tokens) for e in examples])
     out, start = [], 0
     while start < len(examples):
-        placed, row, col = [], 0, 0
-        for i in range(start, len(examples)):
-            take = min(int(lengths[i]), row_tokens)
-            if col + take > row_tokens:
-                row, col = row + 1, 0
-            if row == rows:
-                break
-            placed.append((i, row, col))
-            col += take
+        placed = first_fit(range(start, len(examples)), lengths, rows, row_tokens)
         out.append(pack_rows(examples, placed, rows, row_tokens)[0])
         start += len(placed)
     return out

@@ -333,14 +333,14 @@ class MetricsWriter:
         """
         if self._mirror is None or not self._open_now:
             return []
-        if self._file is not None:
-            self._file.flush()
-        for f in self._extra.values():
+        for f in self._open_files():
             f.flush()
-        if self._events is not None:
-            self._events.flush()
         self._last_sync = self._clock()
         return self._mirror.push()
+
+    def _open_files(self) -> list:
+        """metrics.jsonl, the extra jsonl files and TensorBoard's events, those open."""
+        return [f for f in (self._file, *self._extra.values(), self._events) if f is not None]
 
     def close(self):
         """Close both files and, for an object-store workdir, upload them a last time."""
@@ -349,12 +349,8 @@ class MetricsWriter:
         self._open_now = False
         with _disk("the metrics and TensorBoard files", self.workdir):
             try:
-                if self._file is not None:
-                    self._file.close()
-                for f in self._extra.values():
+                for f in self._open_files():
                     f.close()
-                if self._events is not None:
-                    self._events.close()
             finally:
                 self._file, self._extra, self._events = None, {}, None
                 for logger in self.extra:

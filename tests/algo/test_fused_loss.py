@@ -71,6 +71,16 @@ def rows_loss(cfg, logp, old, adv, mask, ref, ent):
                                 jnp.broadcast_to(adv[:, None], logp.shape), ref, ent)
 
 
+def assert_update_reports(update, tx, params, batch, reference):
+    """One update step reports the loss, metrics and gradient norm of `reference(params)` -> (loss, metrics)."""
+    (loss, metrics), grads = jax.value_and_grad(reference, has_aux=True)(params)
+    _, got = update(init_state(jax.tree.map(jnp.copy, params), tx), batch)
+    norm = float(jnp.sqrt(sum((g ** 2).sum() for g in jax.tree.leaves(grads))))
+    np.testing.assert_allclose(got["grad_norm"], norm, rtol=1e-5)
+    for k, v in dict(metrics, loss=loss).items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-7, err_msg=k)
+
+
 def test_update_step_matches_the_loss_of_rows():
     """The trainer's update reports the loss, metrics and gradient norm of the rows' loss."""
     cfg = LossConfig(kl_coef=0.05, entropy_coef=0.02, aggregation="seq-mean-token-mean", dual_clip=2.0)
@@ -90,12 +100,7 @@ def test_update_step_matches_the_loss_of_rows():
         logp, ent = sequence_logprobs(nnx.merge(graphdef, p), tokens, valid, 16)
         return rows_loss(cfg, logp, old, adv, is_resp, old + 0.05, ent)
 
-    (loss, metrics), grads = jax.value_and_grad(reference, has_aux=True)(params)
-    _, got = update(init_state(jax.tree.map(jnp.copy, params), tx), batch)
-    norm = float(jnp.sqrt(sum((g ** 2).sum() for g in jax.tree.leaves(grads))))
-    np.testing.assert_allclose(got["grad_norm"], norm, rtol=1e-5)
-    for k, v in dict(metrics, loss=loss).items():
-        np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-7, err_msg=k)
+    assert_update_reports(update, tx, params, batch, reference)
 
 
 @pytest.mark.parametrize("how", [SampledFrom(top_k=5), SampledFrom(top_p=True), SampledFrom(top_k=5, top_p=True)])
@@ -197,9 +202,4 @@ def test_update_step_with_importance_correction_matches_the_loss_of_rows():
         return weighted_policy_loss(cfg, aggregation_weights(is_resp, cfg.aggregation), logp, old,
                                     jnp.broadcast_to(adv[:, None], logp.shape), None, ent, w)
 
-    (loss, metrics), grads = jax.value_and_grad(reference, has_aux=True)(params)
-    _, got = update(init_state(jax.tree.map(jnp.copy, params), tx), batch)
-    norm = float(jnp.sqrt(sum((g ** 2).sum() for g in jax.tree.leaves(grads))))
-    np.testing.assert_allclose(got["grad_norm"], norm, rtol=1e-5)
-    for k, v in dict(metrics, loss=loss).items():
-        np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-7, err_msg=k)
+    assert_update_reports(update, tx, params, batch, reference)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from atgrpo_jax.bench import device, device_parts, torch_verl
+from atgrpo_jax.bench.torch_baseline import random_hf_model
 from atgrpo_jax.bench.train import make_batch
 from atgrpo_jax.models import get_preset
 from tiers import FULL
@@ -22,7 +23,7 @@ def test_a_packed_forward_equals_the_padded_one_row_by_row():
     cfg = get_preset("test-tiny")
     data = make_batch(cfg.vocab_size, 3, 48, seed=1)
     assert data["valid"].sum() < data["valid"].size  # some rows padded
-    model = torch_verl.hf_model(cfg, torch.device("cpu")).eval()
+    model = random_hf_model(cfg, torch.device("cpu")).eval()
     tokens, valid = torch.tensor(data["tokens"]).long(), torch.tensor(data["valid"]).long()
     index, pos = (torch.tensor(a) for a in torch_verl.packed(data["valid"]))
     with torch.no_grad():
