@@ -28,12 +28,11 @@ from atgrpo_jax.sft import data
 from atgrpo_jax.sft.update import make_sft_fns
 from atgrpo_jax.sharding import batch_shards, make_mesh
 from atgrpo_jax.train import checkpoint, compile_cache, guard, wandb_log
-from atgrpo_jax.train.config import RESUMABLE, SHARINGS, changed_keys, flat, from_saved, loss_config
+from atgrpo_jax.train.config import RESUMABLE, SHARINGS, changed_keys, from_saved, loss_config
 from atgrpo_jax.train.lock import WorkdirLock
-from atgrpo_jax.train.loop import check_init_from, horizon_note
-from atgrpo_jax.train.metrics import MetricsWriter
+from atgrpo_jax.train.loop import check_init_from, open_outputs
 from atgrpo_jax.train.policies import Policy, build_policies, on_mesh
-from atgrpo_jax.train.progress import ProgressBar, say
+from atgrpo_jax.train.progress import say
 from atgrpo_jax.train.resume import restore_or_start
 from atgrpo_jax.train.setup import make_tokenizer, starting_model
 from atgrpo_jax.train.update import make_optimizer
@@ -172,19 +171,9 @@ def _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if
         run = build_sft(config, tokenizer, train, valid, init_from=True)
     best = "valid_loss" if valid and s.eval_every else None
     ckpt = checkpoint.Checkpointer(ckpt_dir, keep_last=t.keep_last, best_metric=best, best_mode="min")
-    if lead:
-        wd.write_config(config, workdir, keep_as=f"config.step{start}.json" if changed and start else "")
-        if start:
-            changes = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changed.items())
-            steps = {"train.steps": changed["sft.steps"]} if "sft.steps" in changed else {}  # what the schedule spans
-            print(f"resuming at step {start}" + (f" with changed settings: {changes}" if changes else "")
-                  + horizon_note(config.optim, steps, start, config.reference.lr_schedule), flush=True)
-    extra = [wandb_log.WandbLogger(workdir, flat(config), project=t.wandb_project, entity=t.wandb_entity,
-                                   resumed=states is not None)] if lead and "wandb" in t.loggers else []
-    writer = MetricsWriter(workdir, enabled=lead, resume_step=start if states is not None else -1,
-                           tensorboard="tensorboard" in t.loggers, jsonl="jsonl" in t.loggers, extra=extra)
-    bar = ProgressBar(s.steps, enabled=lead and "console" in t.loggers, start_step=start,
-                      keys=("loss", "valid_loss", "grad_norm", "skipped"))
+    steps = {"train.steps": changed["sft.steps"]} if "sft.steps" in changed else {}  # what the schedule spans
+    writer, bar = open_outputs(config, workdir, lead, start, changed, steps, states is not None, s.steps,
+                               ("loss", "valid_loss", "grad_norm", "skipped"))
     cursor = data.Cursor()
     for _ in range(start):  # the stream up to the checkpoint: what the steps before it trained on
         _, cursor = data.plan_step(run.lengths, cursor, s.rows, s.row_tokens, t.seed)

@@ -28,7 +28,7 @@ from atgrpo_jax.train.prefetch import Prefetch
 from atgrpo_jax.train.resume import fixed_changes, restore_or_start, step_dirs
 from atgrpo_jax import workdir as wd
 from atgrpo_jax.envs.workflow import episodes_per_problem
-from atgrpo_jax.train.config import RESUMABLE, ConfigError, changed_keys, flat, from_saved
+from atgrpo_jax.train.config import ConfigError, changed_keys, flat, from_saved
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.episodes import as_markdown, training_records
 from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
@@ -63,6 +63,25 @@ def horizon_note(optim, changed: dict, start: int, as_reference_runs: bool = Fal
     before, after = changed["train.steps"]
     old, new = (optim.lr * lr_factor(start + 1, optim, n) for n in (before, after))
     return f"; the cosine schedule now spans {after} steps: step {start + 1}'s rate is {new:.3g} (was {old:.3g})"
+
+
+def open_outputs(config, workdir: str, lead: bool, start: int, changed: dict, schedule_changes: dict,
+                 resumed: bool, steps: int, keys: tuple) -> tuple[MetricsWriter, ProgressBar]:
+    """config.json written (the earlier one kept on a change), a resume announced with what changed and what
+    the schedule then spans (`schedule_changes`: {"train.steps": (old, new)} if it moved), and the run's
+    metrics writer and progress bar opened."""
+    t = config.train
+    if lead:
+        wd.write_config(config, workdir, keep_as=f"config.step{start}.json" if changed and start else "")
+        if start:
+            changes = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changed.items())
+            print(f"resuming at step {start}" + (f" with changed settings: {changes}" if changes else "")
+                  + horizon_note(config.optim, schedule_changes, start, config.reference.lr_schedule), flush=True)
+    extra = [wandb_log.WandbLogger(workdir, flat(config), project=t.wandb_project, entity=t.wandb_entity,
+                                   resumed=resumed)] if lead and "wandb" in t.loggers else []
+    writer = MetricsWriter(workdir, enabled=lead, resume_step=start if resumed else -1,
+                           tensorboard="tensorboard" in t.loggers, jsonl="jsonl" in t.loggers, extra=extra)
+    return writer, ProgressBar(steps, enabled=lead and "console" in t.loggers, start_step=start, keys=keys)
 
 
 def check_init_from(config, workdir: str) -> None:
@@ -119,18 +138,8 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
         run = setup.build_run(config, workdir, init_from=True)
     # only now, with a restored state in hand, is anything in the workdir changed (its compilation cache aside)
     ckpt = checkpoint.Checkpointer(wd.checkpoint_dir(workdir), keep_last=t.keep_last, best_metric=best)
-    if lead:
-        wd.write_config(config, workdir, keep_as=f"config.step{start}.json" if changed and start else "")
-        if start:
-            changes = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changed.items())
-            print(f"resuming at step {start}" + (f" with changed settings: {changes}" if changes else "")
-                  + horizon_note(config.optim, changed, start, config.reference.lr_schedule), flush=True)
-    extra = [wandb_log.WandbLogger(workdir, flat(config), project=t.wandb_project, entity=t.wandb_entity,
-                                   resumed=states is not None)] if lead and "wandb" in t.loggers else []
-    writer = MetricsWriter(workdir, enabled=lead, resume_step=start if states is not None else -1,
-                           tensorboard="tensorboard" in t.loggers, jsonl="jsonl" in t.loggers, extra=extra)
-    bar = ProgressBar(t.steps, enabled=lead and "console" in t.loggers, start_step=start,
-                      keys=("success", "reward", "loss", "grad_norm", "skipped"))
+    writer, bar = open_outputs(config, workdir, lead, start, changed, changed, states is not None, t.steps,
+                               ("success", "reward", "loss", "grad_norm", "skipped"))
     names = [a.name for a in run.workflow.agents]
     policy_names = [p.name for p in run.policies]
     began = time.time()
