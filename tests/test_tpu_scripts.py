@@ -273,8 +273,9 @@ def test_remote_launch_logs_and_stop_work_on_a_worker(tmp_path):
     venv = home / "atgrpo-jax" / ".venv" / "bin"
     venv.mkdir(parents=True)
     fake = venv / "python"
-    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > argv.txt\necho "PYTHONUNBUFFERED=$PYTHONUNBUFFERED"\n'
-                    'echo "step 1 loss 0.5"\nexec sleep 60\n')
+    # argv.txt appears last and whole (written aside, then renamed), so once it exists the log lines are there too.
+    fake.write_text('#!/usr/bin/env bash\necho "PYTHONUNBUFFERED=$PYTHONUNBUFFERED"\necho "step 1 loss 0.5"\n'
+                    'printf "%s\\n" "$@" > argv.tmp && mv argv.tmp argv.txt\nexec sleep 60\n')
     fake.chmod(0o755)
 
     def run_remote(name, *args):
