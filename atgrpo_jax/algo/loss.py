@@ -29,6 +29,7 @@ def seq_mean_token_mean(mask: jax.Array, sample_len: jax.Array) -> jax.Array:
 
 
 IS_CORRECTIONS = ("none", "truncated", "masked")
+RATIO_LEVELS = ("token", "sequence")
 
 
 def is_weights(cfg: "LossConfig", old_logp, sampler_logp):
@@ -54,8 +55,11 @@ class LossConfig:
     entropy_coef: float = 0.0
     is_correction: str = "none"  # "truncated" / "masked": weigh each token by `is_weights` (sampler mismatch)
     is_cap: float = 2.0  # C of the correction: weights capped at C (truncated) or tokens over C dropped (masked)
+    ratio_level: str = "token"  # "sequence": GSPO's ratio, a sample's mean token log-ratio (`sequence_terms`)
 
     def __post_init__(self):
+        if self.ratio_level not in RATIO_LEVELS:
+            raise ValueError(f"loss.ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}")
         if self.is_correction not in IS_CORRECTIONS:
             raise ValueError(f"loss.is_correction must be one of {IS_CORRECTIONS}, got {self.is_correction!r}")
         if not self.is_cap >= 1.0:
@@ -93,6 +97,29 @@ def clipped_surrogate(cfg: LossConfig, logp, old_logp, adv):
     return pg, is_clipped
 
 
+def sequence_log_ratio(log_ratio, sample, scored):
+    """Per token, the mean log-ratio of its sample's scored tokens (GSPO's log s_i, Zheng et al. 2025):
+    log_ratio, sample (each token's sample id, -1 none) and scored share one shape."""
+    flat_ids = jnp.where(scored & (sample >= 0), sample, -1).reshape(-1)
+    n = flat_ids.shape[0]  # ids are < the number of tokens; -1 becomes n, which segment_sum drops
+    ids = jnp.where(flat_ids < 0, n, flat_ids)
+    total = jax.ops.segment_sum(jnp.where(scored, log_ratio, 0.0).reshape(-1), ids, n)
+    count = jax.ops.segment_sum(jnp.ones_like(ids, jnp.float32), ids, n)
+    mean = total / jnp.maximum(count, 1.0)
+    return jnp.where(scored, mean[jnp.minimum(ids, n - 1)].reshape(log_ratio.shape), 0.0)
+
+
+def sequence_terms(cfg: LossConfig, seq_log_ratio, adv):
+    """GSPO's clipped surrogate of each token's sample, f(log s_i), and its derivative f'(log s_i).
+
+    With weights w constant within a sample (every aggregation here), sum_t w_t f(log s_i) has, for
+    token t, the gradient w_t f'(log s_i) d logp_t: log s_i is the mean of the sample's log-ratios, and
+    the sample's w_t sum to its weight times |y_i|. So `token_loss_terms` takes the term
+    w_t (f + f' (logp_t - stop_gradient(logp_t))): GSPO's value and gradient, one token at a time."""
+    f = lambda x: clipped_surrogate(cfg, x, jnp.zeros_like(x), adv)[0]  # noqa: E731
+    return jax.jvp(f, (seq_log_ratio,), (jnp.ones_like(seq_log_ratio),))
+
+
 def k3_kl(ref_logp, logp):
     d = ref_logp - logp
     return jnp.exp(d) - d - 1.0  # k3: unbiased, non-negative
@@ -100,9 +127,12 @@ def k3_kl(ref_logp, logp):
 
 def token_loss_terms(cfg: LossConfig, logp, entropy, x: dict):
     """Per-token terms whose sum is weighted_policy_loss's loss. x holds, per token,
-    "old" (old log-prob), "adv", "w" (aggregation_weights), "ref" if kl_coef and "is" (is_weights) if
-    the correction is on."""
-    pg, _ = clipped_surrogate(cfg, logp, x["old"], x["adv"])
+    "old" (old log-prob), "adv", "w" (aggregation_weights), "ref" if kl_coef, "is" (is_weights) if
+    the correction is on, and "seq_f", "seq_df" (`sequence_terms`) with the sequence-level ratio."""
+    if "seq_f" in x:  # GSPO: the sample's surrogate, differentiated through this token's log-prob
+        pg = x["seq_f"] + x["seq_df"] * (logp - jax.lax.stop_gradient(logp))
+    else:
+        pg, _ = clipped_surrogate(cfg, logp, x["old"], x["adv"])
     if "is" in x:
         pg = x["is"] * pg
     if cfg.kl_coef:
@@ -112,20 +142,27 @@ def token_loss_terms(cfg: LossConfig, logp, entropy, x: dict):
     return x["w"] * pg
 
 
-def weighted_policy_loss(cfg: LossConfig, w, logp, old_logp, adv, ref_logp=None, entropy=None, is_w=None):
+def weighted_policy_loss(cfg: LossConfig, w, logp, old_logp, adv, ref_logp=None, entropy=None, is_w=None,
+                         seq_log_ratio=None):
     """Clipped surrogate (+ k3 KL, - entropy bonus) with its aggregation given as per-token weights w
     (`aggregation_weights`) and, with the correction on, the importance weights is_w (`is_weights`);
     returns (loss, metrics). Every argument has one shape (any layout of the tokens: [B, T] rows, or the
-    packed [R, M] entries)."""
+    packed [R, M] entries). seq_log_ratio (`sequence_log_ratio`): the clip and the ratio are each
+    token's sample's (GSPO); None: each token's own."""
     log_ratio = logp - old_logp
-    pg, is_clipped = clipped_surrogate(cfg, logp, old_logp, adv)
+    if seq_log_ratio is None:
+        pg, is_clipped = clipped_surrogate(cfg, logp, old_logp, adv)
+        ratio = jnp.exp(log_ratio)
+    else:
+        pg, is_clipped = clipped_surrogate(cfg, seq_log_ratio, jnp.zeros_like(seq_log_ratio), adv)
+        ratio = jnp.exp(seq_log_ratio)
     f = lambda x: (w * x).sum()
     loss = f(pg if is_w is None else is_w * pg)
     metrics = {
         "pg_loss": loss,
         "clip_frac": f(is_clipped.astype(jnp.float32)),
         "approx_kl": f(0.5 * log_ratio**2),
-        "ratio_mean": f(jnp.exp(log_ratio)),
+        "ratio_mean": f(ratio),
     }
     if is_w is not None:
         metrics["is_weight_mean"] = f(is_w)

@@ -189,16 +189,21 @@ def _pool_state(config, cfg, name, mesh, tx, lora: bool, seed: int, agents) -> P
     return PoolState(name, mesh, graphdef, frozen, train, s_graphdef, s_weights, copy, agents)
 
 
-def _packed(mesh, rows: int, width: int, scored: int, samples: int, penalty: bool, logps: int) -> Packed:
-    """An abstract packed mini-batch as `global_array` places it (rows over the batch axes)."""
+def _packed(mesh, rows: int, width: int, scored: int, samples: int, penalty: bool, logps: int,
+            loss=None) -> Packed:
+    """An abstract packed mini-batch as `global_array` places it (rows over the batch axes), with the
+    per-entry inputs the loss settings `loss` (a LossConfig; None: the log-probs program's) read."""
     def arr(shape, dtype):
         return _abstract(shape, dtype, logical_sharding(mesh, ("batch",) + (None,) * (len(shape) - 1), shape))
     rw, rm = (rows, width), (rows, scored)
     logp = [arr(rm, jnp.float32) if i < logps else None for i in range(2)]
+    sample_ids = penalty or (loss is not None and loss.ratio_level == "sequence")
     return Packed(arr(rw, jnp.int32), arr(rw, jnp.int32), arr(rw, jnp.int32), arr(rm, jnp.int32), arr(rm, jnp.int32),
                   arr(rm, bool), arr(rm, jnp.int32), arr(rm, jnp.float32), arr(rm, jnp.float32), arr(rm, jnp.float32),
-                  *logp, arr(rm, jnp.float32) if penalty else None, arr(rm, jnp.int32) if penalty else None,
-                  arr((samples,), jnp.int32) if penalty else None)
+                  *logp, penalty=arr(rm, jnp.float32) if penalty else None,
+                  sample=arr(rm, jnp.int32) if sample_ids else None,
+                  sample_row=arr((samples,), jnp.int32) if penalty else None,
+                  is_weight=arr(rm, jnp.float32) if loss is not None and loss.is_correction != "none" else None)
 
 
 @dataclasses.dataclass
@@ -312,7 +317,8 @@ def _hosts_of(mesh) -> int:
 def _update_programs(config, s: PoolState, others, sampling, vocab_limit, tx) -> list[Program]:
     r, o = config.rollout, config.optim
     how = scoring_of(scored_as(config, sampling), vocab_limit)
-    logprobs_fn, update_fn = update_steps(s.graphdef, tx, loss_config(config), config.loss.logprob_chunk, how,
+    loss = loss_config(config)
+    logprobs_fn, update_fn = update_steps(s.graphdef, tx, loss, config.loss.logprob_chunk, how,
                                           train_head=not jax.tree.leaves(s.frozen))
     width = length_bucket(r.max_prompt_len + max_new_tokens(config))
     rows = length_bucket(o.mini_batch_size, 1)
@@ -324,6 +330,7 @@ def _update_programs(config, s: PoolState, others, sampling, vocab_limit, tx) ->
                   (s.train.params, _packed(s.mesh, rows, width, scored, o.mini_batch_size, penalty, 0), s.frozen), {},
                   _resident(s, others, "log-probs"), rows, width)
     update = Program("update", s.name, s.mesh, update_fn,
-                     (s.train, _packed(s.mesh, rows, width, scored, o.mini_batch_size, penalty, logps), s.frozen), {},
+                     (s.train, _packed(s.mesh, rows, width, scored, o.mini_batch_size, penalty, logps, loss), s.frozen),
+                     {},
                      _resident(s, others, "update"), rows, width)
     return [old, update]

@@ -124,7 +124,7 @@ class Minibatch(NamedTuple):
 
 
 def pack(mb: PolicyBatch, shards: int = 1, share_prompts: bool = True, slots: int | None = None,
-         max_width: int | None = None) -> Minibatch:
+         max_width: int | None = None, sample_ids: bool = False) -> Minibatch:
     """A mini-batch in the `Packed` layout (train/update.py). Consecutive samples that answer one
     prompt (one prompt id) share a row (unless not `share_prompts`), at most `slots` per row (the
     trainer passes K) and as many as fit in `max_width` tokens (default: the batch's `width`; the
@@ -133,7 +133,8 @@ def pack(mb: PolicyBatch, shards: int = 1, share_prompts: bool = True, slots: in
     two and a multiple of `shards` (the devices the batch is split over), W to `fine_bucket` and M
     (the most response tokens in a row) to `fine_bucket` at 4 sizes per octave. With a repetition
     penalty, also `penalty` [R, M], `sample` [R, M] and `sample_row` [S] (the packed row of each
-    slot's sample, -1 if none): the update rebuilds the ids each token had seen.
+    slot's sample, -1 if none): the update rebuilds the ids each token had seen. With `sample_ids`,
+    `sample` in any case (the sequence-level ratio averages over each sample's tokens).
     """
     s = mb.samples
     max_width = max(max_width or 0, mb.width)  # a single sample always fits
@@ -194,10 +195,11 @@ def pack(mb: PolicyBatch, shards: int = 1, share_prompts: bool = True, slots: in
     out["top_p"][rr, entry] = mb.top_p[i]
     sampler_logp[rr, entry] = s.sampler_logp[gs[i], ks[i], tok]
     slot_of[rr, entry] = i
+    if sample_ids or mb.penalty is not None:
+        out["sample"] = slot_of
     if mb.penalty is not None:
         out["penalty"] = np.ones((r, m), np.float32)
         out["penalty"][rr, entry] = mb.penalty[i]
-        out["sample"] = slot_of
         out["sample_row"] = np.full(len(mb.group), -1, np.int32)
         out["sample_row"][sample] = row_of
     return Minibatch(Packed(**out), sampler_logp, slot_of)

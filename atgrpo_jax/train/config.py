@@ -132,6 +132,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.loss.is_correction = "none"  # "truncated" (TIS) / "masked" (MIS): weigh tokens by pi_trainer / pi_sampler,
     # capped at loss.is_cap or dropped above it, for a sampler that runs in another precision (logprob_gap > 0)
     c.loss.is_cap = 2.0  # C of loss.is_correction (>= 1)
+    c.loss.ratio_level = "token"  # "sequence": GSPO's ratio and clip per sample (its mean token log-ratio);
+    # GSPO's paper clips at eps_low 3e-4, eps_high 4e-4 and takes seq-mean-token-mean
     c.loss.logprob_chunk = 512  # tokens per chunk of the LM head in the update ([chunk, vocab] logits at a time)
     c.optim = ml_collections.ConfigDict()  # AdamW
     c.optim.lr = 1e-6  # learning rate

@@ -66,7 +66,8 @@ def packed_minibatches(run: Run, policy, batch: PolicyBatch) -> list[Minibatch]:
     """The policy batch's mini-batches in the update's packed layout (a group's prompt once)."""
     o, r = run.config.optim, run.config.rollout
     widest = length_bucket(r.max_prompt_len + max_new_tokens(run.config))  # an unshared row's, as the planner's
-    return [pack(mb, batch_shards(policy.mesh), o.share_prompts, r.k, widest)
+    sample_ids = loss_config(run.config).ratio_level == "sequence"
+    return [pack(mb, batch_shards(policy.mesh), o.share_prompts, r.k, widest, sample_ids)
             for mb in batch.minibatches(o.mini_batch_size)]
 
 

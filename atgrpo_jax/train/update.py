@@ -24,7 +24,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from atgrpo_jax.algo.logprobs import Repeats, SampledFrom, first_seen, fused_head_loss, token_logprobs
-from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, token_loss_terms, weighted_policy_loss
+from atgrpo_jax.algo.loss import (LossConfig, aggregation_weights, sequence_log_ratio, sequence_terms,
+                                  token_loss_terms, weighted_policy_loss)
 from atgrpo_jax.models.strategies import causal, packed
 
 
@@ -48,7 +49,8 @@ class Packed(NamedTuple):
     old_logp: jax.Array | None = None  # [R, M]
     ref_logp: jax.Array | None = None
     penalty: jax.Array | None = None  # [R, M] float32: the repetition penalty it was sampled with (None: none)
-    sample: jax.Array | None = None  # [R, M] int32: the sample each scored token belongs to (with penalty)
+    sample: jax.Array | None = None  # [R, M] int32: the sample each scored token belongs to (with penalty or
+    # the sequence-level ratio)
     sample_row: jax.Array | None = None  # [S] int32: the row holding sample s's prompt, -1 none (with penalty)
     is_weight: jax.Array | None = None  # [R, M] float32: importance weight of the sampler mismatch (loss.is_correction)
 
@@ -190,13 +192,20 @@ def update_steps(graphdef, tx, loss_cfg: LossConfig, chunk: int, how: SampledFro
             per_token["ref"] = p.ref_logp
         if p.is_weight is not None:
             per_token["is"] = p.is_weight
-        head = model.head_weight()
+        head, states = model.head_weight(), scoring_states(model, p)
+        sampling = dict(how=how, inv_temp=p.inv_temp, top_p=p.top_p, repeats=repeats_of(p, how, head.shape[1]))
+        seq_log_ratio = None
+        if loss_cfg.ratio_level == "sequence":  # GSPO: each sample's ratio needs all its tokens' log-probs
+            # first, so they take one more (forward-only) pass of the head
+            now = token_logprobs(jax.lax.stop_gradient(states), jax.lax.stop_gradient(head), p.target, chunk,
+                                 **sampling)[0]
+            seq_log_ratio = sequence_log_ratio(now - p.old_logp, p.sample, p.scored)
+            per_token["seq_f"], per_token["seq_df"] = sequence_terms(loss_cfg, seq_log_ratio, p.adv)
         loss, (logp, ent) = fused_head_loss(
-            scoring_states(model, p), head, p.target, per_token,
-            lambda lp, en, x: token_loss_terms(loss_cfg, lp, en, x), chunk, head_grad=train_head,
-            how=how, inv_temp=p.inv_temp, top_p=p.top_p, repeats=repeats_of(p, how, head.shape[1]))
+            states, head, p.target, per_token, lambda lp, en, x: token_loss_terms(loss_cfg, lp, en, x), chunk,
+            head_grad=train_head, **sampling)
         _, metrics = weighted_policy_loss(loss_cfg, w, logp, p.old_logp, p.adv, p.ref_logp, ent,  # diagnostics
-                                          p.is_weight)
+                                          p.is_weight, seq_log_ratio)
         return loss, dict(metrics, loss=loss)
 
     @functools.partial(jax.jit, donate_argnums=0)  # the old state's buffers become the new one's

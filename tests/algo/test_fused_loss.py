@@ -203,3 +203,43 @@ def test_update_step_with_importance_correction_matches_the_loss_of_rows():
                                     jnp.broadcast_to(adv[:, None], logp.shape), None, ent, w)
 
     assert_update_reports(update, tx, params, batch, reference)
+
+
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean"])
+def test_sequence_ratio_update_is_gspo(aggregation):
+    """loss.ratio_level="sequence": the fused update's loss, metrics and gradient are GSPO's objective
+    (Zheng et al. 2025), written here plainly over rows: s_i = exp(mean of the sample's token
+    log-ratios), each sample's surrogate max(-A s, -A clip(s)) spread over its tokens by the weights."""
+    cfg = LossConfig(ratio_level="sequence", aggregation=aggregation, eps_low=0.1, eps_high=0.15)
+    model = Qwen3(get_preset("test-tiny"), rngs=nnx.Rngs(2))
+    graphdef, params = nnx.split(model)
+    rng = np.random.default_rng(2)
+    n, t = 5, 16
+    tokens = jnp.asarray(rng.integers(0, model.cfg.vocab_size, (n, t)), jnp.int32)
+    valid = jnp.asarray(np.arange(t)[None] < np.array([16, 13, 10, 16, 12])[:, None])
+    is_resp = valid & (jnp.arange(t)[None] >= 5)
+    now, _ = sequence_logprobs(model, tokens, valid, 16)
+    # old log-probs a per-sample shift (some past the clip, some inside) plus per-token noise away from now
+    shift = jnp.array([0.0, 0.3, -0.3, 0.05, -0.25])[:, None]
+    old = now - shift + jnp.asarray(rng.normal(0.0, 0.2, (n, t)), jnp.float32)
+    adv = jnp.array([1.0, 0.8, -0.6, -1.1, 0.5])
+    batch = rows_packed(tokens, valid, is_resp, old, adv)
+    batch = batch._replace(sample=jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[:, None], (n, t - 1)))
+    tx, _ = make_optimizer(base_config().optim, 10)
+    _, update = make_update_fns(graphdef, nnx.State({}), tx, cfg, 16)
+
+    def reference(p):
+        logp, _ = sequence_logprobs(nnx.merge(graphdef, p), tokens, valid, 16)
+        m = is_resp.astype(jnp.float32)
+        s = jnp.exp(((logp - old) * m).sum(1) / m.sum(1))
+        per_sample = jnp.maximum(-adv * s, -adv * jnp.clip(s, 1 - cfg.eps_low, 1 + cfg.eps_high))
+        clipped = (-adv * jnp.clip(s, 1 - cfg.eps_low, 1 + cfg.eps_high) > -adv * s).astype(jnp.float32)
+        w = aggregation_weights(is_resp, aggregation)
+        spread = lambda x: (w * x[:, None]).sum()  # noqa: E731
+        loss = spread(per_sample)
+        return loss, {"pg_loss": loss, "clip_frac": spread(clipped), "ratio_mean": spread(s)}
+
+    clip_frac = float(reference(params)[1]["clip_frac"])
+    assert 0.2 < clip_frac < 0.8  # some samples clipped, some not: both parts of the gradient are checked
+    assert_update_reports(update, tx, params, batch, reference)
+

@@ -141,20 +141,24 @@ def test_packed_logprobs_equal_unshared_rows(tiny):
 
 
 # The default tier packs for the loss that reads the most per-token inputs (per-sample weights, the
-# reference log-probs); the plain token-mean loss in the full tier (tiers.py). The losses' math is
-# held to the rows' loss in tests/algo/test_fused_loss.py; this test is about the packing.
-@pytest.mark.parametrize("cfg", [LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1)] + [LossConfig()] * FULL,
-                         ids=str)
+# reference log-probs, each entry's sample for GSPO's sequence ratio); simpler losses in the full tier
+# (tiers.py). The losses' math is held to the rows' loss in tests/algo/test_fused_loss.py; this test
+# is about the packing.
+@pytest.mark.parametrize("cfg", [LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1, ratio_level="sequence")]
+                         + [LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1), LossConfig()] * FULL, ids=str)
 def test_packed_update_equals_unshared_rows(tiny, cfg):
     graphdef, params = tiny
     mb, r = minibatch()
-    out = pack(mb)
+    out = pack(mb, sample_ids=cfg.ratio_level == "sequence")
+    assert (out.packed.sample is None) == (cfg.ratio_level == "token")
     tx, _ = make_optimizer(base_config().optim, 10)
     logprobs_fn, update = make_update_fns(graphdef, nnx.State({}), tx, cfg, 16)
     rng = np.random.default_rng(1)
     old = r["sampler_logp"] * r["is_resp"]
     ref = old + 0.1 * rng.normal(size=old.shape).astype(np.float32) * r["is_resp"]
     rows = rows_packed(*(jnp.asarray(x) for x in (r["tokens"], r["valid"], r["is_resp"], old, r["adv"], ref)))
+    if cfg.ratio_level == "sequence":  # one sample per row
+        rows = rows._replace(sample=jnp.broadcast_to(jnp.arange(len(r["adv"]))[:, None], rows.target.shape))
 
     def slots(x):  # a [N, L] per-token array in the packed [R, M] layout
         y = np.zeros(out.packed.pred.shape, np.float32)
