@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from atgrpo_jax.registry import Registry
 
@@ -88,3 +89,15 @@ def group_filter(rewards: jax.Array, mask: jax.Array, drop_low_mean_frac: float 
         num_drop = jnp.floor(drop_low_mean_frac * live_in_scope).astype(jnp.int32)
         keep = keep & (position - first[scope] >= num_drop[scope])
     return keep
+
+
+def first_informative(scope: np.ndarray, informative: np.ndarray, order: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """DAPO's dynamic sampling's pick (Yu et al. 2025): [G] bool, in each scope s (scope [G] int, e.g.
+    each group's policy; -1: none) its first want[s] informative groups (those with reward variance)
+    by `order` [G] (e.g. the rollout round that made each group, then its task), so the batch has the
+    size it would have had without filtering and the earliest samples are the ones kept."""
+    chosen = np.zeros(len(scope), bool)
+    for s, n in enumerate(want):
+        mine = np.flatnonzero(informative & (scope == s))
+        chosen[mine[np.argsort(order[mine], kind="stable")][:n]] = True
+    return chosen

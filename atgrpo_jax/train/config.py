@@ -122,6 +122,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.algo.overlong_penalty = 1.0  # the most the soft overlong punishment takes (>= 0)
     c.algo.drop_overlong = False  # DAPO's overlong filtering: a response that used its whole budget (cut, most
     # likely) is not trained on; its group's advantages are computed with it
+    c.algo.dynamic_sampling = 0  # DAPO's dynamic sampling: while a policy has fewer groups with reward variance
+    # than its first rollout had groups, roll out rollout.num_tasks more tasks, at most this many times; 0: off
     c.loss = ml_collections.ConfigDict()  # the clipped policy-gradient loss
     c.loss.eps_low = 0.2  # clip the ratio below at 1 - eps_low
     c.loss.eps_high = 0.2  # clip the ratio above at 1 + eps_high

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from atgrpo_jax.algo.advantages import group_advantages, group_filter, overlong_penalty
+from atgrpo_jax.algo.advantages import first_informative, group_advantages, group_filter, overlong_penalty
 from atgrpo_jax.algo.loss import is_weights
 from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_host
 from atgrpo_jax.rollout.router import make_sample_fn
@@ -163,15 +163,49 @@ class Rollout:
 
 
 def rollout_step(run: Run, step: int, tracer: Tracer | None = None, sampled_at: tuple[int, ...] | None = None,
-                 on_pool_done=None) -> Rollout:
-    """The step's tree (or plain) rollout of its training tasks, with each agent's sampling settings."""
+                 on_pool_done=None, round_: int = 0) -> Rollout:
+    """The step's tree (or plain) rollout of its training tasks, with each agent's sampling settings;
+    round_ r > 0: the r-th extra rollout of dynamic sampling, of the next rollout.num_tasks tasks."""
     c, r = run.config, run.config.rollout
     key = jax.random.fold_in(jax.random.key(c.train.seed), step)
+    if round_:
+        key = jax.random.fold_in(key, round_)
     t0 = time.perf_counter()
     strategy = TreeRollout(r.k) if r.tree else PlainRollout(r.k, r.plain_grouping)
-    samples, episodes = rollout(run, strategy, step * TRAIN_TASK_STRIDE + np.arange(r.num_tasks), "train", None, key,
-                                tracer, on_pool_done=on_pool_done)
+    tasks = step * TRAIN_TASK_STRIDE + round_ * r.num_tasks + np.arange(r.num_tasks)
+    samples, episodes = rollout(run, strategy, tasks, "train", None, key, tracer, on_pool_done=on_pool_done)
     return Rollout(step, samples, episodes, time.perf_counter() - t0, sampled_at)
+
+
+def group_policies(run: Run, samples) -> np.ndarray:
+    """[G] the policy each group trains (-1: none, its agent is frozen; plain GRPO's mixed groups: 0)."""
+    frozen = np.isin([a.name for a in run.workflow.agents], list(run.config.policy.frozen_agents))
+    agent = np.maximum(samples.agent, 0)
+    return np.where(samples.agent < 0, 0, np.where(frozen[agent], -1, run.policy_of_agent[agent]))
+
+
+def dynamic_sampling(run: Run, ro: Rollout, tracer: Tracer | None) -> tuple[Rollout, np.ndarray, dict]:
+    """DAPO's dynamic sampling (algo.dynamic_sampling = N): while a policy has fewer groups with reward
+    variance than its first rollout had groups, roll out rollout.num_tasks more tasks (at most N more
+    times); returns (the rollouts merged, [G] the groups chosen: `first_informative`, its counts)."""
+    c, policies = run.config, len(run.policies)
+    want = np.bincount(group_policies(run, ro.samples) + 1, minlength=policies + 1)[1:]  # the first rollout's
+    rounds = 0
+    while True:
+        rewards, mask = step_rewards(run, ro.samples)
+        informative = np.asarray(group_filter(rewards, mask, 0.0, True))
+        scope = group_policies(run, ro.samples)
+        have = np.bincount(scope[informative] + 1, minlength=policies + 1)[1:]
+        if (have >= want).all() or rounds == c.algo.dynamic_sampling:
+            break
+        rounds += 1
+        extra = rollout_step(run, ro.step, tracer, ro.sampled_at, round_=rounds)
+        samples, episodes = merge_rollouts([(ro.samples, ro.episodes), (extra.samples, extra.episodes)],
+                                           len(run.workflow.agents))
+        ro = Rollout(ro.step, samples, episodes, ro.seconds + extra.seconds, ro.sampled_at)
+    chosen = first_informative(scope, informative, ro.samples.task, want)  # task ids grow with the round
+    return ro, chosen, {"sampling_rounds": float(rounds + 1), "groups_wanted": float(want.sum()),
+                        "groups_informative": float(informative.sum())}
 
 
 @dataclasses.dataclass
@@ -184,13 +218,25 @@ class Groups:
     trained: np.ndarray  # [G, K]
 
 
-def score_groups(run: Run, samples) -> Groups:
-    """Advantages and filters of `samples` (all of a step's, or those of some policies alone: each
-    group's figures, and the filters ranking within a policy or an agent, depend on its own scope only)."""
+def budgets(run: Run, samples) -> np.ndarray:
+    """[G, K] the max_new_tokens of each sample's agent."""
+    return np.array([s.max_new_tokens for s in run.sampling])[samples.sample_agent]
+
+
+def step_rewards(run: Run, samples) -> tuple[jax.Array, jax.Array]:
+    """([G, K] the rewards advantages and filters see: with the soft overlong penalty, [G, K] live)."""
     c = run.config
-    budget = np.array([s.max_new_tokens for s in run.sampling])[samples.sample_agent]  # [G, K]
-    penalty = overlong_penalty(samples.response_len, budget, c.algo.overlong_buffer, c.algo.overlong_penalty)
-    rewards, mask = jnp.asarray(samples.reward) + penalty, jnp.asarray(samples.mask)
+    penalty = overlong_penalty(samples.response_len, budgets(run, samples), c.algo.overlong_buffer,
+                               c.algo.overlong_penalty)
+    return jnp.asarray(samples.reward) + penalty, jnp.asarray(samples.mask)
+
+
+def score_groups(run: Run, samples, chosen: np.ndarray | None = None) -> Groups:
+    """Advantages and filters of `samples` (all of a step's, or those of some policies alone: each
+    group's figures, and the filters ranking within a policy or an agent, depend on its own scope only).
+    chosen [G] bool: the groups dynamic sampling picked; the others are neither kept nor ranked."""
+    c = run.config
+    rewards, mask = step_rewards(run, samples)
     adv = np.array(group_advantages(rewards, mask, c.algo.advantage))  # (a copy: written below)
     for name, estimator in c.algo.role_advantage.items():  # a group of one agent: that agent's estimator
         mine = samples.agent == [a.name for a in run.workflow.agents].index(name)
@@ -201,11 +247,12 @@ def score_groups(run: Run, samples) -> Groups:
              "agent": np.where(mixed, len(run.workflow.agents), samples.agent), "batch": None}[c.algo.filter_scope]
     filtering = c.rollout.tree or c.algo.filter_plain  # plain GRPO keeps every group unless asked (as the reference)
     low_mean, zero_var = (c.algo.drop_low_mean_frac, c.algo.drop_zero_variance) if filtering else (0.0, False)
-    keep = np.asarray(group_filter(rewards, mask, low_mean, zero_var, scope))
+    live = mask if chosen is None else mask & jnp.asarray(chosen)[:, None]
+    keep = np.asarray(group_filter(rewards, live, low_mean, zero_var, scope))
     frozen = [i for i, a in enumerate(run.workflow.agents) if a.name in c.policy.frozen_agents]
     trained = keep[:, None] & ~np.isin(samples.sample_agent, frozen)
     if c.algo.drop_overlong:
-        trained &= samples.response_len < budget
+        trained &= samples.response_len < budgets(run, samples)
     return Groups(adv, keep, trained)
 
 
@@ -227,12 +274,12 @@ def early_updates(run: Run, step: int, tracer: Tracer, worker: ThreadPoolExecuto
     `worker`, so the rollout's scheduler goes on) as soon as its agents' stages are done in every
     cohort (its groups are complete), while the other policies still sample; `started` collects
     {policy: future of its PendingUpdate or None}. None (no early start) where that could change the
-    result: several processes (the others' samples arrive at the end), plain GRPO's groups, and a
-    low-mean filter ranking the whole batch. Once abandon() says a stop was asked for, no more
+    result: several processes (the others' samples arrive at the end), plain GRPO's groups, a
+    low-mean filter ranking the whole batch, and dynamic sampling (which may roll out more). Once abandon() says a stop was asked for, no more
     update starts early (so the step can still be dropped)."""
     c = run.config
     if (c.system.schedule != "async" or len(run.policies) < 2 or not c.rollout.tree
-            or c.algo.filter_scope == "batch" or jax.process_count() > 1):
+            or c.algo.filter_scope == "batch" or c.algo.dynamic_sampling or jax.process_count() > 1):
         return None
 
     def start(policy: int, samples):
@@ -265,13 +312,16 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
         ro, started = rollout_with_early_updates(run, step, tracer, abandon, early=not ahead)
     if abandon is not None and not any(started.values()) and abandon():  # a stop was asked for: drop the
         raise StepAbandoned(step)  # step before its update starts
+    chosen, refill = None, {}
+    if run.config.algo.dynamic_sampling:
+        ro, chosen, refill = dynamic_sampling(run, ro, tracer)
     samples, episodes = ro.samples, ro.episodes
     t1 = time.perf_counter()
-    groups = score_groups(run, samples)
+    groups = score_groups(run, samples, chosen)
     batches = [None if p in started else batch_of(run, step, samples, groups, p) for p in range(len(run.policies))]
     if on_rollout is not None:
         on_rollout(samples, episodes, groups.adv)
-    metrics = rollout_metrics(run, ro, groups)
+    metrics = dict(rollout_metrics(run, ro, groups), **refill)
     if prefetch is not None:
         prefetch.start(step + 1)  # the weights the next rollout samples with, before this update
     lr = run.lr_schedule(step)

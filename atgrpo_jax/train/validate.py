@@ -163,6 +163,11 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
              f"must be an integer >= 0 (0: off), got {a.overlong_buffer!r}")
     _require(a.overlong_penalty >= 0, "algo.overlong_penalty", f"must be >= 0, got {a.overlong_penalty}")
     _require(isinstance(a.drop_overlong, bool), "algo.drop_overlong", f"must be True or False, got {a.drop_overlong!r}")
+    _require(isinstance(a.dynamic_sampling, int) and a.dynamic_sampling >= 0, "algo.dynamic_sampling",
+             f"must be an integer >= 0 (extra rollouts at most; 0: off), got {a.dynamic_sampling!r}")
+    _require(not (a.dynamic_sampling and c.system.staleness), "algo.dynamic_sampling",
+             "rolls out more tasks after a step's rollout, with the step's weights; system.staleness = 1 made "
+             "that rollout with older ones; set one of them to 0")
     _require(a.filter_scope in FILTER_SCOPES, "algo.filter_scope", f"must be one of {FILTER_SCOPES}, got "
              f"{a.filter_scope!r}")
     try:

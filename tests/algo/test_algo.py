@@ -291,3 +291,23 @@ def test_score_groups_punishes_and_drops_overlong_responses():
     np.testing.assert_allclose(mixed.adv[1], np.asarray(group_advantages(jnp.asarray(reward[1:]), jnp.ones((1, 4)),
                                                                          "drgrpo"))[0], rtol=1e-6)
     assert not np.allclose(mixed.adv[1], plain.adv[1])
+
+
+def test_first_informative_takes_each_scopes_earliest_groups_with_variance():
+    """DAPO's pick: in each scope exactly min(want, informative) groups, all informative, none later (by
+    order) than an informative group left out; groups of no scope (-1) never."""
+    from atgrpo_jax.algo.advantages import first_informative
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        g = 40
+        scope, informative = rng.integers(-1, 3, g), rng.random(g) < 0.6
+        order, want = rng.integers(0, 10, g), rng.integers(0, 12, 3)
+        chosen = first_informative(scope, informative, order, want)
+        assert not (chosen & ~informative).any() and not chosen[scope == -1].any()
+        for s in range(3):
+            mine = informative & (scope == s)
+            assert chosen[mine].sum() == min(want[s], mine.sum())
+            left = mine & ~chosen
+            if chosen[mine].any() and left.any():
+                assert order[chosen & mine].max() <= order[left].min()

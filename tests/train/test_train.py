@@ -149,3 +149,21 @@ def test_episode_logs_show_what_each_agent_said_and_earned(tmp_path):
     acc.Reload()
     (event,) = acc.Tensors("episodes")
     assert event.step == 2 and b"**task 0**" in event.tensor_proto.string_val[0]
+
+
+def test_dynamic_sampling_refills_groups_without_variance(tmp_path):
+    """algo.dynamic_sampling: a step rolls out more tasks until each policy has as many groups with reward
+    variance as its first rollout had groups (or the extra rollouts run out), and trains on those alone."""
+    from atgrpo_jax.train import loop
+
+    workdir = tmp_path / "run"
+    loop.run_training(tiny(**{"train.steps": 2, "train.eval_every": 0, "algo.dynamic_sampling": 3,
+                              "algo.drop_low_mean_frac": 0.0, "train.checkpoint_every": 0}), str(workdir))
+    rows = read_metrics(str(workdir / "metrics.jsonl"))
+    for m in rows:
+        rounds, want, found = m["sampling_rounds"], m["groups_wanted"], m["groups_informative"]
+        assert 1 <= rounds <= 4 and want > 0
+        assert found >= want or rounds == 4  # stopped when enough were found, or out of rollouts
+        assert found < want or rounds == 1 or m["groups"] > want  # a refill only when the first fell short
+        assert m["groups_kept"] == min(found, want)  # exactly the wanted number, all with variance
+    assert any(m["sampling_rounds"] > 1 for m in rows), "the tiny model never left a group without variance"
