@@ -33,6 +33,7 @@ import pytest
 
 # Shared test helpers (hf_fixtures.py, ...) import by plain name under importlib mode.
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "train"))  # tiny_config.tiny: the tests' tiny run
 
 
 def pytest_configure(config):

@@ -68,6 +68,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.policy.pools = False  # per_role: each agent's model on its own disjoint part of the mesh
     c.policy.frozen_agents = ()  # agents whose samples are not trained on (the paper's ablation: one role
     # trained alone while the other stays the base model)
+    c.policy.phases = ()  # a role schedule: the agents that train in each phase, the phases taking turns (e.g.
+    # ("planner", "executor"); several agents of one phase joined by "+"); the others sample but are not trained
+    # on; () = every agent at every step
+    c.policy.phase_steps = 10  # training steps per phase of policy.phases
+    c.policy.role_optim = ml_collections.ConfigDict()  # per agent (per_role, lora), optimizer keys of its own policy,
+    # e.g. --config.policy.role_optim.planner.lr=5e-7 (lr, schedule, warmup_steps, min_lr_ratio, weight_decay,
+    # grad_clip, b1, b2); the rest as optim
     c.recipe = "paper"  # "paper": the paper's intent with the reference system's bugs fixed; "reference":
     # PettingLLMs as it runs (docs/paper.md "Recipes"): every switch left at None below, and the workflow's own
     # (env.kwargs, see each workflow), take the reference's behaviour

@@ -150,8 +150,10 @@ def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: Los
     master_dtype: "float32" trains full models in float32 (AdamW's moments too) when the model's
     param_dtype is lower, the sampler running a copy in param_dtype; "param_dtype" trains in it.
     LoRA adapters are float32 whatever the base's dtype. meshes(i): (mesh, local mesh) of policy i.
+    tx: the optimizer, or a function of the policy's index giving each its own (policy.role_optim).
     """
     lower = master_dtype == "float32" and base.cfg.param_dtype != "float32"
+    tx_of = tx if callable(tx) else (lambda i: tx)
 
     def plain(model, name, i):
         mesh, local = meshes(i)
@@ -162,8 +164,8 @@ def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: Los
         graphdef, params = nnx.split(trained)
         frozen = nnx.State({})
         params = cast_floats(params, jnp.float32) if lower else params
-        fns = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk, how)
-        return Policy(name, graphdef, frozen, init_state(params, tx), fns, mesh=mesh, local_mesh=local,
+        fns = make_update_fns(graphdef, frozen, tx_of(i), loss_cfg, chunk, how)
+        return Policy(name, graphdef, frozen, init_state(params, tx_of(i)), fns, mesh=mesh, local_mesh=local,
                       sample_dtype=base.cfg.weight_dtype if lower else None, regather=regather)
 
     if sharing.per_agent and not sharing.lora:
@@ -176,9 +178,9 @@ def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: Los
             adapted = attach_lora(base, lora_rank, lora_alpha, seed + i)
             adapted = shard_model(adapted, mesh) if isinstance(mesh, jax.sharding.Mesh) else adapted
             graphdef, adapters, frozen = split_lora(adapted)
-            fns = make_update_fns(graphdef, frozen, tx, loss_cfg, chunk, how)
+            fns = make_update_fns(graphdef, frozen, tx_of(i), loss_cfg, chunk, how)
             mesh_i, local = meshes(i)
-            out.append(Policy(f"lora_{name}", graphdef, frozen, init_state(adapters, tx), fns, is_lora=True,
+            out.append(Policy(f"lora_{name}", graphdef, frozen, init_state(adapters, tx_of(i)), fns, is_lora=True,
                               mesh=mesh_i, local_mesh=local))
         return out
     return [plain(base, "policy", 0)]

@@ -25,6 +25,7 @@ from atgrpo_jax.train import compile_cache
 from atgrpo_jax.train.config import AgentSampling, ConfigError, agent_sampling, loss_config, sharing
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.policies import Policy, build_policies
+from atgrpo_jax.train.roles import role_optim, roles_problem
 from atgrpo_jax.train.update import make_optimizer
 
 
@@ -37,7 +38,7 @@ class Run:
     policies: list[Policy]
     policy_of_agent: np.ndarray
     stop_ids: tuple[int, ...]
-    lr_schedule: Any  # training step (1-based) -> learning rate
+    lr_schedules: list  # per policy: training step (1-based) -> its learning rate (policy.role_optim)
     sampling: list[AgentSampling]  # per agent, in training
     eval_sampling: list[AgentSampling]  # per agent, in evaluation (rollout.eval_*)
     scored_as: list[AgentSampling]  # per agent, the distribution the update scores its tokens under
@@ -157,6 +158,9 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
         if given - set(names):
             raise ConfigError(f"config.{key}: {sorted(given - set(names))} are not agents of "
                               f"{config.env.workflow} ({names})")
+    problem = roles_problem(config, names, sharing(config).per_agent)
+    if problem:
+        raise ConfigError(f"config.{problem}")
     sampling = [agent_sampling(config, n) for n in names]
     try:
         pools = sub_meshes(mesh, len(names)) if config.policy.pools else [mesh] * len(names)
@@ -166,14 +170,16 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
     base = starting_model(config, pools[0], init_from)
     if base.cfg.vocab_size < len(tokenizer):
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
-    tx, lr = make_optimizer(config.optim, config.train.steps, config.reference.lr_schedule)  # as verl schedules
     layout = sharing(config)
     limit = len(tokenizer) if len(tokenizer) < base.cfg.vocab_size else None  # as the sampler's (rollout.router)
     scored = scored_as(config, sampling)
     how = scoring_of(scored, limit)
     route = layout.route(len(names))
     per_agent_pool = int(route.max()) + 1 == len(names)  # one policy per agent: each on its agent's pool
-    policies = build_policies(layout, base, names, tx, loss_config(config), config.loss.logprob_chunk,
+    optimizers = [make_optimizer(role_optim(config, names[i] if per_agent_pool else None), config.train.steps,
+                                 config.reference.lr_schedule) for i in range(int(route.max()) + 1)]  # verl's way
+    policies = build_policies(layout, base, names, lambda i: optimizers[i][0], loss_config(config),
+                              config.loss.logprob_chunk,
                               config.lora.rank, config.lora.alpha, config.model.init_seed,
                               model_copy=lambda i: starting_model(config, pools[i], init_from), how=how,
                               master_dtype=config.optim.master_dtype,
@@ -182,5 +188,5 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
     stops = tuple(sorted({tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}))
     # The KL reference is the starting policy; nothing is kept when the KL is off.
     ref = {p.name: jax.tree.map(jnp.copy, p.state.params) for p in policies} if config.loss.kl_coef else {}
-    return Run(config, mesh, tokenizer, workflow, policies, route, stops, lr, sampling,
+    return Run(config, mesh, tokenizer, workflow, policies, route, stops, [lr for _, lr in optimizers], sampling,
                [agent_sampling(config, n, evaluation=True) for n in names], scored, ref)

@@ -23,6 +23,7 @@ from atgrpo_jax.sharding import batch_shards
 from atgrpo_jax.train.batch import Minibatch, PolicyBatch, length_bucket, pack, policy_batch
 from atgrpo_jax.train.config import loss_config, max_new_tokens
 from atgrpo_jax.train.guard import StepAbandoned
+from atgrpo_jax.train.roles import trained_agents
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.trace import Tracer
 
@@ -177,11 +178,12 @@ def rollout_step(run: Run, step: int, tracer: Tracer | None = None, sampled_at: 
     return Rollout(step, samples, episodes, time.perf_counter() - t0, sampled_at)
 
 
-def group_policies(run: Run, samples) -> np.ndarray:
-    """[G] the policy each group trains (-1: none, its agent is frozen; plain GRPO's mixed groups: 0)."""
-    frozen = np.isin([a.name for a in run.workflow.agents], list(run.config.policy.frozen_agents))
+def group_policies(run: Run, samples, step: int) -> np.ndarray:
+    """[G] the policy each group trains at `step` (-1: none, its agent is not trained then; plain GRPO's
+    mixed groups: 0)."""
+    trained = np.array(trained_agents(run.config, [a.name for a in run.workflow.agents], step))
     agent = np.maximum(samples.agent, 0)
-    return np.where(samples.agent < 0, 0, np.where(frozen[agent], -1, run.policy_of_agent[agent]))
+    return np.where(samples.agent < 0, 0, np.where(trained[agent], run.policy_of_agent[agent], -1))
 
 
 def dynamic_sampling(run: Run, ro: Rollout, tracer: Tracer | None) -> tuple[Rollout, np.ndarray, dict]:
@@ -189,12 +191,12 @@ def dynamic_sampling(run: Run, ro: Rollout, tracer: Tracer | None) -> tuple[Roll
     variance than its first rollout had groups, roll out rollout.num_tasks more tasks (at most N more
     times); returns (the rollouts merged, [G] the groups chosen: `first_informative`, its counts)."""
     c, policies = run.config, len(run.policies)
-    want = np.bincount(group_policies(run, ro.samples) + 1, minlength=policies + 1)[1:]  # the first rollout's
+    want = np.bincount(group_policies(run, ro.samples, ro.step) + 1, minlength=policies + 1)[1:]  # the first's
     rounds = 0
     while True:
         rewards, mask = step_rewards(run, ro.samples)
         informative = np.asarray(group_filter(rewards, mask, 0.0, True))
-        scope = group_policies(run, ro.samples)
+        scope = group_policies(run, ro.samples, ro.step)
         have = np.bincount(scope[informative] + 1, minlength=policies + 1)[1:]
         if (have >= want).all() or rounds == c.algo.dynamic_sampling:
             break
@@ -231,9 +233,10 @@ def step_rewards(run: Run, samples) -> tuple[jax.Array, jax.Array]:
     return jnp.asarray(samples.reward) + penalty, jnp.asarray(samples.mask)
 
 
-def score_groups(run: Run, samples, chosen: np.ndarray | None = None) -> Groups:
-    """Advantages and filters of `samples` (all of a step's, or those of some policies alone: each
-    group's figures, and the filters ranking within a policy or an agent, depend on its own scope only).
+def score_groups(run: Run, samples, step: int, chosen: np.ndarray | None = None) -> Groups:
+    """Advantages and filters of step `step`'s `samples` (all of them, or those of some policies alone:
+    each group's figures, and the filters ranking within a policy or an agent, depend on its own scope
+    only); the agents the step does not train (`roles.trained_agents`) are left out of `trained`.
     chosen [G] bool: the groups dynamic sampling picked; the others are neither kept nor ranked."""
     c = run.config
     rewards, mask = step_rewards(run, samples)
@@ -249,8 +252,8 @@ def score_groups(run: Run, samples, chosen: np.ndarray | None = None) -> Groups:
     low_mean, zero_var = (c.algo.drop_low_mean_frac, c.algo.drop_zero_variance) if filtering else (0.0, False)
     live = mask if chosen is None else mask & jnp.asarray(chosen)[:, None]
     keep = np.asarray(group_filter(rewards, live, low_mean, zero_var, scope))
-    frozen = [i for i, a in enumerate(run.workflow.agents) if a.name in c.policy.frozen_agents]
-    trained = keep[:, None] & ~np.isin(samples.sample_agent, frozen)
+    trains = np.array(trained_agents(c, [a.name for a in run.workflow.agents], step))
+    trained = keep[:, None] & trains[samples.sample_agent]
     if c.algo.drop_overlong:
         trained &= samples.response_len < budgets(run, samples)
     return Groups(adv, keep, trained)
@@ -287,10 +290,10 @@ def early_updates(run: Run, step: int, tracer: Tracer, worker: ThreadPoolExecuto
         if abandon is not None and abandon():
             return NOT_STARTED
         with tracer.span("start update", track=f"pool {p.name}"):
-            batch = batch_of(run, step, samples, score_groups(run, samples), policy)
+            batch = batch_of(run, step, samples, score_groups(run, samples, step), policy)
             if batch is None:
                 return None
-            p.set_lr(run.lr_schedule(step))  # as train_step sets it for the others
+            p.set_lr(run.lr_schedules[policy](step))  # as train_step sets it for the others
             return start_update(run, p, batch)
 
     return lambda policy, samples: started.__setitem__(policy, worker.submit(start, policy, samples))
@@ -317,17 +320,17 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
         ro, chosen, refill = dynamic_sampling(run, ro, tracer)
     samples, episodes = ro.samples, ro.episodes
     t1 = time.perf_counter()
-    groups = score_groups(run, samples, chosen)
+    groups = score_groups(run, samples, step, chosen)
     batches = [None if p in started else batch_of(run, step, samples, groups, p) for p in range(len(run.policies))]
     if on_rollout is not None:
         on_rollout(samples, episodes, groups.adv)
     metrics = dict(rollout_metrics(run, ro, groups), **refill)
     if prefetch is not None:
         prefetch.start(step + 1)  # the weights the next rollout samples with, before this update
-    lr = run.lr_schedule(step)
+    lrs = [float(lr_at(step)) for lr_at in run.lr_schedules]
     for i, p in enumerate(run.policies):  # the schedule moves once per training step (verl's), whatever the
         if i not in started:  # optimizer steps (an early update set it before it started)
-            p.set_lr(lr)
+            p.set_lr(lrs[i])
     pending = [started[i] if i in started else start_update(run, p, b, behavior_logprobs=ro.stale)
                for i, (p, b) in enumerate(zip(run.policies, batches)) if started.get(i) is not None or b is not None]
     tokens = sum(p.tokens for p in pending)
@@ -337,9 +340,11 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
         for k, v in out.items():
             metrics[f"{p.policy.name}/{k}" if len(run.policies) > 1 else k] = v
     metrics["samples"] = float(sum(p.samples for p in pending))  # every policy's, for per-step comparisons
+    if len(set(lrs)) > 1:  # policy.role_optim: each policy's rate
+        metrics.update({f"{p.name}/lr": lr for p, lr in zip(run.policies, lrs)})
     t2 = time.perf_counter()
     metrics.update(rollout_s=ro.seconds, update_s=t2 - t1,
-                   lr=float(lr), tokens_per_s=tokens / max(t2 - t1, 1e-9),
+                   lr=lrs[0], tokens_per_s=tokens / max(t2 - t1, 1e-9),
                    rollout_tokens_per_s=float(samples.response_len[samples.mask].sum()) / max(ro.seconds, 1e-9))
     return metrics
 

@@ -9,6 +9,7 @@ import ml_collections
 from atgrpo_jax.registry import closest
 from atgrpo_jax.train.config import (AGENT_KEYS, RECIPES, REGIMES, SHARINGS, ConfigError, agent_sampling, base_config,
                                      flat, loss_config)
+from atgrpo_jax.train.roles import ROLE_OPTIM_KEYS, role_optim
 
 FILTER_SCOPES = ("policy", "agent", "batch")
 MODEL_INITS = ("auto", "random")
@@ -61,6 +62,19 @@ def resolve(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collect
     return validate(c, weights=weights)
 
 
+def _check_optim(o, where: str) -> None:
+    """The optimizer keys `o` (config.optim, or a role's: `roles.role_optim`) are usable; errors name `where`."""
+    from atgrpo_jax.train.update import SCHEDULES
+    _require(o.lr > 0, f"{where}.lr", f"must be > 0, got {o.lr}")
+    for key in ("b1", "b2"):  # AdamW's moment decays: 1 never forgets the first gradient (b2: divides by ~0)
+        _require(0 <= o[key] < 1, f"{where}.{key}", f"must be in [0, 1), got {o[key]}")
+    _require(o.schedule in SCHEDULES, f"{where}.schedule", f"must be one of {SCHEDULES}")
+    _require(isinstance(o.warmup_steps, int) and o.warmup_steps >= 0, f"{where}.warmup_steps",
+             f"must be an int >= 0 (training steps), got {o.warmup_steps!r}")
+    _require(0 <= o.min_lr_ratio <= 1, f"{where}.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")
+    _require(o.weight_decay >= 0 and o.grad_clip > 0, where, "weight_decay must be >= 0 and grad_clip > 0")
+
+
 def _require(ok: bool, key: str, msg: str):
     if not ok:
         raise ConfigError(f"config.{key}: {msg}")
@@ -74,7 +88,6 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     from atgrpo_jax.models.decode_kernel import DECODE_ATTENTION
     from atgrpo_jax.rollout.tree import PLAIN_GROUPINGS
     from atgrpo_jax.train.policies import MASTER_DTYPES
-    from atgrpo_jax.train.update import SCHEDULES
 
     for key, value in flat(c).items():  # inf or NaN in any number would only show as a diverged run
         if isinstance(value, float) and not key.startswith("env.kwargs"):
@@ -176,14 +189,19 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
         raise ConfigError(f"config.{e}") from None
     _require(c.loss.logprob_chunk > 0, "loss.logprob_chunk", "must be > 0")
     o = c.optim
-    _require(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")
-    for key in ("b1", "b2"):  # AdamW's moment decays: 1 never forgets the first gradient (b2: divides by ~0)
-        _require(0 <= o[key] < 1, f"optim.{key}", f"must be in [0, 1), got {o[key]}")
-    _require(o.schedule in SCHEDULES, "optim.schedule", f"must be one of {SCHEDULES}")
-    _require(isinstance(o.warmup_steps, int) and o.warmup_steps >= 0, "optim.warmup_steps",
-             f"must be an int >= 0 (training steps), got {o.warmup_steps!r}")
-    _require(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")
-    _require(o.weight_decay >= 0 and o.grad_clip > 0, "optim", "weight_decay must be >= 0 and grad_clip > 0")
+    _check_optim(o, "optim")
+    for role, own in c.policy.role_optim.items():  # each role's settings as its optimizer will read them
+        _require(isinstance(own, (dict, ml_collections.ConfigDict)), f"policy.role_optim.{role}",
+                 f"must be a section of optim keys, e.g. --config.policy.role_optim.{role}.lr=1e-6")
+        unknown = sorted(set(own) - set(ROLE_OPTIM_KEYS))
+        _require(not unknown, f"policy.role_optim.{role}",
+                 f"{unknown} cannot differ per role; known: {', '.join(ROLE_OPTIM_KEYS)}")
+        _check_optim(role_optim(c, role), f"policy.role_optim.{role}")
+    _require(isinstance(c.policy.phases, (tuple, list)) and all(isinstance(x, str) and x for x in c.policy.phases),
+             "policy.phases", f"must be a tuple of agent names (several in one phase joined by '+'), got "
+             f"{c.policy.phases!r}")
+    _require(isinstance(c.policy.phase_steps, int) and c.policy.phase_steps > 0, "policy.phase_steps",
+             f"must be an integer > 0 (training steps per phase), got {c.policy.phase_steps!r}")
     _require(o.mini_batch_size > 0 and o.epochs > 0, "optim.mini_batch_size", "mini_batch_size and epochs must be > 0")
     _require(c.lora.rank > 0, "lora.rank", "must be > 0")
     y = c.system

@@ -275,18 +275,18 @@ def test_score_groups_punishes_and_drops_overlong_responses():
     agent = np.array([0, 1])
     samples = types.SimpleNamespace(reward=reward, mask=np.ones((2, 4), bool), response_len=length, agent=agent,
                                     sample_agent=np.repeat(agent[:, None], 4, 1))
-    groups = score_groups(run, samples)
+    groups = score_groups(run, samples, 1)
     budget = np.array(budgets)[samples.sample_agent]
     shifted = reward + np.vectorize(np_overlong)(length, budget, 4, 1.0)
     np.testing.assert_allclose(groups.adv, np.asarray(group_advantages(jnp.asarray(shifted), jnp.ones((2, 4)))),
                                rtol=1e-5, atol=1e-6)
     assert groups.trained.tolist() == [[True, True, False, True], [False, True, True, True]]
     c.algo.update(overlong_buffer=0, drop_overlong=False)
-    plain = score_groups(run, samples)
+    plain = score_groups(run, samples, 1)
     assert plain.trained.all() and not np.allclose(plain.adv, groups.adv)
     assert not np.asarray(overlong_penalty(length, budget, 0)).any()
     c.algo.role_advantage = {"b": "drgrpo"}  # agent b's groups by another estimator, a's as before
-    mixed = score_groups(run, samples)
+    mixed = score_groups(run, samples, 1)
     np.testing.assert_allclose(mixed.adv[0], plain.adv[0])
     np.testing.assert_allclose(mixed.adv[1], np.asarray(group_advantages(jnp.asarray(reward[1:]), jnp.ones((1, 4)),
                                                                          "drgrpo"))[0], rtol=1e-6)

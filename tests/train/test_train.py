@@ -17,6 +17,7 @@ from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.metrics import read_metrics
 from atgrpo_jax.train.batch import rows_packed
 from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns
+from tiny_config import tiny
 
 CONFIG = os.path.join(os.path.dirname(__file__), "tiny_config.py")
 
@@ -77,18 +78,6 @@ def test_nan_loss_skips_the_update():
     state, m = update(state, batch(jnp.array([-1.0, 1.0])))
     assert float(m["skipped"]) == 0.0 and int(state.step) == 1
     assert any(not np.array_equal(a, np.asarray(b)) for a, b in zip(before, jax.tree.leaves(state.params)))
-
-
-def tiny(**changes):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("tiny_config", CONFIG)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
-    for key, value in changes.items():
-        section, leaf = key.split(".")
-        c[section][leaf] = value
-    return c
 
 
 def test_resume_checks_the_config_logs_every_n_and_knows_its_start(tmp_path, monkeypatch):

@@ -13,3 +13,12 @@ def get_config():
     c.optim.mini_batch_size = 8
     c.train.update(steps=4, eval_every=2, eval_tasks=4, checkpoint_every=1, keep_last=3, time_budget_s=0.0)
     return c
+
+
+def tiny(**changes):
+    """get_config() with dotted changes, e.g. tiny(**{"train.steps": 2, "policy.sharing": "per_role"})."""
+    c = get_config()
+    for key, value in changes.items():
+        section, leaf = key.split(".")
+        c[section][leaf] = value
+    return c

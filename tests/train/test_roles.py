@@ -1,0 +1,74 @@
+"""Role schedules (policy.phases) and per-role optimizer settings (policy.role_optim)."""
+import ml_collections
+import pytest
+from tiny_config import tiny
+
+from atgrpo_jax.train.config import ConfigError, base_config
+from atgrpo_jax.train.metrics import read_metrics
+from atgrpo_jax.train.roles import phase_agents, trained_agents
+from atgrpo_jax.train.validate import resolve
+
+
+def untimed(row: dict) -> dict:
+    """A metrics row without its timings (seconds, rates, busy fractions)."""
+    return {k: v for k, v in row.items() if not (k.endswith("_s") or "busy" in k)}
+
+
+def test_phases_take_turns_and_frozen_agents_stay_frozen():
+    c = base_config()
+    assert phase_agents(c, 1) is None and trained_agents(c, ["a", "b"], 7) == [True, True]
+    c.policy.update(phases=("a", "a+b", "b"), phase_steps=2, frozen_agents=("b",))
+    assert [phase_agents(c, s) for s in (1, 2, 3, 4, 5, 6, 7)] == \
+        [("a",), ("a",), ("a", "b"), ("a", "b"), ("b",), ("b",), ("a",)]
+    assert [trained_agents(c, ["a", "b"], s) for s in (1, 3, 5)] == [[True, False], [True, False], [False, False]]
+
+
+def with_roles(**changes):
+    c = tiny(**{"policy.sharing": "per_role", "policy.phases": ("planner", "executor"), "policy.phase_steps": 1,
+                "optim.schedule": "constant", "optim.warmup_steps": 0, "train.eval_every": 0, **changes})
+    with c.unlocked():
+        c.policy.role_optim = ml_collections.ConfigDict({"planner": {"lr": 3e-6}})
+    return c
+
+
+@pytest.mark.parametrize("key,value,pattern", [
+    ("policy.phases", ("planner", "critic"), r"policy.phases\[1\]: \['critic'\] are not agents"),
+    ("policy.sharing", "shared", "policy.role_optim: policy.sharing='shared' trains one policy"),
+    ("policy.phase_steps", 0, "policy.phase_steps: must be an integer > 0"),
+])
+def test_role_settings_errors_name_the_key(tmp_path, key, value, pattern):
+    from atgrpo_jax.train import loop
+
+    with pytest.raises(ConfigError, match=pattern):
+        loop.run_training(with_roles(**{key: value}), str(tmp_path / "run"))
+
+
+def test_role_optim_keys_are_checked_like_optims():
+    c = with_roles()
+    with c.unlocked():
+        c.policy.role_optim.planner.b2 = 1.0
+    with pytest.raises(ConfigError, match=r"policy.role_optim.planner.b2: must be in \[0, 1\)"):
+        resolve(c)
+    with c.unlocked():
+        c.policy.role_optim.planner = ml_collections.ConfigDict({"epochs": 2})
+    with pytest.raises(ConfigError, match=r"policy.role_optim.planner: \['epochs'\] cannot differ per role"):
+        resolve(c)
+
+
+def test_roles_take_turns_at_their_own_rates_and_resume_exactly_across_a_phase(tmp_path):
+    """Per-role policies trained in alternating phases of one step, the planner at its own lr; a run stopped
+    after step 1 and resumed equals the uninterrupted one across the phase boundary."""
+    from atgrpo_jax.train import loop
+
+    loop.run_training(with_roles(**{"train.steps": 3}), str(tmp_path / "full"))
+    rows = read_metrics(str(tmp_path / "full" / "metrics.jsonl"))
+    trained = [sorted(k.split("/")[0] for k in row if k.endswith("/updates")) for row in rows]
+    assert trained == [["policy_planner"], ["policy_executor"], ["policy_planner"]]
+    lr = with_roles().optim.lr
+    assert all(row["policy_planner/lr"] == pytest.approx(3e-6) and row["policy_executor/lr"] == pytest.approx(lr)
+               for row in rows)
+
+    loop.run_training(with_roles(**{"train.steps": 1}), str(tmp_path / "resumed"))
+    loop.run_training(with_roles(**{"train.steps": 3}), str(tmp_path / "resumed"))
+    resumed = read_metrics(str(tmp_path / "resumed" / "metrics.jsonl"))
+    assert [untimed(r) for r in resumed] == [untimed(r) for r in rows]
