@@ -43,7 +43,7 @@ from atgrpo_jax.envs.math_grading import answer_anywhere, grade
 from atgrpo_jax.envs.parsers import extract_boxed, extract_code_block, reference_program
 from atgrpo_jax.envs.sandbox import Limits, run_many
 from atgrpo_jax.envs.text_state import clip_head, clip_tail, load_jsonl, obj_array, response_grid
-from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, as_reference, branch
+from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE, Agent, Messages, StepOut, as_reference, branch
 
 MATH_DATASETS = {
     "gsm8k_train": "math/gsm8k_train.jsonl",
@@ -122,6 +122,8 @@ class MathWorkflow:
     # False: a reply without a ```python (or untagged) block runs nothing (rewards.tool_error)
     failed_program_is_wrong: bool | None = None  # True (reference): a program that fails, prints nothing or is
     # missing scores as a wrong answer (0); False: rewards.tool_error (-1)
+    draw_per_step: bool | None = None  # True (reference): each training step draws its problems at random,
+    # distinct within the step (random.sample); False: consecutive problems of the pool, each once per pass
 
     def __post_init__(self):
         if isinstance(self.test_sets, str):
@@ -129,7 +131,7 @@ class MathWorkflow:
         if self.fields is not None:  # a dict or ConfigDict, kept as sorted pairs: the workflow stays hashable
             pairs = sorted((str(k), str(v)) for k, v in dict(self.fields).items())
             object.__setattr__(self, "fields", tuple(pairs))
-        for switch in ("answer_anywhere", "whole_reply_program", "failed_program_is_wrong"):
+        for switch in ("answer_anywhere", "whole_reply_program", "failed_program_is_wrong", "draw_per_step"):
             object.__setattr__(self, switch, as_reference(getattr(self, switch), self.recipe))
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
@@ -183,7 +185,7 @@ class MathWorkflow:
         problems = self._pool(split)
         if split != "train" and any(int(i) >= len(problems) for i in task_ids):
             raise ValueError(f"split {split!r} has {len(problems)} problems; task ids must be below that")
-        rows = [problems[int(i) % len(problems)] for i in task_ids]
+        rows = [problems[j] for j in self._rows(task_ids, split, len(problems))]
         n = len(rows)
         state = {field: obj_array([""] * n) for field in TEXT_FIELDS}
         state["problem"] = obj_array([str(r["problem"]) for r in rows])
@@ -192,6 +194,16 @@ class MathWorkflow:
         state["done"] = np.zeros(n, bool)
         state["turn_start"] = obj_array([{}] * n)  # the text fields before the turn's first agent acted
         return state
+
+    def _rows(self, task_ids: Sequence[int], split: str, size: int) -> list[int]:
+        """The pool rows of task ids: an evaluation split's ids themselves; training's the stream taken
+        modulo the pool, or with draw_per_step a random order of the pool per step (seeded by the step)."""
+        if split != "train" or not self.draw_per_step:
+            return [int(i) % size for i in task_ids]
+        order = {}
+        for step in {int(i) // TRAIN_TASK_STRIDE for i in task_ids}:
+            order[step] = np.random.default_rng([step]).permutation(size)
+        return [int(order[int(i) // TRAIN_TASK_STRIDE][int(i) % TRAIN_TASK_STRIDE % size]) for i in task_ids]
 
     def done(self, state) -> np.ndarray:
         return np.asarray(state["done"], bool)

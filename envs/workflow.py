@@ -31,6 +31,9 @@ Messages = list[dict[str, str]]  # [{"role": "system"|"user", "content": ...}]
 # "reference" takes the reference's (docs/paper.md, "Recipes"). A workflow's own switches are keyword
 # arguments that default to None: as its `recipe` says.
 RECIPES = ("paper", "reference")
+# Training task ids: step s's tasks are s * TRAIN_TASK_STRIDE + [0, B) (more with dynamic sampling), so a
+# workflow can tell a step's tasks apart; evaluation splits' ids index their problems from 0.
+TRAIN_TASK_STRIDE = 1_000_003
 
 
 def episodes_per_problem(workflow, eval_k: int) -> int:

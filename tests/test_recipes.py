@@ -257,3 +257,36 @@ def test_a_workflow_factory_without_a_recipe_argument_is_built_without_one(tmp_p
     assert make_workflow("my_flows:factory", recipe="reference", size=3) == ["size"]
     with pytest.raises(ValueError, match="recipe: unknown 'pepper'"):
         make_workflow("plan_path_tool_plan", recipe="pepper")
+
+
+def test_row_15_math_draws_each_steps_problems_at_random_under_the_reference():
+    from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE
+
+    paper, reference = (MathWorkflow(test_sets=("aime24",), recipe=r) for r in RECIPES)
+    pool = len(paper._pool("train"))
+    ids = lambda step, n=8: [step * TRAIN_TASK_STRIDE + j for j in range(n)]  # noqa: E731
+    walk = paper._rows(ids(3), "train", pool)
+    assert walk == [(3 * TRAIN_TASK_STRIDE + j) % pool for j in range(8)]  # consecutive problems
+    drawn = [reference._rows(ids(s, pool), "train", pool) for s in (3, 4)]
+    assert sorted(drawn[0]) == list(range(pool))  # a step's draws are distinct: a permutation of the pool
+    assert drawn[0] != drawn[1] and drawn[0] != sorted(drawn[0])  # at random, anew each step
+    assert reference._rows(ids(3, 4), "train", pool) == drawn[0][:4]  # a function of the task id alone
+    assert reference._rows([0, 1], "aime24", 30) == [0, 1]  # evaluation splits: their problems in order
+
+
+def test_row_15_mini_batches_keep_the_collected_order_under_the_reference():
+    from types import SimpleNamespace
+
+    from atgrpo_jax.train.batch import policy_batch
+
+    g, k = 6, 2
+    samples = SimpleNamespace(mask=np.ones((g, k), bool), response_len=np.ones((g, k), int),
+                              sample_agent=np.zeros((g, k), int), prompt_len=np.ones(g, int),
+                              prompt_of=np.repeat(np.arange(g)[:, None], k, 1),
+                              sample_prompt_len=lambda: np.ones((g, k), int))
+    batch = lambda shuffle: policy_batch(samples, np.zeros((g, k)), np.ones(g, bool), np.zeros(1, int), 0,  # noqa
+                                         4, np.random.default_rng(0), shuffle=shuffle).group
+    assert batch(False).tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert batch(True)[::2].tolist() != list(range(g))  # the paper recipe shuffles the groups
+    assert resolve(small("reference")).reference.unshuffled_minibatches
+    assert not resolve(small()).reference.unshuffled_minibatches

@@ -73,15 +73,16 @@ class PolicyBatch:
 def policy_batch(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_of_agent: np.ndarray, policy: int,
                  mini_batch: int, rng: np.random.Generator, inv_temp_of_agent: np.ndarray | None = None,
                  top_p_of_agent: np.ndarray | None = None,
-                 penalty_of_agent: np.ndarray | None = None) -> PolicyBatch | None:
+                 penalty_of_agent: np.ndarray | None = None, shuffle: bool = True) -> PolicyBatch | None:
     """Policy `policy`'s kept samples (keep: [G] groups or [G, K] samples) with a response, in a
     shuffled group order (`rng`), each group's samples together (so a mini-batch holds whole groups,
     as verl's, and `pack` can share their prompt); each sample's agent's inverse temperature and top-p
-    (default 1) and, if penalty_of_agent is given, repetition penalty. None: no such sample."""
+    (default 1) and, if penalty_of_agent is given, repetition penalty. None: no such sample.
+    shuffle=False: the groups in the samples' order (the reference's unshuffled mini-batches)."""
     keep = keep[:, None] if keep.ndim == 1 else keep  # groups kept, or samples kept
     mine = samples.mask & (samples.response_len > 0) & keep & (policy_of_agent[samples.sample_agent] == policy)
     groups = np.flatnonzero(mine.any(1))
-    groups = groups[rng.permutation(len(groups))]
+    groups = groups[rng.permutation(len(groups))] if shuffle else groups
     g, k = np.nonzero(mine[groups])  # group-major: a group's samples together
     g = groups[g]
     if not len(g):

@@ -84,6 +84,8 @@ def base_config() -> ml_collections.ConfigDict:
     # with no total step count set, the rate alternates lr, min_lr_ratio x lr after the warm-up (a bug: row 8)
     c.reference.logprobs_at_t1 = None  # score old and new log-probs at temperature 1 with no top-k, top-p or
     # repetition penalty, whatever the tokens were drawn from (row 6)
+    c.reference.unshuffled_minibatches = None  # mini-batches take the step's groups in the order they were
+    # collected, not shuffled (row 15)
     c.regime = ""  # shorthand expanded once by resolve(): shared, per_role, lora, single_agent, plain_grpo (see
     # REGIMES)
     c.rollout = ml_collections.ConfigDict()  # sampling of training episodes

@@ -17,6 +17,7 @@ import numpy as np
 from atgrpo_jax.algo.advantages import first_informative, group_advantages, group_filter, overlong_penalty
 from atgrpo_jax.algo.loss import is_weights
 from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_host
+from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE
 from atgrpo_jax.rollout.router import make_sample_fn
 from atgrpo_jax.rollout.tree import PlainRollout, Schedule, TreeRollout, merge_rollouts
 from atgrpo_jax.sharding import batch_shards
@@ -27,7 +28,6 @@ from atgrpo_jax.train.roles import trained_agents
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.trace import Tracer
 
-TRAIN_TASK_STRIDE = 1_000_003  # task ids of step s: s * stride + [0, B); test ids are another split
 
 
 def sample_fn_for(run: Run, temperature: float | None, max_prompts: int, evaluation: bool = False):
@@ -266,7 +266,8 @@ def batch_of(run: Run, step: int, samples, groups: Groups, policy: int) -> Polic
     rng = np.random.default_rng([c.train.seed, step] + ([policy] if policy else []))
     return policy_batch(samples, groups.adv, groups.trained, run.policy_of_agent, policy, c.optim.mini_batch_size,
                         rng, np.array([s.inv_temp for s in run.scored_as], np.float32),
-                        np.array([s.top_p for s in run.scored_as], np.float32), penalties(run))
+                        np.array([s.top_p for s in run.scored_as], np.float32), penalties(run),
+                        shuffle=not c.reference.unshuffled_minibatches)
 
 
 NOT_STARTED = object()  # an early update that a stop request held back
