@@ -290,3 +290,10 @@ def test_row_15_mini_batches_keep_the_collected_order_under_the_reference():
     assert batch(True)[::2].tolist() != list(range(g))  # the paper recipe shuffles the groups
     assert resolve(small("reference")).reference.unshuffled_minibatches
     assert not resolve(small()).reference.unshuffled_minibatches
+
+
+def test_row_9_the_reference_trains_one_lora_adapter_on_the_shared_model():
+    assert resolve(small()).policy.sharing == "shared"
+    assert resolve(small("reference")).policy.sharing == "shared_lora"
+    assert resolve(small("reference", **{"policy.sharing": "per_role"})).policy.sharing == "per_role"  # L2 stays
+    assert resolve(small("reference", **{"reference.lora_on_shared": False})).policy.sharing == "shared"

@@ -344,7 +344,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     adapters = [p for p in params if p[3]]
     lora = sharing(config).lora
     trainable = adapters if lora else base
-    copies = AGENTS if lora else 1  # one adapter set per agent on the shared base
+    copies = AGENTS if lora and sharing(config).per_agent else 1  # adapter sets on the shared base
     # Over several data rows (hosts) a full model's trained state is split over the data axis too, and the
     # sampler gathers a whole copy per row (sharding.TRAIN_RULES, train/policies.py).
     regather = not lora and sizes["data"] > 1
@@ -368,7 +368,8 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     merged = 0
     if adapters:
         merged = param_bytes(base, mesh)  # the sampler runs W + A @ B, merged into one more copy
-        notes.append(f"LoRA: {sum(math.prod(p[0]) for p in adapters):,} adapter parameters per agent "
+        whose = "per agent" if sharing(config).per_agent else "shared by the agents"
+        notes.append(f"LoRA: {sum(math.prod(p[0]) for p in adapters):,} adapter parameters {whose} "
                      "are trained; the sampler uses a merged copy of the weights")
 
     # Rows are padded to a power of two times 32 (train/batch.py), so 4096 + 2048 tokens -> 8192.

@@ -43,7 +43,7 @@ from atgrpo_jax.sampling.generate import bucket_for
 from atgrpo_jax.sharding import RULES, TRAIN_RULES, batch_shards, logical_sharding, make_mesh, platform_of, sub_meshes
 from atgrpo_jax.train.batch import fine_bucket, length_bucket
 from atgrpo_jax.train.config import agent_sampling, loss_config, max_new_tokens, sharing
-from atgrpo_jax.train.policies import on_mesh
+from atgrpo_jax.train.policies import SHARED_ADAPTER, on_mesh
 from atgrpo_jax.train.setup import make_tokenizer, scored_as, scoring_of
 from atgrpo_jax.train.update import Packed, TrainState, make_optimizer, update_steps
 
@@ -236,7 +236,7 @@ def step_programs(config, devices, hosts: int, on_one_host: Callable = lambda de
     prefix = {(True, True): "lora_", (True, False): "policy_"}.get((layout.per_agent, layout.lora))
     states = []
     for p in range(int(route.max()) + 1):
-        name = f"{prefix}{names[p]}" if prefix else "policy"
+        name = f"{prefix}{names[p]}" if prefix else f"lora_{SHARED_ADAPTER}" if layout.lora else "policy"
         agents = [a for a in range(len(names)) if route[a] == p]
         states.append(_pool_state(config, cfg, name, pools[p] if per_pool else mesh, tx, layout.lora,
                                   config.model.init_seed + p, agents))

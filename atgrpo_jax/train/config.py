@@ -64,7 +64,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.kwargs = ml_collections.ConfigDict()  # keyword arguments of the workflow's factory; any key may be set
     c.policy = ml_collections.ConfigDict()  # who shares weights
     c.policy.sharing = "shared"  # "shared" (one model, role prompts), "per_role" (one model per agent), "lora" (one
-    # adapter per agent on a frozen shared base)
+    # adapter per agent on a frozen shared base), "shared_lora" (one adapter for all agents on a frozen base)
     c.policy.pools = False  # per_role: each agent's model on its own disjoint part of the mesh
     c.policy.frozen_agents = ()  # agents whose samples are not trained on (the paper's ablation: one role
     # trained alone while the other stays the base model)
@@ -84,10 +84,12 @@ def base_config() -> ml_collections.ConfigDict:
     # with no total step count set, the rate alternates lr, min_lr_ratio x lr after the warm-up (a bug: row 8)
     c.reference.logprobs_at_t1 = None  # score old and new log-probs at temperature 1 with no top-k, top-p or
     # repetition penalty, whatever the tokens were drawn from (row 6)
+    c.reference.lora_on_shared = None  # a "shared" policy trains one LoRA adapter (lora.rank 16, lora.alpha 32) on the
+    # frozen model, as the reference's YAML asks; its official game scripts set rank 0 and train it whole (row 9)
     c.reference.unshuffled_minibatches = None  # mini-batches take the step's groups in the order they were
     # collected, not shuffled (row 15)
-    c.regime = ""  # shorthand expanded once by resolve(): shared, per_role, lora, single_agent, plain_grpo (see
-    # REGIMES)
+    c.regime = ""  # shorthand expanded once by resolve(): shared, per_role, lora, shared_lora, single_agent,
+    # plain_grpo (see REGIMES)
     c.rollout = ml_collections.ConfigDict()  # sampling of training episodes
     c.rollout.tree = True  # AT-GRPO tree sampling (K branches per state, best branch continues); False: K independent
     # episodes per task
@@ -172,7 +174,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.system.trace_every = 0  # write trace/step_N.json (Chrome/Perfetto timeline) every this many steps
     c.system.stage_timeout_s = 1800.0  # stop the run when one stage (a sampling call, an environment step)
     # runs longer than this many seconds, naming it (a hung device call or sandbox wait; 0 = no limit)
-    c.lora = ml_collections.ConfigDict()  # adapters (policy.sharing = "lora")
+    c.lora = ml_collections.ConfigDict()  # adapters (policy.sharing = "lora" or "shared_lora")
     c.lora.rank = 16  # adapter rank r
     c.lora.alpha = 32.0  # adapter scale alpha (the update is alpha / r * A @ B)
     c.train = ml_collections.ConfigDict()  # the run
@@ -269,13 +271,15 @@ class Sharing:
 
 SHARINGS = {"shared": Sharing(per_agent=False, lora=False),
             "per_role": Sharing(per_agent=True, lora=False),
-            "lora": Sharing(per_agent=True, lora=True)}
+            "lora": Sharing(per_agent=True, lora=True),
+            "shared_lora": Sharing(per_agent=False, lora=True)}
 
 # The shorthand `regime` -> the three settings it stands for.
 REGIMES = {
     "shared": {"policy.sharing": "shared", "rollout.tree": True, "env.single_agent": False},
     "per_role": {"policy.sharing": "per_role", "rollout.tree": True, "env.single_agent": False},
     "lora": {"policy.sharing": "lora", "rollout.tree": True, "env.single_agent": False},
+    "shared_lora": {"policy.sharing": "shared_lora", "rollout.tree": True, "env.single_agent": False},
     "single_agent": {"policy.sharing": "shared", "rollout.tree": True, "env.single_agent": True},
     "plain_grpo": {"policy.sharing": "shared", "rollout.tree": False, "env.single_agent": False},
 }

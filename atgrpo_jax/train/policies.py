@@ -3,6 +3,7 @@
   shared: one model for every agent
   per_role: one model per agent, each updated only on its own agent's samples
   lora: one adapter per agent on a frozen shared base (no base copy)
+  shared_lora: one adapter for every agent on a frozen base
 
 The router (`Sharing.route`) says which policy acts for, and learns from, each agent.
 """
@@ -124,6 +125,7 @@ class Policy:
 
 
 MASTER_DTYPES = ("float32", "param_dtype")  # optim.master_dtype
+SHARED_ADAPTER = "shared"  # policy.sharing = "shared_lora": the one adapter, policy "lora_shared"
 
 
 def on_mesh(mesh) -> contextlib.AbstractContextManager:
@@ -174,7 +176,7 @@ def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: Los
     if sharing.lora:
         mesh = getattr(base.embed[...].sharding, "mesh", None)  # the adapters live where the base does
         out = []
-        for i, name in enumerate(agent_names):
+        for i, name in enumerate(agent_names if sharing.per_agent else [SHARED_ADAPTER]):
             adapted = attach_lora(base, lora_rank, lora_alpha, seed + i)
             adapted = shard_model(adapted, mesh) if isinstance(mesh, jax.sharding.Mesh) else adapted
             graphdef, adapters, frozen = split_lora(adapted)

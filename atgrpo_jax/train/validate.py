@@ -57,6 +57,8 @@ def resolve(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collect
                  f"must be True, False or None (as recipe={c.recipe!r}), got {value!r}")
         if value is None:
             c.reference[key] = as_reference
+    if c.reference.lora_on_shared and c.policy.sharing == "shared":  # row 9: the reference's L1 YAML
+        c.policy.sharing = "shared_lora"
     if c.optim.master_dtype == "auto":
         c.optim.master_dtype = "param_dtype" if as_reference else "float32"
     return validate(c, weights=weights)

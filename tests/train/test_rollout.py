@@ -290,3 +290,16 @@ def test_plain_grpo_skips_the_group_filters_unless_asked():
     tree.config.algo.update(drop_low_mean_frac=0.5, filter_scope="batch")
     m = train_step(tree, 1)
     assert m["groups_kept"] < m["groups"]
+
+
+def test_one_shared_lora_adapter_learns_from_every_agent():
+    """policy.sharing="shared_lora" (the reference's L1 YAML, row 9): one adapter routed to both agents,
+    trained on both agents' samples; the base stays as it was."""
+    run = build_run(tiny_config("shared_lora"))
+    (policy,) = run.policies
+    assert policy.name == "lora_shared" and policy.is_lora and list(run.policy_of_agent) == [0, 0]
+    base, adapters = [np.asarray(x) for x in jax.tree.leaves(policy.frozen)], param_leaves(policy)
+    metrics = train_step(run, 1)
+    assert metrics["samples"] > 0 and not metrics["skipped"]
+    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(base, jax.tree.leaves(policy.frozen)))
+    assert any(not np.array_equal(a, b) for a, b in zip(adapters, param_leaves(policy)))
