@@ -79,7 +79,7 @@ setup(
     packages=PACKAGES,
     package_dir={"atgrpo_jax.envs": "envs", "atgrpo_jax.configs": "configs"},
     package_data={"atgrpo_jax.envs": ["data/*.txt", "data/*.md", "data/*/*.jsonl", "data/*/*.md",
-                                      "data/*/*.txt"]},
+                                      "data/*/*.txt", "prompts/*/*.j2"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
 )

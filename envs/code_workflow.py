@@ -33,6 +33,7 @@ parsable program.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import numpy as np
@@ -41,25 +42,10 @@ from atgrpo_jax.data import require_prepared, source_name
 from atgrpo_jax.envs.code_grading import MATCH_RULES, TestVerdict, pass_rate
 from atgrpo_jax.envs.code_problems import CodeProblem, extract_tests, load_problems, run_tests, valid_tests
 from atgrpo_jax.envs.parsers import extract_code_block, python_block
+from atgrpo_jax.envs.prompt_templates import Prompts
 from atgrpo_jax.envs.sandbox import Limits
 from atgrpo_jax.envs.text_state import clip_head, obj_array, response_grid
 from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, as_reference, branch
-
-SYSTEM = {
-    ("coder", "io"): "You are a competitive programmer. Solve the problem with a Python 3 program that reads "
-                     "standard input and writes standard output. Think briefly, then give the complete program "
-                     "after **Code:** in one ```python block.",
-    ("coder", "function"): "You are a Python programmer. Write the function the problem asks for (with any imports "
-                           "and helpers it needs, no input reading, no prints). Think briefly, then give the code "
-                           "after **Code:** in one ```python block.",
-    ("tester", "io"): "You write tests for a programming problem. Give a few small tests whose expected output you "
-                      "are sure of, each as **Test Input:** followed by a ``` block with the exact standard input, "
-                      "then **Test Output:** followed by a ``` block with the exact expected standard output.",
-    ("tester", "function"): "You write tests for a programming problem. Give a few assert statements that call the "
-                            "function on small inputs whose results you are sure of, one per line, in one ```python "
-                            "block.",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class CodeRewards:
@@ -104,6 +90,7 @@ class CodeWorkflow:
     max_shown_chars: int = 6000
     fields: dict | None = None  # {our field: the source's column} for sources of your own (code_sources.py)
     data_dir: str = ""  # where prepared sets are ("" = $ATGRPO_DATA, else ./data)
+    prompt_dir: str = ""  # a directory of prompt templates replacing the shipped ones (envs/prompt_templates.py)
     recipe: str = "paper"  # the switches below left at None follow it (envs/workflow.py: RECIPES)
     python_blocks_only: bool | None = None  # True (reference): the coder's program is its last ```python block
     # and nothing else (no untagged block); False: an untagged block when no block is tagged python
@@ -125,6 +112,7 @@ class CodeWorkflow:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
         require_prepared([*self.train_sets, *self.test_sets], self.data_dir, "code")  # all missing in one line
         self.splits  # every data set loads: a bad name fails here
+        self.templates  # and every prompt template parses
 
     def _load(self, name: str) -> tuple[CodeProblem, ...]:
         return load_problems(name, self.fields or (), self.data_dir)
@@ -137,6 +125,10 @@ class CodeWorkflow:
         if split not in tests:
             raise ValueError(f"split must be 'train', 'valid' or a test set ({', '.join(tests)}), got {split!r}")
         return self._load(tests[split])
+
+    @functools.cached_property
+    def templates(self) -> Prompts:
+        return Prompts("code", self.prompt_dir)
 
     @property
     def splits(self) -> dict[str, int]:
@@ -194,30 +186,12 @@ class CodeWorkflow:
 
     def _prompt(self, role: str, turn: int, s: dict[str, Any]) -> Messages:
         problem: CodeProblem = s["problem"]
-        parts = [f"Problem:\n{clip_head(problem.statement, self.max_shown_chars)}"]
-        program = f"```python\n{clip_head(s['code'], self.max_shown_chars)}\n```" if s["code"] else "(none)"
-        if role == "coder":
-            if turn == 0:
-                parts.append("Write the program." if problem.kind == "io" else "Write the function.")
-            elif self.single_agent:
-                parts.append("Your previous reply had no ```python block. Write the complete code.")
-            else:
-                parts.append(f"Your previous code:\n{program}\n\nIts results on the tests written by your "
-                             f"partner:\n{s['report']}\n\nFix the code if it is wrong. If you are sure a test "
-                             "is wrong, keep the code. Give the complete code.")
-        elif turn == 0:
-            parts.append("Write the tests.")
-        else:
-            parts.append(f"The code under test:\n{program}\n\nIts results on your tests:\n{s['report']}\n\n"
-                         "Check every failing test by hand: correct the tests that are wrong, keep the ones that "
-                         "expose a real bug, and add tests for cases not covered yet. Give the full list of tests.")
-        system = SYSTEM[(role, problem.kind)]
-        if role == "tester" and self.max_generated_tests == 1:
-            system = system.replace("Give a few small tests whose", "Give one small test whose").replace(
-                "Give a few assert statements that call", "Give one assert statement that calls").replace(
-                "each as **Test Input:**", "as **Test Input:**").replace(", one per line,", "")
-        return [{"role": "system", "content": system},
-                {"role": "user", "content": "\n\n".join(parts)}]
+        user = self.templates.render(
+            "user.j2", role=role, turn=turn, single_agent=self.single_agent, kind=problem.kind,
+            statement=clip_head(problem.statement, self.max_shown_chars),
+            code=clip_head(s["code"], self.max_shown_chars) if s["code"] else "", report=s["report"])
+        system = self.templates.render(f"{role}_{problem.kind}.system.j2", one_test=self.max_generated_tests == 1)
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     # ------------------------------------------------------------ step
     def step(self, state, agent: int, turn: int, responses: Sequence[Sequence[str]]) -> StepOut:

@@ -39,27 +39,19 @@ class Role:
     moves_env: bool  # its actions step the real environment (else they are simulated on a copy)
     penalty: float  # its local reward when nothing parses
     max_len: int | None = None  # direct answers: their maximal length
-    system: str = ""  # the system prompt of long prompts
-
-
-TOOL_SYSTEM = ("You are the tool agent of a two-agent team. You solve puzzles by writing Python "
-               "code; a plan agent checks your result and makes the final move.")
-PLAN_SYSTEM = ("You are the plan agent of a two-agent team. A tool agent wrote code for the task; "
-               "check its actions against the state, correct them if needed, and give the final actions.")
-
-TOOL_ALONE_SYSTEM = "You solve grid puzzles by writing Python code; the actions your program prints are played."
+    system: str = ""  # long prompts: the name of its system prompt's template, envs/prompts/grid/<system>.system.j2
 
 
 def make_roles(c: "WorkflowConfig") -> dict[str, Role]:
     """Every role, with its penalty and answer length from the config."""
     return {
-        "tool": Role("code", moves_env=False, penalty=c.tool_penalty, system=TOOL_SYSTEM),
-        "plan": Role("list", moves_env=True, penalty=c.plan_penalty, system=PLAN_SYSTEM),
-        "solver": Role("list", moves_env=True, penalty=c.plan_penalty, system="You solve grid puzzles step by step."),
+        "tool": Role("code", moves_env=False, penalty=c.tool_penalty, system="tool"),
+        "plan": Role("list", moves_env=True, penalty=c.plan_penalty, system="plan"),
+        "solver": Role("list", moves_env=True, penalty=c.plan_penalty, system="solver"),
         "planner": Role("direct", moves_env=False, penalty=c.format_penalty, max_len=c.plan_len),
         "executor": Role("direct", moves_env=True, penalty=c.format_penalty, max_len=c.exec_len),
         "actor": Role("direct", moves_env=True, penalty=c.format_penalty, max_len=c.exec_len),
-        "tool_alone": Role("code", moves_env=True, penalty=c.tool_penalty, system=TOOL_ALONE_SYSTEM),
+        "tool_alone": Role("code", moves_env=True, penalty=c.tool_penalty, system="tool_alone"),
         "planner_alone": Role("direct", moves_env=True, penalty=c.format_penalty, max_len=c.plan_len),
     }
 
@@ -95,6 +87,7 @@ class WorkflowConfig:
     sandbox_workers: int | None = None
     view: str = "grid"  # direct prompts: "grid" (rows joined by '/') or "local" (games with local_view)
     lenient: bool = False  # direct answers: the UDLR letters among the first max_len characters
+    prompt_dir: str = ""  # a directory of prompt templates replacing the shipped ones (envs/prompt_templates.py)
     recipe: str = "paper"  # the switches below left at None follow it (envs/workflow.py: RECIPES)
     strict_answer: bool | None = None  # True (reference): the plan agent's answer is everything from its first
     # `#### ` line to the end, and only a bracketed list parses: `#### ["U"]` then more text, two `####` lines,

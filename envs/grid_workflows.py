@@ -49,6 +49,7 @@ from atgrpo_jax.envs.games import GridGame, make_game
 from atgrpo_jax.envs.grid_roles import (ACTIONS_MARKER, DEFAULT_TOOL_PENALTY, KINDS, MAX_TURNS, NO_MOVE, Role,
                                         WorkflowConfig, actions_from_answer, actions_from_output, make_roles,
                                         reference_tool_actions)
+from atgrpo_jax.envs.prompt_templates import Prompts
 from atgrpo_jax.envs.workflow import Agent, StepOut, branch
 
 # How much text goes into prompts (characters)
@@ -111,6 +112,7 @@ class GridWorkflow:
             if not 1 <= value <= top:
                 raise ValueError(f"grid workflow config: {key}={value} must be in 1..{top}")
         roles = make_roles(c)
+        self.templates = Prompts("grid", c.prompt_dir)
         self.roles = tuple(roles[name] for name in KINDS[kind])
         self.agents = tuple(Agent(name, functools.partial(self._parse, roles[name])) for name in KINDS[kind])
         self._reset, self._step = _compiled(self.game, self.config.seed)
@@ -244,7 +246,7 @@ class GridWorkflow:
         results = run_many([codes[b][j] for b, j in jobs], [grids[b] for b, _ in jobs],
                            self.config.sandbox_limits, self.config.sandbox_workers)
         actions = [[None] * k for _ in range(n_tasks)]
-        handoff = _texts((n_tasks, k), "The tool agent wrote no Python code block.")
+        handoff = _texts((n_tasks, k), self.templates.render("handoff.j2", code=None, output="", actions=""))
         reasons = _texts((n_tasks, k), "unparsed: no ```python block")
         for (b, j), res in zip(jobs, results):
             actions[b][j] = (reference_tool_actions(res.as_reference_reports, self.game)
@@ -255,9 +257,8 @@ class GridWorkflow:
             if not res.ok:
                 why = "timed out" if res.timed_out else f"exit code {res.exit_code}"
                 output += f"\n[{why}] {_clip(res.stderr_tail, _STDERR_CHARS, keep='tail')}"
-            handoff[b, j] = (f"The tool agent's code:\n```python\n{_clip(codes[b][j], _CODE_CHARS)}\n```\n"
-                             f"Its output:\n```\n{output}\n```\n"
-                             f"Actions parsed from it: {self.game.show_actions(actions[b][j])}")
+            handoff[b, j] = self.templates.render("handoff.j2", code=_clip(codes[b][j], _CODE_CHARS), output=output,
+                                                  actions=self.game.show_actions(actions[b][j]))
         return actions, handoff, reasons
 
     # ------------------------------------------------------------ prompts
@@ -271,31 +272,21 @@ class GridWorkflow:
 
     def _long_prompt(self, role: Role, env, history: str, handoff: str) -> list:
         game = self.game.module
-        board = game.static_view(env) if self._static() else \
-            f"Current state:\n```\n{self.game.render(env)}\n```\n{game.status(env)}\n"
-        past = f"Earlier turns:\n{history}" if history else ""
-        if role.answer == "code":
-            ask = (f"Write one Python program in a ```python block that computes a solution (for example "
-                   f"with BFS or A*) and prints it as {game.ANSWER_FORMAT} on one line:\n"
-                   f"{ACTIONS_MARKER} {game.ANSWER_EXAMPLE}\nThe state above is also given on standard input. "
-                   "If you cannot solve it completely, print a short sequence that makes progress.")
-            body = ""
-        else:
-            ask = (f"Reason briefly, then end your answer with one line holding {game.ANSWER_FORMAT}:\n"
-                   f"#### {game.ANSWER_EXAMPLE}\nThese actions are applied from the current state.")
-            body = f"{handoff}\n\n" if handoff else ""
-        return [{"role": "system", "content": role.system},
-                {"role": "user", "content": f"{game.RULES}\n\n{board}{past}\n{body}{ask}"}]
+        user = self.templates.render(
+            "user.j2", rules=game.RULES, board=self.game.render(env), status=game.status(env),
+            static_view=game.static_view(env) if self._static() else None, history=history, handoff=handoff,
+            answer=role.answer, answer_format=game.ANSWER_FORMAT, answer_example=game.ANSWER_EXAMPLE,
+            actions_marker=ACTIONS_MARKER)
+        return [{"role": "system", "content": self.templates.render(f"{role.system}.system.j2")},
+                {"role": "user", "content": user}]
 
     def _direct_prompt(self, role: Role, env, proposal: str, last_move: str, shows_proposal: bool) -> str:
         if self.config.view == "local":
-            view = self.game.module.local_view(env, last_move)
-            return view + (f" P:{proposal or '?'}" if shows_proposal else "")
-        rows = self.game.render(env, row_sep="/")
-        want = self.game.module.direct_format(role.max_len)
-        if shows_proposal:
-            return f"{self.game.module.TITLE}. {rows} Plan:{proposal or '?'} Act, {want}:"
-        return f"{self.game.module.TITLE}. {rows} {'Act' if role.moves_env else 'Plan'}, {want}:"
+            return self.templates.render("direct_local.j2", view=self.game.module.local_view(env, last_move),
+                                         shows_proposal=shows_proposal, proposal=proposal)
+        return self.templates.render("direct.j2", title=self.game.module.TITLE, rows=self.game.render(env, row_sep="/"),
+                                     shows_proposal=shows_proposal, proposal=proposal, moves_env=role.moves_env,
+                                     want=self.game.module.direct_format(role.max_len))
 
 
 @functools.lru_cache(maxsize=None)

@@ -33,6 +33,7 @@ episode ends at its first parsable answer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Any, Sequence
 
@@ -43,6 +44,7 @@ from atgrpo_jax.envs.math_grading import answer_anywhere, grade
 from atgrpo_jax.envs.parsers import extract_boxed, extract_code_block, reference_program
 from atgrpo_jax.envs.sandbox import Limits, run_many
 from atgrpo_jax.envs.text_state import clip_head, clip_tail, load_jsonl, obj_array, response_grid
+from atgrpo_jax.envs.prompt_templates import Prompts
 from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE, Agent, Messages, StepOut, as_reference, branch
 
 MATH_DATASETS = {
@@ -54,15 +56,6 @@ MATH_DATASETS = {
 }
 TEXT_FIELDS = ("problem", "reference", "reasoner_response", "reasoner_answer", "tool_code", "tool_output",
                "tool_answer", "history")
-
-REASONER_SYSTEM = (
-    "You are a careful mathematician working with a partner who solves the same problem by writing Python code. "
-    "Reason step by step, check your work, and end with the final answer in \\boxed{}.")
-TOOL_SYSTEM = (
-    "You are a programmer working with a partner who solves the same problem by reasoning. Write one Python "
-    "program, in a single ```python block, that computes the answer and prints only the final answer. "
-    "The program runs without network or files; the standard library, sympy and numpy are available.")
-
 
 @dataclasses.dataclass(frozen=True)
 class MathRewards:
@@ -114,6 +107,7 @@ class MathWorkflow:
     max_shown_chars: int = 4000  # of an earlier response shown in a prompt
     tool_first: bool = False  # turn order tool agent, reasoner (the reference's)
     simultaneous: bool = False  # the second agent of a turn sees the turn's starting state (the reference's)
+    prompt_dir: str = ""  # a directory of prompt templates replacing the shipped ones (envs/prompt_templates.py)
     recipe: str = "paper"  # the switches below left at None follow it (envs/workflow.py: RECIPES)
     answer_anywhere: bool | None = None  # True (reference): an answer is what math_verify finds anywhere in the
     # reasoner's response or the program's output ("The answer is $42$." is one); False: \boxed{} is required,
@@ -138,6 +132,7 @@ class MathWorkflow:
         names = [self.train_path or self.train_set, *self.test_sets]
         require_prepared([n for n in names if n not in MATH_DATASETS], self.data_dir, "math")  # all in one line
         self.splits  # every data set loads: a bad name or file fails here
+        self.templates  # and every prompt template parses
 
     @property
     def name(self) -> str:
@@ -150,6 +145,10 @@ class MathWorkflow:
 
     def _load(self, name: str) -> tuple[dict, ...]:
         return load_problems(name, dict(self.fields or ()), self.data_dir)
+
+    @functools.cached_property
+    def templates(self) -> Prompts:
+        return Prompts("math", self.prompt_dir)
 
     @property
     def splits(self) -> dict[str, int]:
@@ -220,34 +219,14 @@ class MathWorkflow:
         return [self._prompt(role, turn, row) for row in rows]
 
     def _prompt(self, role: str, turn: int, s: dict[str, Any]) -> Messages:
-        parts = [f"Problem:\n{s['problem']}"]
-        if turn > 0 and role == "reasoner" and s["reasoner_response"]:
-            parts.append(f"Your previous solution:\n{clip_tail(s['reasoner_response'], self.max_shown_chars)}")
-        if turn > 0 and s["tool_code"]:
-            label = "Your previous program" if role == "tool" else "Your partner's program"
-            parts.append(f"{label}:\n```python\n{clip_head(s['tool_code'], self.max_shown_chars)}\n```\n"
-                         f"Its output:\n{clip_head(s['tool_output'], 1000) or '(nothing)'}")
-        if turn > 0 and role == "tool" and s["reasoner_response"]:
-            parts.append(f"Your partner's solution:\n{clip_tail(s['reasoner_response'], self.max_shown_chars)}")
-        if turn > 0 and s["history"]:
-            parts.append(f"Answers so far:\n{s['history']}")
-        if role == "reasoner":
-            if turn == 0:
-                ask = "Solve the problem step by step."
-            elif self.single_agent:
-                ask = "Your previous solution has no \\boxed{} answer. Solve the problem step by step."
-            else:
-                ask = "Compare the answers above, select the correct one or refine your solution, step by step."
-            parts.append(ask + " Put the final answer in \\boxed{}.")
-            system = REASONER_SYSTEM
-        else:
-            ask = ("Write the program." if turn == 0 else
-                   "Compare the answers above; fix your program or confirm the answer you believe is correct.")
-            parts.append(ask + " Reply with one ```python block that prints only the final answer.")
-            system = TOOL_SYSTEM
-        if self.single_agent:
-            system = "You are a careful mathematician. Reason step by step and end with the final answer in \\boxed{}."
-        return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
+        user = self.templates.render(
+            "user.j2", role=role, turn=turn, single_agent=self.single_agent, problem=s["problem"],
+            reasoner_response=clip_tail(s["reasoner_response"], self.max_shown_chars),
+            tool_code=clip_head(s["tool_code"], self.max_shown_chars), tool_output=clip_head(s["tool_output"], 1000),
+            history=s["history"])
+        system = "single" if self.single_agent else role
+        return [{"role": "system", "content": self.templates.render(f"{system}.system.j2")},
+                {"role": "user", "content": user}]
 
     # ------------------------------------------------------------ step
     def step(self, state, agent: int, turn: int, responses: Sequence[Sequence[str]]) -> StepOut:
