@@ -32,7 +32,8 @@ from atgrpo_jax.errors import (CheckpointError, ConfigError, DataError, NotWrita
 from atgrpo_jax.registry import closest
 
 EXIT_USAGE = 2
-OPEN_SECTIONS = ("env.kwargs", "rollout.agents", "algo.role_advantage", "policy.role_optim")  # sections whose keys the user chooses
+OPEN_SECTIONS = ("env.kwargs", "rollout.agents", "algo.role_advantage", "policy.role_optim",
+                 "policy.role_models")  # sections whose keys the user chooses
 
 
 

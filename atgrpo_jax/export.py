@@ -130,6 +130,7 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     from atgrpo_jax.models.peft_io import save_adapter
     from atgrpo_jax.train.checkpoint import Checkpointer
     from atgrpo_jax.train.config import from_saved
+    from atgrpo_jax.train.roles import role_config
     from atgrpo_jax.train.resume import restore_given
     from atgrpo_jax.train.setup import build_run
     from atgrpo_jax.train.step import policy_states, set_policy_states
@@ -165,7 +166,8 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
 
     out = os.path.abspath(out)
     extras = (run.tokenizer, generation_config(run, index))
-    card = model_card(config, step=step, policy=chosen.name, adapter=lora == "adapter",
+    role = chosen.name.removeprefix("policy_") if config.policy.sharing == "per_role" else None
+    card = model_card(role_config(config, role), step=step, policy=chosen.name, adapter=lora == "adapter",
                       metrics=read_metrics(workdir) if wd.exists(wd.join(workdir, METRICS_FILE)) else [],
                       agents=[a.name for a in run.workflow.agents], sft=meta.get("command") == "sft")
     writer = jax.process_index() == 0

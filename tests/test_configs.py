@@ -35,6 +35,8 @@ def test_config_resolves_in_every_regime_and_builds_its_workflow(path):
     base = load(path)
     if path in PAPER:
         base.model.hf_path = "/checkpoints/qwen3"  # resolve checks the setting, not the files
+        for role in base.policy.role_models:  # a role of a model of its own: its own checkpoint
+            base.policy.role_models[role].hf_path = f"/checkpoints/qwen3_{role}"
     own_layout = base.policy.sharing != "shared"  # a config that chose its layout takes no regime shorthand
     for regime in [""] if own_layout else REGIMES:
         c = copy.deepcopy(base)

@@ -67,7 +67,7 @@ def compile_step(config, target: Target, assumptions: costing.Assumptions, devic
             "program_bytes": a.program_bytes, "resident_bytes": program.resident,
             "planned_peak_bytes": plans.get(program.name), "hbm_bytes": hbm, "flops": a.flops,
             "bytes_accessed": a.bytes_accessed, "optimal_seconds": a.optimal_s, "collectives": a.collectives,
-            "modelled_s": modelled_seconds(a, steps.cfg, target.chip), "compile_s": round(a.compile_s, 1)})
+            "modelled_s": modelled_seconds(a, steps.pool_cfgs[a.program.pool], target.chip), "compile_s": round(a.compile_s, 1)})
     step = model_step(config, target, assumptions, sum(len(s.agents) for s in steps.pools))
     mesh = dict(zip(steps.mesh.axis_names, steps.mesh.devices.shape))
     return {"target": target.name, "chip": target.chip.name, "chips": target.chips, "hosts": target.hosts,

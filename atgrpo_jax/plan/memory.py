@@ -326,10 +326,27 @@ def planned_backend(config, cfg: Qwen3Config, platform: str, seq: int) -> str:
     return resolve_backend(backend, seq, seq, cfg.dtype, cached=False, platform=platform)
 
 
+def largest_role(config) -> tuple[Any, str]:
+    """(config with the largest of its roles' models as the model of every role, a note saying so) with
+    policy.role_models set: the plan is then an upper bound (`plan --compile` builds each role's own);
+    (config, "") otherwise."""
+    from atgrpo_jax.train.roles import role_config
+
+    roles = list(config.policy.get("role_models", {}))
+    if not roles:
+        return config, ""
+    options = [(model_config(c).num_params(), i, c) for i, c in
+               enumerate([config] + [role_config(config, role) for role in roles])]
+    size, _, largest = max(options)
+    return largest, (f"policy.role_models: planned as if every role's model were the largest ({size:,} "
+                     "parameters), an upper bound; plan --compile builds each role's own")
+
+
 def plan(config, device: Device, num_devices: int, policies: int | None = None) -> Plan:
     """The memory plan of a (validated) training config on `num_devices` of `device`."""
     from atgrpo_jax.train.batch import length_bucket
 
+    config, unequal = largest_role(config)
     cfg = model_config(config)
     per_role = sharing(config).per_agent and not sharing(config).lora
     if policies is None:  # pools: one per agent's model with policy.pools, else all models on one mesh
@@ -339,7 +356,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     mesh = abstract_mesh(sizes)
     params = model_params(cfg)
     r, lo = config.rollout, config.loss
-    notes = []
+    notes = [unequal] if unequal else []
     base = [p for p in params if not p[3]]
     adapters = [p for p in params if p[3]]
     lora = sharing(config).lora

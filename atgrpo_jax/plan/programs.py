@@ -44,6 +44,7 @@ from atgrpo_jax.sharding import RULES, TRAIN_RULES, batch_shards, logical_shardi
 from atgrpo_jax.train.batch import fine_bucket, length_bucket
 from atgrpo_jax.train.config import agent_sampling, loss_config, max_new_tokens, sharing
 from atgrpo_jax.train.policies import SHARED_ADAPTER, on_mesh
+from atgrpo_jax.train.roles import role_config
 from atgrpo_jax.train.setup import make_tokenizer, scored_as, scoring_of
 from atgrpo_jax.train.update import Packed, TrainState, make_optimizer, update_steps
 
@@ -214,6 +215,7 @@ class StepPrograms:
     pools: list[PoolState]
     mesh: Any
     cfg: Any  # the model's Qwen3Config
+    pool_cfgs: dict  # policy name -> its model's Qwen3Config (unequal with policy.role_models)
     prompts: int  # prompts of one host's sampling call
     notes: list[str]
 
@@ -225,20 +227,23 @@ def step_programs(config, devices, hosts: int, on_one_host: Callable = lambda de
     platform = platform_of(mesh)
     names, note = agent_names(config)
     notes = [note] if note else []
-    cfg = model_config(config).replace(
-        attention=configured_backend(config.model.attention, platform, config.optim.share_prompts),
-        decode_attention=config.model.decode_attention)
+    def cfg_of(c):  # the model of config `c` as this platform runs it
+        return model_config(c).replace(
+            attention=configured_backend(config.model.attention, platform, config.optim.share_prompts),
+            decode_attention=config.model.decode_attention)
+    cfg = cfg_of(config)
     layout = sharing(config)
     route = layout.route(len(names))
     pools = sub_meshes(mesh, len(names)) if config.policy.pools else [mesh] * len(names)
     tx, _ = make_optimizer(config.optim, config.train.steps)
     per_pool = int(route.max()) + 1 == len(names)
     prefix = {(True, True): "lora_", (True, False): "policy_"}.get((layout.per_agent, layout.lora))
-    states = []
+    states, cfgs = [], {}
     for p in range(int(route.max()) + 1):
         name = f"{prefix}{names[p]}" if prefix else f"lora_{SHARED_ADAPTER}" if layout.lora else "policy"
         agents = [a for a in range(len(names)) if route[a] == p]
-        states.append(_pool_state(config, cfg, name, pools[p] if per_pool else mesh, tx, layout.lora,
+        cfgs[name] = cfg_of(role_config(config, names[p])) if per_pool else cfg  # a role's own (role_models)
+        states.append(_pool_state(config, cfgs[name], name, pools[p] if per_pool else mesh, tx, layout.lora,
                                   config.model.init_seed + p, agents))
     vocab_limit, pad_id = tokenizer_size(config)
     vocab_limit = vocab_limit if vocab_limit < cfg.vocab_size else None
@@ -251,7 +256,7 @@ def step_programs(config, devices, hosts: int, on_one_host: Callable = lambda de
         others = [o for o in states if o is not s and o.mesh is s.mesh]  # policies sharing these devices
         programs += _sampler_programs(config, s, others, sampling, prompts, k, pad_id, vocab_limit, on_one_host)
         programs += _update_programs(config, s, others, sampling, vocab_limit, tx)
-    return StepPrograms(programs, states, mesh, cfg, prompts, notes)
+    return StepPrograms(programs, states, mesh, cfg, cfgs, prompts, notes)
 
 
 def _resident(state: PoolState, others, program: str) -> int:

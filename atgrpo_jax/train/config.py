@@ -75,6 +75,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.policy.role_optim = ml_collections.ConfigDict()  # per agent (per_role, lora), optimizer keys of its own policy,
     # e.g. --config.policy.role_optim.planner.lr=5e-7 (lr, schedule, warmup_steps, min_lr_ratio, weight_decay,
     # grad_clip, b1, b2); the rest as optim
+    c.policy.role_models = ml_collections.ConfigDict()  # per agent (per_role), a model of its own, e.g.
+    # --config.policy.role_models.executor.preset=qwen3-0.6b or .hf_path=DIR (preset, hf_path, init, init_from,
+    # param_dtype, compute_dtype, remat, vocab_size, init_seed); the rest as model. One tokenizer serves all
     c.recipe = "paper"  # "paper": the paper's intent with the reference system's bugs fixed; "reference":
     # PettingLLMs as it runs (docs/paper.md "Recipes"): every switch left at None below, and the workflow's own
     # (env.kwargs, see each workflow), take the reference's behaviour

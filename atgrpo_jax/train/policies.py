@@ -148,17 +148,18 @@ def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: Los
     """The policies of a sharing layout, all starting from `base`'s weights.
 
     One full model per agent calls `model_copy(i)` for every agent i after the
-    first (a fresh load of the same weights, possibly on another device pool).
+    first (a fresh load of the same weights, possibly on another device pool; or of the agent's own model,
+    policy.role_models).
     master_dtype: "float32" trains full models in float32 (AdamW's moments too) when the model's
     param_dtype is lower, the sampler running a copy in param_dtype; "param_dtype" trains in it.
     LoRA adapters are float32 whatever the base's dtype. meshes(i): (mesh, local mesh) of policy i.
     tx: the optimizer, or a function of the policy's index giving each its own (policy.role_optim).
     """
-    lower = master_dtype == "float32" and base.cfg.param_dtype != "float32"
     tx_of = tx if callable(tx) else (lambda i: tx)
 
     def plain(model, name, i):
         mesh, local = meshes(i)
+        lower = master_dtype == "float32" and model.cfg.param_dtype != "float32"  # (each model's own, role_models)
         # Over several data rows (hosts) the trained state is split over all of the pool's devices; the
         # sampler gathers a whole copy per row (Policy.regather).
         regather = isinstance(mesh, jax.sharding.Mesh) and mesh.shape["data"] > 1
@@ -168,7 +169,7 @@ def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: Los
         params = cast_floats(params, jnp.float32) if lower else params
         fns = make_update_fns(graphdef, frozen, tx_of(i), loss_cfg, chunk, how)
         return Policy(name, graphdef, frozen, init_state(params, tx_of(i)), fns, mesh=mesh, local_mesh=local,
-                      sample_dtype=base.cfg.weight_dtype if lower else None, regather=regather)
+                      sample_dtype=model.cfg.weight_dtype if lower else None, regather=regather)
 
     if sharing.per_agent and not sharing.lora:
         models = [base] + [model_copy(i) for i in range(1, len(agent_names))]

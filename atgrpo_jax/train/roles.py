@@ -1,12 +1,17 @@
-"""Role schedules: which agents train at a step (`policy.phases`) and each role's own optimizer
-settings (`policy.role_optim`), as PettingLLMs alternates the roles it trains."""
+"""Roles that differ: which agents train at a step (`policy.phases`, as PettingLLMs alternates the roles
+it trains), each role's own optimizer settings (`policy.role_optim`) and model (`policy.role_models`: a
+team of unequal models, as the paper's L3 and MARTI's)."""
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import ml_collections
 
 ROLE_OPTIM_KEYS = ("lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay", "grad_clip", "b1", "b2")
+# the keys that say which weights a role's model has; the rest of `model` (attention, unrolls, ...) is the run's
+ROLE_MODEL_KEYS = ("preset", "hf_path", "init", "init_from", "param_dtype", "compute_dtype", "remat", "vocab_size",
+                   "init_seed")
 
 
 def phase_agents(config, step: int) -> tuple[str, ...] | None:
@@ -37,6 +42,22 @@ def role_optim(config, role: str | None) -> ml_collections.ConfigDict:
     return optim
 
 
+def role_config(config, role: str | None):
+    """`config` with `role`'s policy.role_models keys in its model section (a copy; `config` itself when the
+    role has none). A role naming its architecture (preset) or checkpoint (hf_path) has its own weights:
+    it does not inherit the run's hf_path or init_from, and a checkpoint without a preset brings its own
+    architecture, not the run's preset."""
+    own = config.policy.role_models.get(role) if role is not None else None
+    if not own:
+        return config
+    c = copy.deepcopy(config)
+    with c.unlocked():
+        if "preset" in own or "hf_path" in own:
+            c.model.update(hf_path="", init_from="", preset="" if "preset" not in own else c.model.preset)
+        c.model.update(dict(own))
+    return c
+
+
 def roles_problem(config, names: Sequence[str], per_agent: bool) -> str | None:
     """What is wrong with the role keys for a workflow with agents `names` (None: nothing): unknown
     agents, a phase that trains nobody, optimizer keys a role cannot set, role_optim without a policy
@@ -53,6 +74,9 @@ def roles_problem(config, names: Sequence[str], per_agent: bool) -> str | None:
         bad = sorted(set(keys) - set(ROLE_OPTIM_KEYS))
         if bad:
             return f"policy.role_optim.{role}: {bad} cannot differ per role; known: {', '.join(ROLE_OPTIM_KEYS)}"
+    for role in p.role_models:
+        if role not in names:
+            return f"policy.role_models.{role}: not an agent ({list(names)})"
     if p.role_optim and not per_agent:
         return (f"policy.role_optim: policy.sharing={p.sharing!r} trains one policy for every agent; "
                 "per_role or lora gives each agent its own")

@@ -25,7 +25,7 @@ from atgrpo_jax.train import compile_cache
 from atgrpo_jax.train.config import AgentSampling, ConfigError, agent_sampling, loss_config, sharing
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.policies import Policy, build_policies
-from atgrpo_jax.train.roles import role_optim, roles_problem
+from atgrpo_jax.train.roles import role_config, role_optim, roles_problem
 from atgrpo_jax.train.update import make_optimizer
 
 
@@ -125,6 +125,16 @@ def starting_model(config, mesh, init_from: bool = False) -> Qwen3:
     return model
 
 
+def role_model(config, names, i: int, mesh, init_from: bool, first: Qwen3) -> Qwen3:
+    """Agent i's starting model (its policy.role_models entry, else the run's model); every role's model has
+    the first's embedding rows, as one tokenizer and one sampling distribution serve them all."""
+    model = starting_model(role_config(config, names[i]), mesh, init_from)
+    if model.cfg.vocab_size != first.cfg.vocab_size:
+        raise ConfigError(f"config.policy.role_models: {names[i]}'s model has {model.cfg.vocab_size} embedding rows, "
+                          f"{names[0]}'s {first.cfg.vocab_size}; the roles share one tokenizer, so they must agree")
+    return model
+
+
 def build_run(config, workdir: str | None = None, *, init_from: bool = False) -> Run:
     """Everything a run needs from its (resolved) config; with `workdir`, the run's compilation
     cache is switched on first (`compile_cache`: before anything compiles). init_from: every policy
@@ -167,7 +177,7 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
         local_meshes = [local_mesh(m) if is_multiprocess() else None for m in pools]
     except ValueError as e:
         raise ConfigError(f"config.mesh: {e}") from None
-    base = starting_model(config, pools[0], init_from)
+    base = starting_model(role_config(config, names[0]), pools[0], init_from)
     if base.cfg.vocab_size < len(tokenizer):
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
     layout = sharing(config)
@@ -181,7 +191,8 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
     policies = build_policies(layout, base, names, lambda i: optimizers[i][0], loss_config(config),
                               config.loss.logprob_chunk,
                               config.lora.rank, config.lora.alpha, config.model.init_seed,
-                              model_copy=lambda i: starting_model(config, pools[i], init_from), how=how,
+                              model_copy=lambda i: role_model(config, names, i, pools[i], init_from, base),
+                              how=how,
                               master_dtype=config.optim.master_dtype,
                               meshes=lambda i: (pools[i], local_meshes[i]) if per_agent_pool else
                               (mesh, local_meshes[0]))

@@ -9,7 +9,7 @@ import ml_collections
 from atgrpo_jax.registry import closest
 from atgrpo_jax.train.config import (AGENT_KEYS, RECIPES, REGIMES, SHARINGS, ConfigError, agent_sampling, base_config,
                                      flat, loss_config)
-from atgrpo_jax.train.roles import ROLE_OPTIM_KEYS, role_optim
+from atgrpo_jax.train.roles import ROLE_MODEL_KEYS, ROLE_OPTIM_KEYS, role_config, role_optim
 
 FILTER_SCOPES = ("policy", "agent", "batch")
 MODEL_INITS = ("auto", "random")
@@ -64,6 +64,28 @@ def resolve(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collect
     return validate(c, weights=weights)
 
 
+def _check_weights(m, where: str, weights: bool) -> None:
+    """The keys of a model section `m` that say which weights it has (config.model, or a role's:
+    `roles.role_config`) are usable; errors name `where` (model.preset, policy.role_models.ROLE.preset...)."""
+    from atgrpo_jax.models.config import DTYPES, PRESETS
+
+    _require(m.preset in PRESETS or (m.preset == "" and bool(m.hf_path)), f"{where}.preset",
+             f"unknown preset {m.preset!r}{closest(m.preset, PRESETS)}; known: {sorted(PRESETS)} "
+             f"(or \"\" with {where}.hf_path: the checkpoint's architecture)")
+    _require(m.init in MODEL_INITS, f"{where}.init", f"must be one of {MODEL_INITS}, got {m.init!r}")
+    _require(isinstance(m.init_from, str), f"{where}.init_from",
+             f"must be a run's workdir (a string; \"\" = none), got {m.init_from!r}")
+    if weights and not m.hf_path and not m.init_from and m.init == "auto" and m.preset in PRESETS:
+        size = PRESETS[m.preset].num_params()
+        _require(size < RANDOM_INIT_MAX_PARAMS, f"{where}.hf_path",
+                 f"preset {m.preset!r} ({size / 1e9:.1f}B parameters) has no weights: set {where}.hf_path to a "
+                 "Hugging Face checkpoint directory (tpu_scripts/setup.sh --hf-model downloads one), or "
+                 f"{where}.init='random' to train from random weights on purpose")
+    for key in ("param_dtype", "compute_dtype"):
+        _require(m[key] in DTYPES, f"{where}.{key}", f"must be one of {sorted(DTYPES)}")
+    _require(m.vocab_size >= 0, f"{where}.vocab_size", "must be >= 0 (0 = the preset's)")
+
+
 def _check_optim(o, where: str) -> None:
     """The optimizer keys `o` (config.optim, or a role's: `roles.role_optim`) are usable; errors name `where`."""
     from atgrpo_jax.train.update import SCHEDULES
@@ -86,7 +108,6 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     """Check every field that can be wrong before anything compiles (after `resolve`)."""
     from atgrpo_jax.algo.advantages import ADVANTAGES
     from atgrpo_jax.models.attention import BACKENDS
-    from atgrpo_jax.models.config import DTYPES, PRESETS
     from atgrpo_jax.models.decode_kernel import DECODE_ATTENTION
     from atgrpo_jax.rollout.tree import PLAIN_GROUPINGS
     from atgrpo_jax.train.policies import MASTER_DTYPES
@@ -95,23 +116,18 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
         if isinstance(value, float) and not key.startswith("env.kwargs"):
             _require(math.isfinite(value), key, f"must be a finite number, got {value}")
     m = c.model
-    _require(m.preset in PRESETS or (m.preset == "" and bool(m.hf_path)), "model.preset",
-             f"unknown preset {m.preset!r}{closest(m.preset, PRESETS)}; known: {sorted(PRESETS)} "
-             "(or \"\" with model.hf_path: the checkpoint's architecture)")
-    _require(m.init in MODEL_INITS, "model.init", f"must be one of {MODEL_INITS}, got {m.init!r}")
-    _require(isinstance(m.init_from, str), "model.init_from",
-             f"must be a run's workdir (a string; \"\" = none), got {m.init_from!r}")
-    if weights and not m.hf_path and not m.init_from and m.init == "auto" and m.preset in PRESETS:
-        size = PRESETS[m.preset].num_params()
-        _require(size < RANDOM_INIT_MAX_PARAMS, "model.hf_path",
-                 f"preset {m.preset!r} ({size / 1e9:.1f}B parameters) has no weights: set model.hf_path to a "
-                 "Hugging Face checkpoint directory (tpu_scripts/setup.sh --hf-model downloads one), or "
-                 "model.init='random' to train from random weights on purpose")
-    for key in ("param_dtype", "compute_dtype"):
-        _require(m[key] in DTYPES, f"model.{key}", f"must be one of {sorted(DTYPES)}")
+    _check_weights(m, "model", weights)
+    for role, own in c.policy.role_models.items():  # each role's model as its policy will build it
+        _require(isinstance(own, (dict, ml_collections.ConfigDict)), f"policy.role_models.{role}",
+                 f"must be a section of model keys, e.g. --config.policy.role_models.{role}.preset=qwen3-0.6b")
+        unknown = sorted(set(own) - set(ROLE_MODEL_KEYS))
+        _require(not unknown, f"policy.role_models.{role}",
+                 f"{unknown} cannot differ per role; known: {', '.join(ROLE_MODEL_KEYS)}")
+        _check_weights(role_config(c, role).model, f"policy.role_models.{role}", weights)
+    _require(not c.policy.role_models or c.policy.sharing == "per_role", "policy.role_models",
+             f"gives a role a model of its own, which only policy.sharing='per_role' has; got {c.policy.sharing!r}")
     _require(c.optim.master_dtype in MASTER_DTYPES + ("auto",), "optim.master_dtype",
              f"must be one of {MASTER_DTYPES + ('auto',)}, got {c.optim.master_dtype!r}")
-    _require(m.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = the preset's)")
     _require(m.attention in BACKENDS, "model.attention",
              f"unknown {m.attention!r}{closest(m.attention, BACKENDS)}; known: {', '.join(BACKENDS)}")
     _require(m.attention != "splash" or not c.optim.share_prompts, "model.attention",

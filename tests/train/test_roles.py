@@ -72,3 +72,55 @@ def test_roles_take_turns_at_their_own_rates_and_resume_exactly_across_a_phase(t
     loop.run_training(with_roles(**{"train.steps": 3}), str(tmp_path / "resumed"))
     resumed = read_metrics(str(tmp_path / "resumed" / "metrics.jsonl"))
     assert [untimed(r) for r in resumed] == [untimed(r) for r in rows]
+
+
+def unequal(**changes):
+    """Per-role policies of two widths: the planner demo-tiny (128 wide), the executor test-tiny (64)."""
+    c = tiny(**{"policy.sharing": "per_role", "train.eval_every": 0, "optim.schedule": "constant",
+                "optim.warmup_steps": 0, **changes})
+    with c.unlocked():
+        c.policy.role_models = ml_collections.ConfigDict({"executor": {"preset": "test-tiny",
+                                                                       "vocab_size": c.model.vocab_size}})
+    return c
+
+
+def test_a_model_per_role_trains_resumes_and_exports_each_at_its_size(tmp_path):
+    import json
+
+    from atgrpo_jax import export
+    from atgrpo_jax.train import loop
+
+    loop.run_training(unequal(**{"train.steps": 2}), str(tmp_path / "full"))
+    loop.run_training(unequal(**{"train.steps": 1}), str(tmp_path / "resumed"))
+    loop.run_training(unequal(**{"train.steps": 2}), str(tmp_path / "resumed"))
+    rows = read_metrics(str(tmp_path / "full" / "metrics.jsonl"))
+    assert all(row["policy_planner/updates"] > 0 and row["policy_executor/updates"] > 0 for row in rows)
+    resumed = read_metrics(str(tmp_path / "resumed" / "metrics.jsonl"))
+    assert [untimed(r) for r in resumed] == [untimed(r) for r in rows]
+    widths = {}
+    for policy in ("policy_planner", "policy_executor"):
+        out = tmp_path / policy
+        export.export_policy(str(tmp_path / "full"), str(out), policy=policy)
+        widths[policy] = json.loads((out / "config.json").read_text())["hidden_size"]
+    assert widths == {"policy_planner": 128, "policy_executor": 64}
+
+
+def test_role_models_are_checked_and_planned_as_the_largest():
+    from atgrpo_jax.plan.devices import TPUS
+    from atgrpo_jax.plan.memory import model_config, plan
+    from atgrpo_jax.train.roles import role_config
+
+    c = unequal()
+    with c.unlocked():
+        c.policy.role_models.executor.preset = "bench-small"  # 7.3M parameters: the larger
+    resolve(c)
+    size = max(model_config(role_config(c, role)).num_params() for role in (None, "executor"))
+    assert size == model_config(role_config(c, "executor")).num_params() > model_config(c).num_params()
+    assert f"largest ({size:,} parameters)" in " ".join(plan(c, TPUS["v5p"], 1).notes)
+    with c.unlocked():
+        c.policy.role_models.executor = ml_collections.ConfigDict({"attention": "xla"})
+    with pytest.raises(ConfigError, match=r"policy.role_models.executor: \['attention'\] cannot differ per role"):
+        resolve(c)
+    c = unequal(**{"policy.sharing": "lora"})
+    with pytest.raises(ConfigError, match="policy.role_models: gives a role a model of its own"):
+        resolve(c)
