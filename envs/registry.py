@@ -2,7 +2,8 @@
 
 A name is one of:
 - a registered workflow: `math`, `code`, `prompt_reward` (a dataset of prompts scored by a reward
-  function of yours), `plan_path_demo` (the CPU demo), or one of yours
+  function of yours), `plan_path_demo` (the CPU demo), `search` (search QA, envs/search_workflow.py),
+  `mixture` (several of these in one run, envs/mixture.py), or one of yours
   (`@WORKFLOWS.register("my_task")` on a factory);
 - `<game>_<kind>` for every game in envs/games.py and every kind of grid workflow:
   tool_plan (the paper's tool agent + plan agent) or direct (short direct actions for tiny
@@ -35,6 +36,26 @@ def _math(single_agent: bool = False, recipe: str = "paper", **kwargs):
 def _code(single_agent: bool = False, recipe: str = "paper", **kwargs):
     from atgrpo_jax.envs.code_workflow import make_code_workflow
     return make_code_workflow(single_agent=single_agent, recipe=recipe, **kwargs)
+
+
+@WORKFLOWS.register("mixture")
+def _mixture(single_agent: bool = False, recipe: str = "paper", weights=None, roles=(), **settings):
+    """Several workflows in one run (envs/mixture.py), each built here with its env.kwargs.NAME."""
+    from atgrpo_jax.envs.mixture import MixtureWorkflow, check_settings
+    if not weights:
+        raise ValueError("env.kwargs.weights: a mixture names its workflows and how often each is drawn, e.g. "
+                         "--config.env.kwargs.weights='{\"math\": 1, \"code\": 1}'")
+    weights = dict(weights)
+    check_settings(weights, settings)
+    parts = {name: make_workflow(name, single_agent=single_agent, recipe=recipe, **dict(settings.get(name, {})))
+             for name in weights}
+    return MixtureWorkflow(parts, weights, tuple(roles))
+
+
+@WORKFLOWS.register("search")
+def _search(single_agent: bool = False, recipe: str = "paper", **kwargs):
+    from atgrpo_jax.envs.search_workflow import make_search_workflow
+    return make_search_workflow(single_agent=single_agent, recipe=recipe, **kwargs)
 
 
 @WORKFLOWS.register("prompt_reward")

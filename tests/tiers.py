@@ -5,7 +5,8 @@ command line (bf16) and its math, Sokoban and Sudoku cases, the shared asynchron
 trained-alone ablation, kills during an evaluation, SIGTERM at staleness 0 and to one of two hosts,
 a second process reading the compilation cache, every part of `bench device --tiny`, the compiled
 PyTorch baselines, and the fault cases a sibling covers (a disk full at save time, no readable
-checkpoint, max_skipped_updates=0)."""
+checkpoint, max_skipped_updates=0, the launch preflight compiling for a TPU, a hung environment step
+stopping a CLI run, a tiny search run with the real tokenizer)."""
 import os
 
 FULL = os.environ.get("ATGRPO_FULL_SUITE") == "1"

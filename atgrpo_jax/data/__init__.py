@@ -55,7 +55,7 @@ def require_prepared(names, given_dir: str = "", task: str = "") -> None:
 
 
 def is_prepared_name(name: str, task: str = "") -> bool:
-    """Whether `name` is one of the sets prepare writes (for `task`, "math" or "code", when given)."""
+    """Whether `name` is one of the sets prepare writes (for `task`, "math", "code", "search", ..., when given)."""
     from atgrpo_jax.data.paper_sets import PAPER_SETS
     return name in PAPER_SETS and task in ("", PAPER_SETS[name].task)
 

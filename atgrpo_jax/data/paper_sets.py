@@ -3,6 +3,7 @@ its rows become the project's records (docs/data.md has the column mapping and l
 
 Records written (one JSON object per line):
 - math: {"id", "problem", "answer"} (answer a string);
+- search: {"id", "question", "answers"} (answers a list of strings); search_corpus: {"id", "title", "text"};
 - code: {"id", "kind", "question", "starter_code", "setup", "tests", "solutions", "incorrect_solutions",
   "source", "difficulty"}; kind "io": tests are [{"input", "output"}] (stdin -> expected stdout);
   kind "function": tests are assert statements run after the program (with `setup` before it).
@@ -30,7 +31,7 @@ LEETCODE_SETUP = ("from typing import *\nfrom collections import *\nfrom functoo
 @dataclasses.dataclass(frozen=True)
 class PaperSet:
     name: str  # the file written: NAME.jsonl
-    task: str  # "math" or "code"
+    task: str  # "math", "code", "search" (questions) or "search_corpus" (passages)
     repo: str  # Hugging Face dataset id
     patterns: tuple[str, ...]  # files of the repository to read (fnmatch)
     convert: Callable[[Iterable[dict]], Iterator[dict]]
@@ -185,6 +186,31 @@ def _apps_test500(rows):
 CC_COLUMNS = ("name", "description", "public_tests", "private_tests", "solutions", "incorrect_solutions", "difficulty",
               "input_file", "output_file")
 
+# ---------------------------------------------------------------- search QA
+
+FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"  # the question sets as Search-R1 (and the reference) read them
+
+
+def _qa(prefix: str) -> Callable[[Iterable[dict]], Iterator[dict]]:
+    """{"id", "question", "answers": [...]} from rows with a question and golden_answers (or answer(s))."""
+    def convert(rows):
+        for i, row in enumerate(rows):
+            question, golds = _first(row, ("question",)), _first(row, ("golden_answers", "answers", "answer"))
+            if not question or golds in (None, "", []):
+                continue
+            golds = golds if isinstance(golds, (list, tuple)) else [golds]
+            yield {"id": f"{prefix}-{row.get('id', i)}", "question": str(question), "answers": [str(g) for g in golds]}
+    return convert
+
+
+def _passages(rows: Iterable[dict]) -> Iterator[dict]:
+    """{"id", "title", "text"} from Wikipedia dump rows {"id", "contents": '"Title"\ntext'}."""
+    for i, row in enumerate(rows):
+        title, _, text = str(row.get("contents", "")).partition("\n")
+        if text:
+            yield {"id": str(row.get("id", i)), "title": title.strip('"'), "text": text}
+
+
 PAPER_SETS = {s.name: s for s in (
     PaperSet("polaris", "math", "POLARIS-Project/Polaris-Dataset-53K", ("*.jsonl",), _math("polaris"),
              "Polaris-53K: the paper's math training set (53K problems)", "Apache-2.0"),
@@ -206,4 +232,17 @@ PAPER_SETS = {s.name: s for s in (
              "CC (the data card says `cc`)"),
     PaperSet("apps_test500", "code", "codeparrot/apps", ("test.jsonl",), _apps_test500,
              "APPS test.jsonl, its first 500 problems with tests, as the reference", "MIT"),
+    PaperSet("search_train_nq_hotpotqa", "search", FLASHRAG, ("nq/train.jsonl", "hotpotqa/train.jsonl"),
+             _qa("train"), "Natural Questions and HotpotQA training questions (Search-R1's training mix)",
+             "CC-BY-SA-3.0 (NQ), CC-BY-SA-4.0 (HotpotQA)"),
+    PaperSet("bamboogle", "search", FLASHRAG, ("bamboogle/test.jsonl",), _qa("bamboogle"),
+             "Bamboogle (125 two-hop questions): the reference's default search benchmark", "MIT"),
+    PaperSet("2wikimultihopqa", "search", FLASHRAG, ("2wikimultihopqa/dev.jsonl",), _qa("2wiki"),
+             "2WikiMultihopQA development questions", "Apache-2.0"),
+    PaperSet("hotpotqa", "search", FLASHRAG, ("hotpotqa/dev.jsonl",), _qa("hotpotqa"),
+             "HotpotQA development questions", "CC-BY-SA-4.0"),
+    PaperSet("musique", "search", FLASHRAG, ("musique/dev.jsonl",), _qa("musique"),
+             "MuSiQue development questions", "CC-BY-4.0"),
+    PaperSet("wiki18", "search_corpus", "PeterJinGo/wiki-18-corpus", ("wiki-18.jsonl.gz",), _passages,
+             "Wikipedia (Dec 2018) in 100-word passages, 21M: the corpus Search-R1 retrieves from", "CC-BY-SA-3.0"),
 )}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import gzip
 import itertools
 import json
 import os
@@ -19,6 +20,9 @@ def _rows(root: str, files: list[str], spec: PaperSet) -> Iterator[dict]:
         ext = os.path.splitext(rel)[1].lower()
         if ext == ".jsonl":
             yield from iter_jsonl(path)
+        elif rel.lower().endswith(".jsonl.gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                yield from (json.loads(line) for line in f if line.strip())
         elif ext == ".parquet":
             yield from iter_parquet(path, spec.columns)
         elif ext == ".arrow":

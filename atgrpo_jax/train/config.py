@@ -391,6 +391,8 @@ TASKS = {
                  eval_k=5),
     "code": dict(workflow="code", max_turns=5, temperature=1.0, eval_temperature=0.6,
                  drop_low_mean_frac=0.0, drop_zero_variance=True, env=PAPER_CODE_ENV, eval_k=5),
+    "search": dict(workflow="search", max_turns=5, temperature=1.0, eval_temperature=0.0,  # search_L1_prompt.yaml
+                   drop_low_mean_frac=0.5, drop_zero_variance=False),
 }
 
 # The reference's sampling and schedule for every task (its configs at commit a054fb1, verl's schedule).
@@ -403,6 +405,8 @@ PAPER_OPTIM = dict(lr=5e-6, schedule="cosine", warmup_steps=10, min_lr_ratio=0.3
 PAPER_DATA = {
     "math": dict(train_set="polaris", test_sets=("aime24", "aime25", "olympiadbench")),
     "code": dict(train_sets=("codecontests_train",), test_sets=("livecodebench", "apps_test500", "codecontests_test")),
+    "search": dict(train_set="search_train_nq_hotpotqa", test_sets=("bamboogle", "2wikimultihopqa", "hotpotqa",
+                                                                   "musique"), corpus="wiki18"),
 }
 
 

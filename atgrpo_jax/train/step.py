@@ -371,6 +371,12 @@ def rollout_metrics(run: Run, ro: Rollout, groups: Groups) -> dict:
                "reward_mean": float(samples.reward[samples.mask].mean()) if samples.mask.any() else 0.0}
     for a, agent in enumerate(run.workflow.agents):
         metrics[f"reward/{agent.name}"] = float(episodes.agent_reward[a])
+    kinds = getattr(run.workflow, "kinds", None)  # a mixture of workflows: the success of each
+    if kinds is not None:  # (episodes are in task order: the step's ids, rounds of dynamic sampling after)
+        kind = kinds(ro.step * TRAIN_TASK_STRIDE + np.arange(len(episodes.success)), "train")
+        for i, name in enumerate(run.workflow.names):
+            if (kind == i).any():
+                metrics[f"success/{name}"] = float(np.mean(episodes.success[kind == i]))
     if ro.stale:
         metrics["lag_updates"] = float(np.mean([int(p.state.step) - n for p, n in zip(run.policies, ro.sampled_at)]))
     return metrics
