@@ -3,7 +3,7 @@ environment): each workflow with its paper settings, drawn equally often; the ro
 settings are the math run's (docs/guides/multi-agent.md, "Several tasks in one run")."""
 import ml_collections
 
-from atgrpo_jax.train.config import paper_config
+from atgrpo_jax.train.paper import paper_config
 
 
 def get_config():

@@ -1,5 +1,5 @@
-"""Math with Qwen3-1.7B, the paper's run (settings: atgrpo_jax/train/config.py paper_config; weights: --config.model.hf_path)."""
-from atgrpo_jax.train.config import paper_config
+"""Math with Qwen3-1.7B, the paper's run (settings: atgrpo_jax/train/paper.py; weights: --config.model.hf_path)."""
+from atgrpo_jax.train.paper import paper_config
 
 
 def get_config():

@@ -5,7 +5,7 @@ own actions play the game), as the paper does; "tool_beside_frozen" / "plan_besi
 role beside the other kept at the base model. Combine roles trained apart, or swap the roles of a run,
 at evaluation: `evaluate --config=...:together --hf_path=BASE --policies=tool=TOOL_RUN:policy,plan=PLAN_RUN:policy`
 (README, "Regimes and ablations")."""
-from atgrpo_jax.train.config import paper_config
+from atgrpo_jax.train.paper import paper_config
 
 ALONE = {"tool_alone": "tool", "plan_alone": "plan"}
 FROZEN = {"together": (), "tool_beside_frozen": ("plan",), "plan_beside_frozen": ("tool",)}

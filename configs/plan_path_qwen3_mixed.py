@@ -8,7 +8,7 @@ policy per role (policy.role_models), otherwise the paper's 1.7B settings. Both 
 role's programs for its own model."""
 import ml_collections
 
-from atgrpo_jax.train.config import paper_config
+from atgrpo_jax.train.paper import paper_config
 
 
 def get_config():

@@ -126,7 +126,7 @@ def _leaf(config, key):
 def test_docs_table_says_what_the_paper_configs_carry():
     import ast
 
-    from atgrpo_jax.train.config import paper_config
+    from atgrpo_jax.train.paper import paper_config
 
     main, per_workflow = _paper_tables()
     keys = {row["config key"] for row in main}

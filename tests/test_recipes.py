@@ -14,7 +14,8 @@ from atgrpo_jax.envs.math_workflow import MathWorkflow
 from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.envs.sandbox import Limits, RunResult
 from atgrpo_jax.envs.workflow import episodes_per_problem
-from atgrpo_jax.train.config import ConfigError, agent_sampling, base_config, paper_config
+from atgrpo_jax.train.config import ConfigError, agent_sampling, base_config
+from atgrpo_jax.train.paper import paper_config
 from atgrpo_jax.train.setup import scored_as, scoring_of
 from atgrpo_jax.train.update import make_optimizer
 from atgrpo_jax.train.validate import resolve

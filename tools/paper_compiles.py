@@ -5,7 +5,7 @@ the paper's runs on TPUs and H100s: the figures of docs/results/tpu.md.
 
 Each compile runs `python -m atgrpo_jax.plan --compile=TARGET --json` in its own process (a compiler
 crash then costs one row, not the sweep). The five tasks of one model size have the same programs
-(the same batch, lengths and sampling settings: train/config.py `paper_config`), so each (size,
+(the same batch, lengths and sampling settings: train/paper.py `paper_config`), so each (size,
 regime, target) is compiled once, from the Plan-Path config, and every task's step is modelled from
 its own config (its turns and group filters). The costed table models every config on v5p-8,
 v5p-32, one H100, eight and sixteen H100s (plan/costing.py; no compile: memory is the planner's).
