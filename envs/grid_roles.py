@@ -106,6 +106,8 @@ class WorkflowConfig:
     static_observation: bool | None = None  # True (reference): Plan-Path's prompts (and a program's standard
     # input) show the walls and the level's start and goal, never where the walker is now; False: the current
     # cell marked and stated. Games without a static view (Sokoban, Sudoku) show their state either way
+    whole_grid_answer: bool | None = None  # True (reference): the Sudoku tool agent is asked to print the whole
+    # solved grid; False: its placements (either parses). Games without a grid answer ask for moves either way
 
     def __post_init__(self):
         from atgrpo_jax.envs.workflow import as_reference
@@ -115,6 +117,7 @@ class WorkflowConfig:
         self.reference_tool_output = as_reference(self.reference_tool_output, self.recipe)
         self.whole_reply_program = as_reference(self.whole_reply_program, self.recipe)
         self.static_observation = as_reference(self.static_observation, self.recipe)
+        self.whole_grid_answer = as_reference(self.whole_grid_answer, self.recipe)
         self.handoff_next_turn = as_reference(self.handoff_next_turn, self.recipe)
 
 

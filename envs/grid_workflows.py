@@ -272,11 +272,12 @@ class GridWorkflow:
 
     def _long_prompt(self, role: Role, env, history: str, handoff: str) -> list:
         game = self.game.module
+        whole = self.config.whole_grid_answer and role.answer == "code" and hasattr(game, "GRID_ANSWER_FORMAT")
         user = self.templates.render(
             "user.j2", rules=game.RULES, board=self.game.render(env), status=game.status(env),
             static_view=game.static_view(env) if self._static() else None, history=history, handoff=handoff,
-            answer=role.answer, answer_format=game.ANSWER_FORMAT, answer_example=game.ANSWER_EXAMPLE,
-            actions_marker=ACTIONS_MARKER)
+            answer=role.answer, answer_format=game.GRID_ANSWER_FORMAT if whole else game.ANSWER_FORMAT,
+            answer_example=game.GRID_ANSWER_EXAMPLE if whole else game.ANSWER_EXAMPLE, actions_marker=ACTIONS_MARKER)
         return [{"role": "system", "content": self.templates.render(f"{role.system}.system.j2")},
                 {"role": "user", "content": user}]
 

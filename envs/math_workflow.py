@@ -43,7 +43,7 @@ from atgrpo_jax.data import is_prepared_name, is_source, load_records, prepared_
 from atgrpo_jax.envs.math_grading import answer_anywhere, grade
 from atgrpo_jax.envs.parsers import extract_boxed, extract_code_block, reference_program
 from atgrpo_jax.envs.sandbox import Limits, run_many
-from atgrpo_jax.envs.text_state import clip_head, clip_tail, load_jsonl, obj_array, response_grid
+from atgrpo_jax.envs.text_state import clip_head, clip_middle, clip_tail, load_jsonl, obj_array, response_grid
 from atgrpo_jax.envs.prompt_templates import Prompts
 from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE, Agent, Messages, StepOut, as_reference, branch
 
@@ -55,7 +55,7 @@ MATH_DATASETS = {
     "olympiadbench": "math/olympiadbench.jsonl",
 }
 TEXT_FIELDS = ("problem", "reference", "reasoner_response", "reasoner_answer", "tool_code", "tool_output",
-               "tool_answer", "history")
+               "tool_answer", "history", "reasoner_past", "tool_past")
 
 @dataclasses.dataclass(frozen=True)
 class MathRewards:
@@ -116,6 +116,8 @@ class MathWorkflow:
     # False: a reply without a ```python (or untagged) block runs nothing (rewards.tool_error)
     failed_program_is_wrong: bool | None = None  # True (reference): a program that fails, prints nothing or is
     # missing scores as a wrong answer (0); False: rewards.tool_error (-1)
+    full_history: bool | None = None  # True (reference): turns >= 1 show every earlier turn (each reasoning cut
+    # to its first and last 500 characters, its answer, each program and its result); False: the latest replies
     draw_per_step: bool | None = None  # True (reference): each training step draws its problems at random,
     # distinct within the step (random.sample); False: consecutive problems of the pool, each once per pass
 
@@ -125,7 +127,8 @@ class MathWorkflow:
         if self.fields is not None:  # a dict or ConfigDict, kept as sorted pairs: the workflow stays hashable
             pairs = sorted((str(k), str(v)) for k, v in dict(self.fields).items())
             object.__setattr__(self, "fields", tuple(pairs))
-        for switch in ("answer_anywhere", "whole_reply_program", "failed_program_is_wrong", "draw_per_step"):
+        for switch in ("answer_anywhere", "whole_reply_program", "failed_program_is_wrong", "draw_per_step",
+                       "full_history"):
             object.__setattr__(self, switch, as_reference(getattr(self, switch), self.recipe))
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
@@ -223,7 +226,8 @@ class MathWorkflow:
             "user.j2", role=role, turn=turn, single_agent=self.single_agent, problem=s["problem"],
             reasoner_response=clip_tail(s["reasoner_response"], self.max_shown_chars),
             tool_code=clip_head(s["tool_code"], self.max_shown_chars), tool_output=clip_head(s["tool_output"], 1000),
-            history=s["history"])
+            history=s["history"], full_history=self.full_history, reasoner_past=s["reasoner_past"],
+            tool_past=s["tool_past"])
         system = "single" if self.single_agent else role
         return [{"role": "system", "content": self.templates.render(f"{system}.system.j2")},
                 {"role": "user", "content": user}]
@@ -263,6 +267,9 @@ class MathWorkflow:
             out["reasoner_answer"][b, j] = answer
             out["reasoner_correct"][b, j] = correct
             out["history"][b, j] += f"turn {turn + 1}, reasoner: {answer or '(no boxed answer)'}\n"
+            if self.full_history:
+                out["reasoner_past"][b, j] += (f"Turn {turn + 1}, the reasoning: {clip_middle(grid[b][j], 500)}\n"
+                                               f"Turn {turn + 1}, its answer: {answer or '(none)'}\n")
             local[b, j] = r.reasoner_correct * correct if answer else r.reasoner_unparsable
             out["done"][b, j] = self._agree(out, b, j)
             parsed_as[b, j] = f"answer {answer}" if answer else \
@@ -294,6 +301,9 @@ class MathWorkflow:
             out["tool_output"][b, j] = clip_head(output, 4000)
             out["tool_answer"][b, j] = answer
             out["history"][b, j] += f"turn {turn + 1}, tool agent: {answer or '(no answer)'}\n"
+            if self.full_history:
+                out["tool_past"][b, j] += (f"Turn {turn + 1}, the program:\n```python\n{codes[(b, j)] or ''}\n```\n"
+                                           f"Turn {turn + 1}, its result: {clip_middle(output.strip(), 500)}\n")
             local[b, j] = r.tool_correct if correct else r.tool_wrong if answer else error
             parsed_as[b, j] = f"printed {answer}" if answer else "unparsed: " + clip_head(output, 120)
             out["done"][b, j] = self._agree(out, b, j)

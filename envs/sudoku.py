@@ -329,4 +329,6 @@ RULES = (
 MAX_ACTIONS = 16
 TOOL_PENALTY = -1.0  # the tool agent's reward when nothing parses: the reference's Sudoku value (other games -2)
 ANSWER_FORMAT = "a list of placements [[row, col, digit], ...] or the full grid [[1,2,3,4], ...]"
+GRID_ANSWER_FORMAT = "the whole solved grid, a list of its 4 rows [[1,2,3,4], ...]"  # whole_grid_answer
+GRID_ANSWER_EXAMPLE = "[[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 2, 1]]"
 ANSWER_EXAMPLE = "[[0, 1, 3], [2, 2, 4]]"

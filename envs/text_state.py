@@ -31,6 +31,12 @@ def clip_head(text: Any, max_chars: int) -> str:
     return text if len(text) <= max_chars else text[:max_chars] + "\n[...]"
 
 
+def clip_middle(text: Any, keep: int) -> str:
+    """The first and last `keep` characters of text, the middle marked as cut (the reference's truncation)."""
+    text = "" if text is None else str(text)
+    return text if len(text) <= 2 * keep else text[:keep] + "\n[...]\n" + text[-keep:]
+
+
 def response_grid(responses: Sequence[Sequence[Any]], batch: int) -> list[list[str]]:
     """responses[b][k] as strings (non-strings become ""), checked to be [batch][K] with K >= 1."""
     if len(responses) != batch:

@@ -13,7 +13,7 @@ from atgrpo_jax.envs.grid_roles import actions_from_answer, reference_tool_actio
 from atgrpo_jax.envs.math_workflow import MathWorkflow
 from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.envs.sandbox import Limits, RunResult
-from atgrpo_jax.envs.workflow import episodes_per_problem
+from atgrpo_jax.envs.workflow import episodes_per_problem, take_branch
 from atgrpo_jax.train.config import ConfigError, agent_sampling, base_config
 from atgrpo_jax.train.paper import paper_config
 from atgrpo_jax.train.setup import scored_as, scoring_of
@@ -298,3 +298,32 @@ def test_row_9_the_reference_trains_one_lora_adapter_on_the_shared_model():
     assert resolve(small("reference")).policy.sharing == "shared_lora"
     assert resolve(small("reference", **{"policy.sharing": "per_role"})).policy.sharing == "per_role"  # L2 stays
     assert resolve(small("reference", **{"reference.lora_on_shared": False})).policy.sharing == "shared"
+
+
+def test_row_12_math_turns_show_every_earlier_turn_under_the_reference():
+    long_reasoning = "step " * 300 + "\\boxed{42}"
+    prompts = {}
+    for recipe in RECIPES:
+        wf = MathWorkflow(test_sets=("aime24",), limits=FAST, max_workers=2, recipe=recipe)
+        state = wf.reset([0], "aime24")
+        for turn, reply in enumerate([long_reasoning, "so \\boxed{41}"]):
+            state = take_branch(wf.step(state, 0, turn, [[reply]]).state, np.zeros(1, int))
+            state = take_branch(wf.step(state, 1, turn, [["```python\nprint(7)\n```"]]).state, np.zeros(1, int))
+        prompts[recipe] = wf.prompts(state, 0, 2)[0][1]["content"]
+    reference, paper = prompts["reference"], prompts["paper"]
+    assert "Turn 1, its answer: 42" in reference and "Turn 2, its answer: 41" in reference
+    assert reference.count("Turn 1, the program") == 1 and "Turn 2, its result: 7" in reference
+    assert "[...]" in reference and len(reference) < len(long_reasoning) + 1000  # cut to its head and tail
+    assert "Turn 1" not in paper and "Your previous solution" in paper  # the latest replies only
+
+
+def test_row_12_the_sudoku_tool_agent_is_asked_for_the_whole_grid_under_the_reference():
+    from atgrpo_jax.envs import sudoku
+
+    asks = {}
+    for recipe in RECIPES:
+        wf = grid(recipe, "sudoku")
+        asks[recipe] = wf.prompts(wf.reset([0], "test"), 0, 0)[0][1]["content"]
+    assert sudoku.GRID_ANSWER_EXAMPLE in asks["reference"] and sudoku.GRID_ANSWER_FORMAT in asks["reference"]
+    assert sudoku.ANSWER_EXAMPLE in asks["paper"] and sudoku.GRID_ANSWER_FORMAT not in asks["paper"]
+    assert sudoku.parse_list(sudoku.GRID_ANSWER_EXAMPLE, 16) is not None  # a whole grid parses
