@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
+
+ORBAX_COROUTINES = ("_read_array_index_and_device_put",)  # orbax's restore reads left behind by a failed restore
 
 
 class _QuietOrbax(logging.Filter):
@@ -68,4 +71,7 @@ def quiet_orbax_leftovers() -> None:
 
     quiet_excepthook.quiet_orbax = True
     sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
+    # the same leftover, when the coroutine is only collected at interpreter exit: a RuntimeWarning ("sys:1")
+    warnings.filterwarnings("ignore", message=f"coroutine '({'|'.join(ORBAX_COROUTINES)})' was never awaited",
+                            category=RuntimeWarning)
     logging.getLogger("asyncio").addFilter(lambda r: "exception was never retrieved" not in r.getMessage())

@@ -67,7 +67,7 @@ def test_a_config_change_that_no_checkpoint_fits_is_named_and_changes_nothing(fi
     assert_no_traceback(proc)
     assert re.fullmatch(r"error: the run's checkpoints do not restore into this config \(model.vocab_size changed "
                         r"from \d+ to 200: they hold other shapes or dtypes\); nothing was changed\. Resume with the "
-                        r"run's config, or train this one in a new --workdir", stderr_lines(proc)[-1])
+                        r"run's config, or train this one in a new --workdir", stderr_lines(proc)[-1]), proc.stderr[-2000:]
     assert "fresh_if_unreadable" not in proc.stderr
     assert snapshot(work) == before
 
