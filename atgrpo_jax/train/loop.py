@@ -35,6 +35,7 @@ from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
 from atgrpo_jax.train.progress import ProgressBar, say
 from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train.heldout import evaluation, evaluation_splits
+from atgrpo_jax.train.hooks import Hook, StepInfo, run_hooks
 from atgrpo_jax.train.step import policy_states, set_policy_states, train_step
 from atgrpo_jax.train.update import lr_factor
 
@@ -187,6 +188,26 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
             writer.write(0, dict(last, time_s=0.0))
             if lead:
                 print(f"step 0 (before training): held-out success {last['eval_success']:.1%}", flush=True)
+        def evaluate(info: StepInfo):
+            info.metrics.update(evaluation(run, splits, t.eval_tasks, eval_k)[0])
+            info.evaluated = True
+            if lead:
+                bar.note(f"step {info.step}: held-out success {info.metrics['eval_success']:.1%}")
+
+        def diverge(info: StepInfo):
+            raise diverged_stop(ckpt, streaks, info.step, t.max_skipped_updates)
+
+        hooks = [  # in this order after every step (hooks.py); `final`: the last step, or the time budget ran out
+            Hook(evaluate, t.eval_every, when=lambda i: bool(t.eval_every) and not i.diverged),
+            Hook(lambda i: i.metrics.update(time_s=time.time() - began), every=1),
+            Hook(lambda i: writer.write(i.step, i.metrics), t.log_every, also=lambda i: i.evaluated or i.diverged),
+            Hook(lambda i: bar.update(i.step, i.metrics), every=1),
+            Hook(diverge, 0, forced=False, also=lambda i: i.diverged),
+            # no checkpoint of weights whose updates are skipped: a step with any skipped update (one
+            # applied after a skip may act on weights that already diverged) or a streak still running
+            Hook(lambda i: save(i.step, i.metrics), t.checkpoint_every,
+                 when=lambda i: i.healthy and bool(t.checkpoint_every)),
+        ]
         for step in range(start + 1, t.steps + 1):
             if stop.requested():
                 raise stopped(step - 1)
@@ -210,24 +231,9 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
                 tracer.write(wd.join(workdir, "trace", f"step_{step}.json"))
             out_of_time = bool(t.time_budget_s) and time.time() - began > t.time_budget_s
             diverged = bool(t.max_skipped_updates) and max(streaks.values(), default=0) >= t.max_skipped_updates
-            evaluating = t.eval_every and not diverged and (step % t.eval_every == 0 or step == t.steps
-                                                             or out_of_time)
-            if evaluating:
-                metrics.update(evaluation(run, splits, t.eval_tasks, eval_k)[0])
-                if lead:
-                    bar.note(f"step {step}: held-out success {metrics['eval_success']:.1%}")
-            metrics["time_s"] = time.time() - began
-            if evaluating or diverged or step % t.log_every == 0 or step == t.steps or out_of_time:
-                writer.write(step, metrics)
-            bar.update(step, metrics)
-            if diverged:
-                raise diverged_stop(ckpt, streaks, step, t.max_skipped_updates)
-            # no checkpoint of weights whose updates are skipped: a step with any skipped update (one
-            # applied after a skip may act on weights that already diverged) or a streak still running
             healthy = all(v == 0 for v in streaks.values()) and not any(
                 metrics.get(f"{name}/skipped" if len(policy_names) > 1 else "skipped") for name in policy_names)
-            if healthy and t.checkpoint_every and (step % t.checkpoint_every == 0 or step == t.steps or out_of_time):
-                save(step, metrics)
+            run_hooks(hooks, StepInfo(step, metrics, step == t.steps or out_of_time, diverged, healthy))
             last = metrics
             if out_of_time:
                 if lead:
