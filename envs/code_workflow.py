@@ -44,8 +44,8 @@ from atgrpo_jax.envs.code_problems import CodeProblem, extract_tests, load_probl
 from atgrpo_jax.envs.parsers import extract_code_block, python_block
 from atgrpo_jax.envs.prompt_templates import Prompts
 from atgrpo_jax.envs.sandbox import Limits
-from atgrpo_jax.envs.text_state import clip_head, obj_array, response_grid
-from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, as_reference, branch
+from atgrpo_jax.envs.text_state import clip_head, obj_array, step_frame
+from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, as_reference
 
 @dataclasses.dataclass(frozen=True)
 class CodeRewards:
@@ -195,13 +195,7 @@ class CodeWorkflow:
 
     # ------------------------------------------------------------ step
     def step(self, state, agent: int, turn: int, responses: Sequence[Sequence[str]]) -> StepOut:
-        grid = response_grid(responses, len(state["done"]))
-        k = len(grid[0])
-        out = branch(state, k)
-        shape = (len(grid), k)
-        local = np.zeros(shape, np.float32)
-        parsed_as = obj_array([""] * (shape[0] * k)).reshape(shape)
-        active = [(b, j) for b in range(shape[0]) if not state["done"][b] for j in range(k)]
+        grid, out, local, _, parsed_as, active = step_frame(state, responses)
         is_coder = self.agents[agent].name == "coder"
         for b, j in active:
             if is_coder:

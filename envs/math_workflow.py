@@ -43,9 +43,9 @@ from atgrpo_jax.data import is_prepared_name, is_source, load_records, prepared_
 from atgrpo_jax.envs.math_grading import answer_anywhere, grade
 from atgrpo_jax.envs.parsers import extract_boxed, extract_code_block, reference_program
 from atgrpo_jax.envs.sandbox import Limits, run_many
-from atgrpo_jax.envs.text_state import clip_head, clip_middle, clip_tail, load_jsonl, obj_array, response_grid
+from atgrpo_jax.envs.text_state import clip_head, clip_middle, clip_tail, load_jsonl, obj_array, step_frame
 from atgrpo_jax.envs.prompt_templates import Prompts
-from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE, Agent, Messages, StepOut, as_reference, branch
+from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE, Agent, Messages, StepOut, as_reference
 
 MATH_DATASETS = {
     "gsm8k_train": "math/gsm8k_train.jsonl",
@@ -234,13 +234,7 @@ class MathWorkflow:
 
     # ------------------------------------------------------------ step
     def step(self, state, agent: int, turn: int, responses: Sequence[Sequence[str]]) -> StepOut:
-        grid = response_grid(responses, len(state["done"]))
-        k = len(grid[0])
-        out = branch(state, k)
-        shape = (len(grid), k)
-        local, team = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-        parsed_as = obj_array([""] * (shape[0] * k)).reshape(shape)
-        active = [(b, j) for b in range(shape[0]) if not state["done"][b] for j in range(k)]
+        grid, out, local, team, parsed_as, active = step_frame(state, responses)
         if agent == 0:
             for b, j in active:
                 out["turn_start"][b, j] = {f: state[f][b] for f in TEXT_FIELDS}

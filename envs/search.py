@@ -14,7 +14,7 @@ import string
 import urllib.request
 from typing import Sequence
 
-from atgrpo_jax.data.readers import DataError
+from atgrpo_jax.data.readers import DataError, iter_jsonl
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,20 +28,13 @@ def load_passages(path: str) -> tuple[Passage, ...]:
     """A JSONL corpus: rows {"id", "title", "text"}, or Wikipedia dumps' {"id", "contents"} with the title
     as the first line of contents (quoted, as in the wiki-18 corpus)."""
     out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}, line {n}: not JSON ({e.msg})") from None
-            if "contents" in row and "text" not in row:
-                title, _, text = str(row["contents"]).partition("\n")
-                row = {"id": row.get("id", n), "title": title.strip('"'), "text": text}
-            if "text" not in row:
-                raise DataError(f"{path}, line {n}: a passage needs \"text\" (or \"contents\"), got {sorted(row)}")
-            out.append(Passage(str(row.get("id", n)), str(row.get("title", "")), str(row["text"])))
+    for n, row in enumerate(iter_jsonl(path), 1):
+        if "contents" in row and "text" not in row:
+            title, _, text = str(row["contents"]).partition("\n")
+            row = {"id": row.get("id", n), "title": title.strip('"'), "text": text}
+        if "text" not in row:
+            raise DataError(f"{path}, record {n}: a passage needs \"text\" (or \"contents\"), got {sorted(row)}")
+        out.append(Passage(str(row.get("id", n)), str(row.get("title", "")), str(row["text"])))
     if not out:
         raise DataError(f"{path}: no passages")
     return tuple(out)

@@ -27,8 +27,8 @@ import numpy as np
 from atgrpo_jax.data import is_prepared_name, load_records, prepared_path, require_prepared, source_name
 from atgrpo_jax.envs.prompt_templates import Prompts
 from atgrpo_jax.envs.search import answer_of, make_retriever, matches, normalize, search_query, sub_questions
-from atgrpo_jax.envs.text_state import DATA_DIR, clip_tail, load_jsonl, obj_array, response_grid
-from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE, Agent, Messages, StepOut, as_reference, branch
+from atgrpo_jax.envs.text_state import DATA_DIR, clip_tail, load_jsonl, obj_array, step_frame
+from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE, Agent, Messages, StepOut, as_reference
 
 SEARCH_DATASETS = {"search_train": "search/train.jsonl", "search_test": "search/test.jsonl"}
 FIXTURE_CORPUS = str(DATA_DIR / "search" / "corpus.jsonl")
@@ -169,13 +169,7 @@ class SearchWorkflow:
 
     # ------------------------------------------------------------ step
     def step(self, state, agent: int, turn: int, responses: Sequence[Sequence[str]]) -> StepOut:
-        grid = response_grid(responses, len(state["done"]))
-        k = len(grid[0])
-        out = branch(state, k)
-        shape = (len(grid), k)
-        local, team = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-        parsed_as = obj_array([""] * (shape[0] * k)).reshape(shape)
-        active = [(b, j) for b in range(shape[0]) if not state["done"][b] for j in range(k)]
+        grid, out, local, team, parsed_as, active = step_frame(state, responses)
         if self.agents[agent].name == "reasoner":
             self._step_reasoner(out, grid, active, turn, local, parsed_as)
         else:

@@ -1,13 +1,14 @@
-"""Small helpers shared by the text workflows (math, code): object-array state, data files."""
+"""Small helpers shared by the text workflows (math, code, search): object-array state, data files."""
 from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
 from atgrpo_jax.data.readers import iter_jsonl
+from atgrpo_jax.envs.workflow import branch
 
 DATA_DIR = Path(__file__).parent / "data"
 
@@ -52,3 +53,24 @@ def load_jsonl(relative_path: str) -> tuple[dict, ...]:
     """Records of a shipped JSONL file under envs/data (cached, read-only tuple); the same reader as
     every other data source (atgrpo_jax.data)."""
     return tuple(iter_jsonl(str(DATA_DIR / relative_path)))
+
+
+class StepFrame(NamedTuple):
+    """What a text workflow's step fills in: the replies, the state branched K ways, [B, K] rewards and
+    parse notes, and the (task, branch) pairs of the tasks still running."""
+
+    grid: list[list[str]]
+    out: dict
+    local: np.ndarray
+    team: np.ndarray
+    parsed_as: np.ndarray
+    active: list[tuple[int, int]]
+
+
+def step_frame(state: dict, responses: Sequence[Sequence[Any]]) -> StepFrame:
+    grid = response_grid(responses, len(state["done"]))
+    shape = (len(grid), len(grid[0]))
+    parsed_as = obj_array([""] * (shape[0] * shape[1])).reshape(shape)
+    active = [(b, j) for b in range(shape[0]) if not state["done"][b] for j in range(shape[1])]
+    return StepFrame(grid, branch(state, shape[1]), np.zeros(shape, np.float32), np.zeros(shape, np.float32),
+                     parsed_as, active)

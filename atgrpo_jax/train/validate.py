@@ -64,6 +64,16 @@ def resolve(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collect
     return validate(c, weights=weights)
 
 
+def _role_sections(c, section: str, keys, example: str) -> list[str]:
+    """The roles of policy.<section> (role_models, role_optim), each checked to be a section of `keys`."""
+    for role, own in c.policy[section].items():
+        _require(isinstance(own, (dict, ml_collections.ConfigDict)), f"policy.{section}.{role}",
+                 f"must be a section of keys, e.g. --config.policy.{section}.{role}.{example}")
+        unknown = sorted(set(own) - set(keys))
+        _require(not unknown, f"policy.{section}.{role}", f"{unknown} cannot differ per role; known: {', '.join(keys)}")
+    return list(c.policy[section])
+
+
 def _check_weights(m, where: str, weights: bool) -> None:
     """The keys of a model section `m` that say which weights it has (config.model, or a role's:
     `roles.role_config`) are usable; errors name `where` (model.preset, policy.role_models.ROLE.preset...)."""
@@ -117,12 +127,7 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
             _require(math.isfinite(value), key, f"must be a finite number, got {value}")
     m = c.model
     _check_weights(m, "model", weights)
-    for role, own in c.policy.role_models.items():  # each role's model as its policy will build it
-        _require(isinstance(own, (dict, ml_collections.ConfigDict)), f"policy.role_models.{role}",
-                 f"must be a section of model keys, e.g. --config.policy.role_models.{role}.preset=qwen3-0.6b")
-        unknown = sorted(set(own) - set(ROLE_MODEL_KEYS))
-        _require(not unknown, f"policy.role_models.{role}",
-                 f"{unknown} cannot differ per role; known: {', '.join(ROLE_MODEL_KEYS)}")
+    for role in _role_sections(c, "role_models", ROLE_MODEL_KEYS, "preset=qwen3-0.6b"):  # as its policy builds it
         _check_weights(role_config(c, role).model, f"policy.role_models.{role}", weights)
     _require(not c.policy.role_models or c.policy.sharing == "per_role", "policy.role_models",
              f"gives a role a model of its own, which only policy.sharing='per_role' has; got {c.policy.sharing!r}")
@@ -208,12 +213,7 @@ def validate(c: ml_collections.ConfigDict, *, weights: bool = True) -> ml_collec
     _require(c.loss.logprob_chunk > 0, "loss.logprob_chunk", "must be > 0")
     o = c.optim
     _check_optim(o, "optim")
-    for role, own in c.policy.role_optim.items():  # each role's settings as its optimizer will read them
-        _require(isinstance(own, (dict, ml_collections.ConfigDict)), f"policy.role_optim.{role}",
-                 f"must be a section of optim keys, e.g. --config.policy.role_optim.{role}.lr=1e-6")
-        unknown = sorted(set(own) - set(ROLE_OPTIM_KEYS))
-        _require(not unknown, f"policy.role_optim.{role}",
-                 f"{unknown} cannot differ per role; known: {', '.join(ROLE_OPTIM_KEYS)}")
+    for role in _role_sections(c, "role_optim", ROLE_OPTIM_KEYS, "lr=1e-6"):  # as its optimizer will read them
         _check_optim(role_optim(c, role), f"policy.role_optim.{role}")
     _require(isinstance(c.policy.phases, (tuple, list)) and all(isinstance(x, str) and x for x in c.policy.phases),
              "policy.phases", f"must be a tuple of agent names (several in one phase joined by '+'), got "
