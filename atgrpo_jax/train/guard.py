@@ -128,3 +128,35 @@ class SignalWatch:
                 "the updates change nothing. Sample more diversely (rollout.temperature, rollout.k), give a "
                 "reward with more levels, or check that the reward function can tell answers apart")
 
+
+
+class Health:
+    """A run's skipped updates, step by step: each policy's streak, the count over the run, the no-signal
+    watch, and what they allow (`diverged`: a streak reached train.max_skipped_updates; `healthy`: the
+    step's weights may be checkpointed)."""
+
+    def __init__(self, policy_names: list[str], max_skipped: int):
+        self.names, self.limit = policy_names, max_skipped
+        self.streaks: dict[str, int] = {}
+        self.skipped = 0  # in this process's part of the run
+        self.signal = SignalWatch()
+
+    def record(self, metrics: dict) -> str | None:
+        """Count a finished step's skipped updates; the no-signal warning to print, if due."""
+        self.streaks = skip_streaks(self.streaks, metrics, self.names)
+        self.skipped += skipped_updates(metrics, self.names)
+        return self.signal.update(metrics)
+
+    @property
+    def diverged(self) -> bool:
+        return bool(self.limit) and max(self.streaks.values(), default=0) >= self.limit
+
+    @property
+    def clean(self) -> bool:
+        """No streak runs."""
+        return all(v == 0 for v in self.streaks.values())
+
+    def healthy(self, metrics: dict) -> bool:
+        """No checkpoint of weights whose updates are skipped: not after a step with any skipped update (one
+        applied after a skip may act on weights that already diverged), nor while a streak runs."""
+        return self.clean and not skipped_updates(metrics, self.names)

@@ -147,9 +147,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     last: dict = {}
     step = start
     eval_k = episodes_per_problem(run.workflow, t.eval_k)
-    streaks: dict[str, int] = {}  # consecutive skipped updates per policy
-    skipped = 0  # skipped updates in this process's part of the run
-    signal = guard.SignalWatch()
+    health = guard.Health(policy_names, t.max_skipped_updates)
 
     def log_episodes(step):
         def write(samples, episodes, adv):
@@ -173,7 +171,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
 
     def stopped(done: int):
         """Save the last completed step (if not saved yet) and stop with one line."""
-        if done > start and all(v == 0 for v in streaks.values()) and ckpt.latest_step() != done:
+        if done > start and health.clean and ckpt.latest_step() != done:
             save(done, last, force=True)
         kept = ckpt.latest_step()
         ckpt.close()
@@ -195,7 +193,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
                 bar.note(f"step {info.step}: held-out success {info.metrics['eval_success']:.1%}")
 
         def diverge(info: StepInfo):
-            raise diverged_stop(ckpt, streaks, info.step, t.max_skipped_updates)
+            raise diverged_stop(ckpt, health.streaks, info.step, t.max_skipped_updates)
 
         hooks = [  # in this order after every step (hooks.py); `final`: the last step, or the time budget ran out
             Hook(evaluate, t.eval_every, when=lambda i: bool(t.eval_every) and not i.diverged),
@@ -203,9 +201,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
             Hook(lambda i: writer.write(i.step, i.metrics), t.log_every, also=lambda i: i.evaluated or i.diverged),
             Hook(lambda i: bar.update(i.step, i.metrics), every=1),
             Hook(diverge, 0, forced=False, also=lambda i: i.diverged),
-            # no checkpoint of weights whose updates are skipped: a step with any skipped update (one
-            # applied after a skip may act on weights that already diverged) or a streak still running
-            Hook(lambda i: save(i.step, i.metrics), t.checkpoint_every,
+            Hook(lambda i: save(i.step, i.metrics), t.checkpoint_every,  # (healthy: guard.Health.healthy)
                  when=lambda i: i.healthy and bool(t.checkpoint_every)),
         ]
         for step in range(start + 1, t.steps + 1):
@@ -222,26 +218,22 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
             except guard.StepAbandoned:
                 raise stopped(step - 1) from None
             metrics.update(pool_busy(tracer, run, time.perf_counter() - step_began))
-            streaks = guard.skip_streaks(streaks, metrics, policy_names)
-            skipped += guard.skipped_updates(metrics, policy_names)
-            no_signal = signal.update(metrics)
+            no_signal = health.record(metrics)
             if no_signal and lead:
                 print(no_signal, file=sys.stderr, flush=True)
             if lead and config.system.trace_every and step % config.system.trace_every == 0:
                 tracer.write(wd.join(workdir, "trace", f"step_{step}.json"))
             out_of_time = bool(t.time_budget_s) and time.time() - began > t.time_budget_s
-            diverged = bool(t.max_skipped_updates) and max(streaks.values(), default=0) >= t.max_skipped_updates
-            healthy = all(v == 0 for v in streaks.values()) and not any(
-                metrics.get(f"{name}/skipped" if len(policy_names) > 1 else "skipped") for name in policy_names)
-            run_hooks(hooks, StepInfo(step, metrics, step == t.steps or out_of_time, diverged, healthy))
+            run_hooks(hooks, StepInfo(step, metrics, step == t.steps or out_of_time, health.diverged,
+                                      health.healthy(metrics)))
             last = metrics
             if out_of_time:
                 if lead:
                     print(f"time budget of {t.time_budget_s:.0f}s reached after step {step}", flush=True)
                 break
         ckpt.close()  # the last asynchronous save may fail here
-        if skipped and step > start:
-            report_skipped(ckpt.latest_step(), skipped, step, bool(t.checkpoint_every), lead)
+        if health.skipped and step > start:
+            report_skipped(ckpt.latest_step(), health.skipped, step, bool(t.checkpoint_every), lead)
     except checkpoint.SaveError as e:  # disk full, permissions: the run cannot go on safely
         raise save_failed(e) from None
     except LogWriteError as e:  # the same for its metrics: nothing it logs from here on would be kept
