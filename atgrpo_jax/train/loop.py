@@ -12,6 +12,7 @@ checkpoint cannot be saved (checkpoint.SaveError) and when a stage hangs (system
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -121,11 +122,26 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False,
         return _train(config, workdir, allow_config_change, fresh_if_unreadable, stop)
 
 
-def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> dict:
+@dataclasses.dataclass
+class Opened:
+    """A run built and resumed (or started), with its outputs open: what the loop works on."""
+
+    run: setup.Run
+    start: int  # the last step done (0: a fresh run)
+    states: dict | None  # the restored policy states (None: a fresh start)
+    meta: dict
+    splits: list[str]  # what it evaluates
+    ckpt: checkpoint.Checkpointer
+    writer: MetricsWriter
+    bar: ProgressBar
+
+
+def open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, lead: bool) -> Opened:
+    """Build the run, restore its newest checkpoint that restores (or start fresh), then open its outputs:
+    nothing in the workdir changes before a state is in hand (its compilation cache aside)."""
     t = config.train
     resumed = bool(wd.exists(wd.checkpoint_dir(workdir)))
     changed = check_resume(config, workdir, allow_config_change) if resumed else {}
-    lead = jax.process_index() == 0
     say("building the run: tokenizer, model, workflow", lead)
     run = setup.build_run(config, workdir, init_from=not resumed)
     say(run_summary(run), lead)
@@ -137,10 +153,17 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
         set_policy_states(run, states)
     elif resumed and config.model.init_from:  # no checkpoint restored after all: a fresh start, from model.init_from
         run = setup.build_run(config, workdir, init_from=True)
-    # only now, with a restored state in hand, is anything in the workdir changed (its compilation cache aside)
     ckpt = checkpoint.Checkpointer(wd.checkpoint_dir(workdir), keep_last=t.keep_last, best_metric=best)
     writer, bar = open_outputs(config, workdir, lead, start, changed, changed, states is not None, t.steps,
                                ("success", "reward", "loss", "grad_norm", "skipped"))
+    return Opened(run, start, states, meta, splits, ckpt, writer, bar)
+
+
+def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> dict:
+    t = config.train
+    lead = jax.process_index() == 0
+    o = open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, lead)
+    run, start, states, splits, ckpt, writer, bar = o.run, o.start, o.states, o.splits, o.ckpt, o.writer, o.bar
     names = [a.name for a in run.workflow.agents]
     policy_names = [p.name for p in run.policies]
     began = time.time()
@@ -159,7 +182,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
 
     prefetch = Prefetch(run, t.steps) if config.system.staleness else None  # the next rollout during an update
     if prefetch is not None and states is not None:
-        prefetch.restore(ckpt, start, meta)
+        prefetch.restore(ckpt, start, o.meta)
 
     def save(step, metrics, force=False):
         writer.sync()  # an object store then holds every row a resume from this checkpoint keeps
@@ -186,6 +209,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
             writer.write(0, dict(last, time_s=0.0))
             if lead:
                 print(f"step 0 (before training): held-out success {last['eval_success']:.1%}", flush=True)
+
         def evaluate(info: StepInfo):
             info.metrics.update(evaluation(run, splits, t.eval_tasks, eval_k)[0])
             info.evaluated = True
