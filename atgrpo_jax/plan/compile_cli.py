@@ -8,7 +8,8 @@ import math
 
 from atgrpo_jax.plan import costing
 from atgrpo_jax.plan.compiled import COLLECTIVES, Analysis, analyze
-from atgrpo_jax.plan.memory import AGENTS, model_config, plan
+from atgrpo_jax.plan.architecture import model_config
+from atgrpo_jax.plan.memory import AGENTS, plan
 from atgrpo_jax.plan.programs import DoesNotFit, step_programs  # noqa: F401  (DoesNotFit: for callers)
 from atgrpo_jax.plan.targets import GiB, Target
 from atgrpo_jax.sharding import MeshConfig, pool_sizes

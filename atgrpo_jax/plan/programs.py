@@ -37,7 +37,8 @@ from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.models import Qwen3
 from atgrpo_jax.models.attention import configured_backend
 from atgrpo_jax.models.lora import attach_lora, merge_lora, split_lora
-from atgrpo_jax.plan.memory import AGENTS, model_config
+from atgrpo_jax.plan.architecture import model_config
+from atgrpo_jax.plan.memory import AGENTS
 from atgrpo_jax.sampling import decode as dec
 from atgrpo_jax.sampling.generate import bucket_for
 from atgrpo_jax.sharding import RULES, TRAIN_RULES, batch_shards, logical_sharding, make_mesh, platform_of, sub_meshes

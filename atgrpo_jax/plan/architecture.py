@@ -1,0 +1,55 @@
+"""The architecture a training config names, as the planner and `plan --compile` build it: the model of a
+preset or checkpoint, the attention backend its update runs, and the largest of its roles' models."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from atgrpo_jax.models.config import Qwen3Config, get_preset
+from atgrpo_jax.train.config import sharing
+from atgrpo_jax.train.roles import role_config
+
+
+def model_config(config) -> Qwen3Config:
+    """The architecture a training config names (preset, or the HF checkpoint's config.json)."""
+    m = config.model
+    kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=bool(m.remat),
+              recompute_elementwise=bool(m.get("recompute_elementwise", True)),
+              attention_block=int(m.get("attention_block", 512)),
+              decode_unroll=int(m.get("decode_unroll", 0)), sequence_unroll=int(m.get("sequence_unroll", 0)),
+              decode_gather=bool(m.get("decode_gather", True)))
+    layout = sharing(config)
+    if layout.lora:
+        kw.update(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha)
+    if m.hf_path:
+        from atgrpo_jax.models.hf_io import config_from_hf
+        from atgrpo_jax.models.hub_ids import local_model_dir
+
+        with open(os.path.join(local_model_dir(m.hf_path), "config.json")) as fh:
+            return config_from_hf(json.load(fh), **kw)
+    if m.get("vocab_size", 0):
+        kw["vocab_size"] = m.vocab_size
+    return get_preset(m.preset, **kw)
+
+
+def planned_backend(config, cfg: Qwen3Config, platform: str, seq: int) -> str:
+    """The attention backend the update runs on `platform` (as train/setup.py and the model choose it)."""
+    from atgrpo_jax.models.attention import configured_backend, resolve_backend
+
+    backend = configured_backend(config.model.get("attention", "auto"), platform, config.optim.share_prompts)
+    return resolve_backend(backend, seq, seq, cfg.dtype, cached=False, platform=platform)
+
+
+def largest_role(config) -> tuple[Any, str]:
+    """(config with the largest of its roles' models as the model of every role, a note saying so) with
+    policy.role_models set: the plan is then an upper bound (`plan --compile` builds each role's own);
+    (config, "") otherwise."""
+    roles = list(config.policy.get("role_models", {}))
+    if not roles:
+        return config, ""
+    options = [(model_config(c).num_params(), i, c) for i, c in
+               enumerate([config] + [role_config(config, role) for role in roles])]
+    size, _, largest = max(options)
+    return largest, (f"policy.role_models: planned as if every role's model were the largest ({size:,} "
+                     "parameters), an upper bound; plan --compile builds each role's own")
