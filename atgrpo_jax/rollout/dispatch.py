@@ -17,6 +17,7 @@ those of the synchronous schedule (cohort.combine puts them back in stage order)
 """
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -89,6 +90,30 @@ def run_watched(fn: Callable, running: Running, stage_timeout_s: float):
         raise value
 
 
+@dataclasses.dataclass(frozen=True)
+class Sampled:
+    """A pool sampled a cohort's stage: the host steps the environments next."""
+
+    cohort: int
+    request: Request
+    out: SampleOut
+
+
+@dataclasses.dataclass(frozen=True)
+class Stepped:
+    """The host stepped a cohort (or started it): its next stage, None when it is finished."""
+
+    cohort: int
+    next: Request | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    """A worker's error, raised by the scheduler."""
+
+    error: BaseException
+
+
 def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, pool_of_agent: Sequence[int],
               host_workers: int, tracer: Tracer | None = None, pool_names: Sequence[str] | None = None,
               stage_timeout_s: float = 0.0, on_pool_done: Callable[[int], None] | None = None) -> None:
@@ -145,9 +170,9 @@ def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, po
                                  prompts=sum(len(r.rows) for _, r in batch)):
                     outs = sample_merged(sample_fn, [r for _, r in batch], stages.k)
                 for (ci, req), out in zip(batch, outs):
-                    events.put(("sampled", ci, req, out))
+                    events.put(Sampled(ci, req, out))
             except BaseException as e:  # noqa: BLE001 - re-raised by the scheduler
-                events.put(("error", e))
+                events.put(Failed(e))
             for ci in cis:
                 running.end(("sample", ci))
             if stop:
@@ -164,9 +189,9 @@ def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, po
                     if req is not None:
                         stages.finish(cohorts[ci], req, out)
                     nxt = stages.next_request(cohorts[ci])
-                events.put(("stepped", ci, nxt))
+                events.put(Stepped(ci, nxt))
             except BaseException as e:  # noqa: BLE001
-                events.put(("error", e))
+                events.put(Failed(e))
             running.end(("host", ci))
 
     threads = [threading.Thread(target=pool_worker, args=(p,), name=f"pool-{p}", daemon=True) for p in pools]
@@ -186,19 +211,18 @@ def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, po
             except queue.Empty:
                 check_stages(running, stage_timeout_s)
                 continue
-            if event[0] == "error":
-                raise event[1]
-            if event[0] == "sampled":
-                _, ci, req, out = event
-                host_jobs.put((ci, req, out))
+            if isinstance(event, Failed):
+                raise event.error
+            if isinstance(event, Sampled):
+                host_jobs.put((event.cohort, event.request, event.out))
+                continue
+            nxt = event.next
+            position[event.cohort] = None if nxt is None else (nxt.turn, nxt.agent)
+            if nxt is None:
+                left -= 1
             else:
-                _, ci, nxt = event
-                position[ci] = None if nxt is None else (nxt.turn, nxt.agent)
-                if nxt is None:
-                    left -= 1
-                else:
-                    requests[int(pool_of_agent[nxt.agent])].put((ci, nxt))
-                report_finished_pools()
+                requests[int(pool_of_agent[nxt.agent])].put((event.cohort, nxt))
+            report_finished_pools()
         finished = True
     finally:
         for p in pools:
