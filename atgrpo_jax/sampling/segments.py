@@ -57,14 +57,16 @@ def row_buckets(prompts: int, branches: int, min_rows: int = 1) -> list[tuple[in
         rows = -(-rows // 2)
 
 
-class Plan(NamedTuple):
+class Compaction(NamedTuple):
+    """Where the live rows go when a batch is compacted (`plan_compaction`)."""
+
     src: np.ndarray  # [R'] int32: the current row each new row continues (0 for filler rows)
     keep: np.ndarray  # [R'] bool: a live row (False: filler, marked done)
     src_group: np.ndarray  # [groups'] int32: the current group whose prompt row each new group reads
     ids: np.ndarray  # [R'] int32: the caller's row index of each new row, -1 for fillers
 
 
-def plan_compaction(ids, live, prompt_of, groups_now: int, rows: int, groups: int) -> Plan | None:
+def plan_compaction(ids, live, prompt_of, groups_now: int, rows: int, groups: int) -> Compaction | None:
     """Where each live row goes in a batch of `rows` rows in `groups` groups, or None if they do not fit.
 
     ids [R] caller's row index (-1: filler); live [R] bool; prompt_of [N] the prompt of each caller row.
@@ -82,7 +84,7 @@ def plan_compaction(ids, live, prompt_of, groups_now: int, rows: int, groups: in
         src_group[g] = chunk[0] // size_now
         slots = g * size + np.arange(len(chunk))
         src[slots], keep[slots], new_ids[slots] = chunk, True, ids[chunk]
-    return Plan(src, keep, src_group, new_ids)
+    return Compaction(src, keep, src_group, new_ids)
 
 
 def _compact(rows: Rows, src, keep, src_group) -> Rows:
