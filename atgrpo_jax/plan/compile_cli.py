@@ -10,10 +10,11 @@ from atgrpo_jax.plan import costing
 from atgrpo_jax.plan.compiled import COLLECTIVES, Analysis, analyze
 from atgrpo_jax.plan.architecture import model_config
 from atgrpo_jax.plan.memory import AGENTS, plan
-from atgrpo_jax.plan.programs import DoesNotFit, step_programs  # noqa: F401  (DoesNotFit: for callers)
+from atgrpo_jax.plan.programs import DoesNotFit, agent_names, step_programs  # noqa: F401  (DoesNotFit: callers)
 from atgrpo_jax.plan.targets import GiB, Target
 from atgrpo_jax.sharding import MeshConfig, pool_sizes
 from atgrpo_jax.train.config import sharing
+from atgrpo_jax.train.roles import role_config
 
 
 def planned(config, target: Target) -> dict[str, int]:
@@ -49,9 +50,11 @@ def model_step(config, target: Target, assumptions: costing.Assumptions, agents:
     r = config.rollout
     prompts = r.num_tasks // target.hosts * (1 if r.tree else r.k)
     models = agents if layout.per_agent and not layout.lora else 1  # each model learns from its agents only
+    roles = agent_names(config)[0] if config.policy.role_models and models > 1 else []
+    cfgs = [model_config(role_config(config, name)) for name in roles] if len(roles) == models else [None] * models
     work = [costing.PoolWork(agents // models, dict(pool, data=1), prompts, prompts * (r.k if r.tree else 1),
-                             math.prod(pool.values()))
-            for _ in range(models)]
+                             math.prod(pool.values()), cfg)
+            for cfg in cfgs]
     return costing.step_time(model_config(config), config, target.chip, work, pools > 1, assumptions)
 
 

@@ -100,9 +100,10 @@ class PoolWork:
     prompts: int  # prompts of one sampling call (one host's share of the tasks)
     rows: int  # rows it decodes (prompts x branches)
     update_chips: int  # chips its update runs on
+    cfg: Qwen3Config | None = None  # its own model (policy.role_models); None: the step's
 
 
-def step_time(cfg: Qwen3Config, config, chip, pools: list[PoolWork], pools_in_parallel: bool,
+def step_time(step_cfg: Qwen3Config, config, chip, pools: list[PoolWork], pools_in_parallel: bool,
               a: Assumptions) -> dict:
     """Modelled seconds of one training step: {"sampling", "update", "total"} (module docstring).
     Sampling calls run one after another (agents act in turn); updates of pools on their own devices
@@ -112,6 +113,7 @@ def step_time(cfg: Qwen3Config, config, chip, pools: list[PoolWork], pools_in_pa
     dense_flops_per_s = chip.peak_flops * DENSE_MFU
     sampling, updates = 0.0, []
     for pool in pools:
+        cfg = pool.cfg or step_cfg
         calls = pool.agents * r.max_turns
         chips = math.prod(pool.sampler_mesh.values())
         prefill = forward_flops(cfg, pool.prompts, a.prompt_tokens) / (chips * dense_flops_per_s)

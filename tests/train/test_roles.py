@@ -125,3 +125,22 @@ def test_role_models_are_checked_and_planned_as_the_largest():
     c = unequal(**{"policy.sharing": "lora"})
     with pytest.raises(ConfigError, match="policy.role_models: gives a role a model of its own"):
         resolve(c)
+
+
+def test_the_modelled_step_costs_each_role_at_its_own_size():
+    import copy
+
+    from atgrpo_jax.plan import costing
+    from atgrpo_jax.plan.compile_cli import model_step
+    from atgrpo_jax.plan.targets import parse_target
+    from atgrpo_jax.train.paper import paper_config
+
+    mixed = paper_config("plan_path", "qwen3-1.7b")
+    mixed.policy.sharing = "per_role"
+    mixed.policy.role_models = ml_collections.ConfigDict({"tool": {"preset": "qwen3-0.6b", "init": "random"}})
+    mixed.model.init = "random"
+    both_large = copy.deepcopy(mixed)
+    both_large.policy.role_models = ml_collections.ConfigDict()
+    times = [model_step(resolve(c, weights=False), parse_target("v5p-8"), costing.Assumptions.of(c))["total"]
+             for c in (mixed, both_large)]
+    assert 0.5 * times[1] < times[0] < times[1]  # the 0.6B tool agent costs less than a 1.7B one
