@@ -190,8 +190,7 @@ class CodeWorkflow:
             "user.j2", role=role, turn=turn, single_agent=self.single_agent, kind=problem.kind,
             statement=clip_head(problem.statement, self.max_shown_chars),
             code=clip_head(s["code"], self.max_shown_chars) if s["code"] else "", report=s["report"])
-        system = self.templates.render(f"{role}_{problem.kind}.system.j2", one_test=self.max_generated_tests == 1)
-        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        return self.templates.chat(f"{role}_{problem.kind}", user, one_test=self.max_generated_tests == 1)
 
     # ------------------------------------------------------------ step
     def step(self, state, agent: int, turn: int, responses: Sequence[Sequence[str]]) -> StepOut:

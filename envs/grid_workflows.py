@@ -278,8 +278,7 @@ class GridWorkflow:
             static_view=game.static_view(env) if self._static() else None, history=history, handoff=handoff,
             answer=role.answer, answer_format=game.GRID_ANSWER_FORMAT if whole else game.ANSWER_FORMAT,
             answer_example=game.GRID_ANSWER_EXAMPLE if whole else game.ANSWER_EXAMPLE, actions_marker=ACTIONS_MARKER)
-        return [{"role": "system", "content": self.templates.render(f"{role.system}.system.j2")},
-                {"role": "user", "content": user}]
+        return self.templates.chat(role.system, user)
 
     def _direct_prompt(self, role: Role, env, proposal: str, last_move: str, shows_proposal: bool) -> str:
         if self.config.view == "local":

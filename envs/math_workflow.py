@@ -228,9 +228,7 @@ class MathWorkflow:
             tool_code=clip_head(s["tool_code"], self.max_shown_chars), tool_output=clip_head(s["tool_output"], 1000),
             history=s["history"], full_history=self.full_history, reasoner_past=s["reasoner_past"],
             tool_past=s["tool_past"])
-        system = "single" if self.single_agent else role
-        return [{"role": "system", "content": self.templates.render(f"{system}.system.j2")},
-                {"role": "user", "content": user}]
+        return self.templates.chat("single" if self.single_agent else role, user)
 
     # ------------------------------------------------------------ step
     def step(self, state, agent: int, turn: int, responses: Sequence[Sequence[str]]) -> StepOut:

@@ -60,6 +60,12 @@ class Prompts:
                              f"{', '.join(sorted(values))}") from None
 
 
+    def chat(self, system: str, user: str, **values) -> list[dict[str, str]]:
+        """The two messages of a prompt: template `<system>.system.j2` (filled with `values`), then `user`."""
+        return [{"role": "system", "content": self.render(f"{system}.system.j2", **values)},
+                {"role": "user", "content": user}]
+
+
 def copy_shipped(out: str) -> list[str]:
     """Copy the shipped templates to out/<family>/ (existing files are kept); returns the paths written."""
     written = []

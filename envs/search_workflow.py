@@ -163,9 +163,7 @@ class SearchWorkflow:
             sub_questions=[_resolved(q, answers) for q in subs], sub_answers=list(answers) + [""] * (len(subs) - len(answers)),
             current=_resolved(current, answers), index=len(answers), results=clip_tail(s["results"], 3000),
             history=s["history"])
-        system = "single" if self.single_agent else role
-        return [{"role": "system", "content": self.templates.render(f"{system}.system.j2")},
-                {"role": "user", "content": user}]
+        return self.templates.chat("single" if self.single_agent else role, user)
 
     # ------------------------------------------------------------ step
     def step(self, state, agent: int, turn: int, responses: Sequence[Sequence[str]]) -> StepOut:
