@@ -191,12 +191,12 @@ def dynamic_sampling(run: Run, ro: Rollout, tracer: Tracer | None) -> tuple[Roll
     variance than its first rollout had groups, roll out rollout.num_tasks more tasks (at most N more
     times); returns (the rollouts merged, [G] the groups chosen: `first_informative`, its counts)."""
     c, policies = run.config, len(run.policies)
-    want = np.bincount(group_policies(run, ro.samples, ro.step) + 1, minlength=policies + 1)[1:]  # the first's
+    scope = group_policies(run, ro.samples, ro.step)
+    want = np.bincount(scope + 1, minlength=policies + 1)[1:]  # the first rollout's groups per policy
     rounds = 0
     while True:
         rewards, mask = step_rewards(run, ro.samples)
         informative = np.asarray(group_filter(rewards, mask, 0.0, True))
-        scope = group_policies(run, ro.samples, ro.step)
         have = np.bincount(scope[informative] + 1, minlength=policies + 1)[1:]
         if (have >= want).all() or rounds == c.algo.dynamic_sampling:
             break
@@ -205,6 +205,7 @@ def dynamic_sampling(run: Run, ro: Rollout, tracer: Tracer | None) -> tuple[Roll
         samples, episodes = merge_rollouts([(ro.samples, ro.episodes), (extra.samples, extra.episodes)],
                                            len(run.workflow.agents))
         ro = Rollout(ro.step, samples, episodes, ro.seconds + extra.seconds, ro.sampled_at)
+        scope = group_policies(run, ro.samples, ro.step)
     chosen = first_informative(scope, informative, ro.samples.task, want)  # task ids grow with the round
     return ro, chosen, {"sampling_rounds": float(rounds + 1), "groups_wanted": float(want.sum()),
                         "groups_informative": float(informative.sum())}
