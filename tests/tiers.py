@@ -6,7 +6,8 @@ trained-alone ablation, kills during an evaluation, SIGTERM at staleness 0 and t
 a second process reading the compilation cache, every part of `bench device --tiny`, the compiled
 PyTorch baselines, and the fault cases a sibling covers (a disk full at save time, no readable
 checkpoint, max_skipped_updates=0, the launch preflight compiling for a TPU, a hung environment step
-stopping a CLI run, a tiny search run with the real tokenizer)."""
+stopping a CLI run, a tiny search run with the real tokenizer, a mixture's training run, the role-phase
+resume run)."""
 import os
 
 FULL = os.environ.get("ATGRPO_FULL_SUITE") == "1"
