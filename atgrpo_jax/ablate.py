@@ -44,8 +44,7 @@ def run_configs(config, regimes, seeds, out: str) -> dict:
         for seed in seeds:
             c = config.copy_and_resolve_references()
             c.regime, c.train.seed, c.model.init_seed, c.train.time_budget_s = regime, int(seed), int(seed), 0.0
-            resolve(c)
-            runs[(regime, seed)] = (c, os.path.join(out, regime, f"seed{seed}"))
+            runs[(regime, seed)] = (resolve(c), os.path.join(out, regime, f"seed{seed}"))
     return runs
 
 

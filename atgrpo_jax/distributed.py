@@ -13,6 +13,7 @@ In a single process every function here is the identity or a plain copy.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 from typing import Any
@@ -23,6 +24,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
+from atgrpo_jax.sections import Section, at_least, key, non_negative
 from atgrpo_jax.sharding import logical_sharding
 
 # XLA:CPU runs independent collectives of one program in any order per device;
@@ -38,13 +40,26 @@ ENV_NUM_PROCESSES = "ATGRPO_NUM_PROCESSES"
 ENV_PROCESS_ID = "ATGRPO_PROCESS_ID"
 
 
+@dataclasses.dataclass(frozen=True)
+class DistributedSettings(Section):
+    """The config's `distributed` section (atgrpo_jax/sections.py): several processes (hosts)."""
+
+    PATH = "distributed"
+
+    coordinator_address: str = key("", "host:port of process 0 (or ATGRPO_COORDINATOR)")
+    num_processes: int = key(0, "processes in the run (0: from ATGRPO_NUM_PROCESSES, else 1)", check=non_negative)
+    process_id: int = key(-1, "this process (-1: from ATGRPO_PROCESS_ID)", check=at_least(-1))
+    auto: bool = key(False, "let jax.distributed find the hosts itself (TPU pods, SLURM; tpu_scripts/launch.sh, "
+                     "slurm.sh and gke.sh set it: docs/clusters.md)")
+
+
 def init_distributed(dist) -> None:
     """jax.distributed from the config, else from ATGRPO_* variables, else
     automatic where JAX can tell (TPU pods: num_processes > 1 without an address)."""
     address = dist.coordinator_address or os.environ.get(ENV_COORDINATOR, "")
     num = dist.num_processes or int(os.environ.get(ENV_NUM_PROCESSES, "0"))
     pid = dist.process_id if dist.process_id >= 0 else int(os.environ.get(ENV_PROCESS_ID, "-1"))
-    if jax.distributed.is_initialized() or (not address and num <= 1 and not dist.get("auto", False)):
+    if jax.distributed.is_initialized() or (not address and num <= 1 and not dist.auto):
         return
     if address:
         if num < 1 or not 0 <= pid < num:

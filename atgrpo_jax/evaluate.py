@@ -130,7 +130,7 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
     wd.require_support(out)
     check_flags(config, tasks, k, temperature)
     wd.check_writable(out, "--out")  # before hours of evaluation, not after
-    resolve(config)
+    config = resolve(config)
     run = build_run(config)
     splits = list(splits) or list(run.workflow.test_splits)
     unknown = [s for s in splits if s not in run.workflow.splits]

@@ -152,6 +152,7 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     step = pick_step(ckpt.all_steps(), step, ckpt_dir)
 
     run = build_run(config)
+    config = run.config  # resolved
     index = pick_policy([p.name for p in run.policies], policy)
     chosen = run.policies[index]
     if lora == "adapter" and not chosen.is_lora:

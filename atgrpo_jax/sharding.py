@@ -18,6 +18,8 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+
+from atgrpo_jax.sections import Section, key
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -49,18 +51,27 @@ GATHERED_RULES: dict[str, tuple[str, ...]] = {**RULES, "embed": ()}
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    """Sizes of the mesh axes; one of them may be -1 (all remaining devices), and data may be 0:
-    one row per host (the processes the devices belong to), so each host holds a whole copy of
-    each policy to sample with (distributed.py).
+class MeshConfig(Section):
+    """Sizes of the mesh axes (the config's `mesh` section); one of them may be -1 (all remaining devices),
+    and data may be 0: one row per host (the processes the devices belong to), so each host holds a whole
+    copy of each policy to sample with (distributed.py).
 
     Without a -1 the mesh may use fewer devices than there are (the first ones):
     a tiny model on one device of eight, or a policy's pool.
     """
 
-    data: int = 0
-    fsdp: int = -1
-    tensor: int = 1
+    PATH = "mesh"
+
+    data: int = key(0, "data-parallel axis: spans hosts; each data row holds a whole copy of each policy (0: one "
+                    "row per host, so each host samples with its own copy)")
+    fsdp: int = key(-1, "parameters, optimizer state and batch split over this axis")
+    tensor: int = key(1, "heads, MLP and vocabulary split over this axis")
+
+    def check(self):
+        for name in MESH_AXES:
+            v = getattr(self, name)
+            self.require(v > 0 or v == -1 or (name == "data" and v == 0), name,
+                         f"must be > 0 or -1{' (or 0: one row per host)' if name == 'data' else ''}, got {v!r}")
 
     def resolve(self, num_devices: int, hosts: int = 1) -> dict[str, int]:
         sizes = {"data": self.data or hosts, "fsdp": self.fsdp, "tensor": self.tensor}

@@ -179,7 +179,7 @@ def write_config(config, workdir: str, *, keep_as: str = ""):
     path = join(workdir, CONFIG_FILE)
     if keep_as and exists(path):
         write_text(join(workdir, keep_as), as_epath(path).read_text())
-    write_text(path, config.to_json_best_effort(indent=2))
+    write_text(path, json.dumps(config.to_dict(), indent=2, default=str))  # a Config or a ConfigDict
 
 
 def locate_checkpoint(checkpoint: str) -> tuple[str, str, int | None]:

@@ -20,7 +20,7 @@ def card(hf_path, regime, adapter=False, step=15):
     c.model.update(hf_path=hf_path, preset="")
     c.env.workflow = "prompt_reward"
     c.regime = regime
-    resolve(c, weights=False)
+    c = resolve(c, weights=False)
     text = model_card(c, step=step, policy="policy", adapter=adapter, metrics=METRICS, agents=["solver", "checker"])
     front, body = re.match(r"---\n(.*?)\n---\n(.*)", text, re.S).groups()
     return c, yaml.safe_load(front), body

@@ -57,12 +57,16 @@ def config_file(tmp_path):
     return write
 
 
-def small_config(**model):
+def small_config(changes: dict | None = None, **model):
+    """A tiny planned config: model keys, then `changes` ({dotted key: value})."""
     c = base_config()
     c.model.update({"preset": "test-tiny", **model})
     c.rollout.update(num_tasks=4, k=2, max_prompt_len=64, prompt_buckets=(64,), max_new_tokens=32)
     c.optim.mini_batch_size = 8
     c.mesh.update(data=1, fsdp=-1, tensor=1)
+    for key, value in (changes or {}).items():
+        section, leaf = key.split(".")
+        c[section][leaf] = value
     return resolve(c, weights=False)
 
 
@@ -252,8 +256,8 @@ def test_params_gradients_and_adamw_state_match_compiled(sizes, xla_default_sche
         m = jax.jit(step, in_shardings=(shardings, opt_shardings, shardings),
                     out_shardings=(shardings, opt_shardings), donate_argnums=(0, 1)).lower(
             state.params, state.opt_state, state.params).compile().memory_analysis()
-    config = small_config(preset="bench-small")
-    config.mesh.update(data=sizes[0], fsdp=sizes[1], tensor=sizes[2])
+    config = small_config({"mesh.data": sizes[0], "mesh.fsdp": sizes[1], "mesh.tensor": sizes[2]},
+                          preset="bench-small")
     p = plan(config, TPUS["v5p"], math.prod(sizes))
     assert abs((p.params + p.optimizer + p.gradients) / memory_total(m) - 1) <= 0.05
 
@@ -263,36 +267,31 @@ def test_params_gradients_and_adamw_state_match_compiled(sizes, xla_default_sche
 def test_remat_batch_and_devices_move_activations_the_right_way():
     base = plan(small_config(), TPUS["v5p"], 1)
     assert plan(small_config(remat=True), TPUS["v5p"], 1).activations < base.activations
-    bigger = small_config()
-    bigger.optim.mini_batch_size = 16
+    bigger = small_config({"optim.mini_batch_size": 16})
     assert plan(bigger, TPUS["v5p"], 1).activations > base.activations
     assert plan(small_config(), TPUS["v5p"], 8).activations < base.activations
     assert base.activations == base.activations_no_remat and base.fits
 
 
 def test_per_role_pools_halve_the_devices_per_policy():
-    shared, per_role = small_config(), small_config()
-    per_role.policy.update(sharing="per_role", pools=True)
-    for c in (shared, per_role):  # 8 prompts: their cache is split over 8 devices as over 4 (4 would not split)
-        c.rollout.num_tasks = 8
+    # 8 prompts: their cache is split over 8 devices as over 4 (4 would not split)
+    shared = small_config({"rollout.num_tasks": 8})
+    per_role = small_config({"rollout.num_tasks": 8, "policy.sharing": "per_role", "policy.pools": True})
     a, b = plan(shared, TPUS["v5p"], 8), plan(per_role, TPUS["v5p"], 8)
     assert (a.pool_mesh, b.pool_mesh) == ({"data": 1, "fsdp": 8, "tensor": 1}, {"data": 1, "fsdp": 4, "tensor": 1})
     on_four = plan(shared, TPUS["v5p"], 4)  # one pool of a per-role run is a shared run on 4 devices
     assert (b.params, b.kv_cache, b.peak) == (on_four.params, on_four.kv_cache, on_four.peak)
     assert b.params > 1.9 * a.params and b.kv_cache == 2 * a.kv_cache
-    per_role.policy.pools = False  # both models on all 8 devices: twice a shared run's state, its KV cache
+    per_role = per_role.replace_at("policy.pools", False)  # both models on all 8 devices: twice a shared run's state, its KV cache
     c = plan(per_role, TPUS["v5p"], 8)
     assert c.pool_mesh == a.pool_mesh and (c.params, c.optimizer) == (2 * a.params, 2 * a.optimizer)
     assert c.kv_cache == a.kv_cache
 
 
 def test_kl_reference_and_lora_change_what_is_resident():
-    c = small_config()
-    c.loss.kl_coef = 0.001
-    p = plan(c, TPUS["v5p"], 1)
+    p = plan(small_config({"loss.kl_coef": 0.001}), TPUS["v5p"], 1)
     assert p.reference == p.params
-    c = small_config()
-    c.policy.sharing, c.lora.rank = "lora", 2
+    c = small_config({"policy.sharing": "lora", "lora.rank": 2})
     lora, full = plan(c, TPUS["v5p"], 1), plan(small_config(), TPUS["v5p"], 1)
     assert lora.gradients < full.gradients / 10 and lora.optimizer < full.optimizer / 10
 

@@ -38,7 +38,7 @@ def small(recipe: str = "paper", **changes):
 
 def test_the_recipe_settles_every_switch_left_at_none_and_keeps_the_ones_set():
     paper, reference = resolve(small()), resolve(small("reference"))
-    assert not any(paper.reference.values()) and all(reference.reference.values())
+    assert not any(paper.reference.to_dict().values()) and all(reference.reference.to_dict().values())
     assert (paper.optim.master_dtype, reference.optim.master_dtype) == ("float32", "param_dtype")  # row 7
     one_back = resolve(small("reference", **{"reference.lr_schedule": False, "optim.master_dtype": "float32"}))
     assert one_back.reference.logprobs_at_t1 and not one_back.reference.lr_schedule
@@ -89,7 +89,7 @@ def test_row_6_the_update_scores_at_temperature_1_under_the_reference():
     sampling = [agent_sampling(c, "tool"), agent_sampling(c, "plan")]
     assert scored_as(c, sampling) == sampling  # the paper's: the distribution the tokens were drawn from
     assert scoring_of(scored_as(c, sampling), None).repetition_penalty
-    c.reference.logprobs_at_t1 = True
+    c = c.replace_at("reference.logprobs_at_t1", True)
     at_t1 = scored_as(c, sampling)
     assert [(s.inv_temp, s.top_p, s.top_k, s.repetition_penalty) for s in at_t1] == [(1.0, 1.0, 0, 1.0)] * 2
     how = scoring_of(at_t1, None)

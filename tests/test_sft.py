@@ -270,7 +270,7 @@ def test_the_command_refuses_bad_input_in_one_line_before_writing(tmp_path):
     cases = [
         ([f"--config.sft.train_path={tmp_path / 'missing.jsonl'}"], "missing.jsonl' does not exist"),
         ([], "config.sft.train_path: is required"),
-        ([f"--config.sft.train_path={tmp_path}", "--config.sft.rows=0"], "config.sft.rows: must be a positive int"),
+        ([f"--config.sft.train_path={tmp_path}", "--config.sft.rows=0"], "config.sft.rows: must be > 0, got 0"),
     ]
     for args, message in cases:
         proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.sft", f"--config={DEMO}", f"--workdir={workdir}",

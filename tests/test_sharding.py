@@ -47,10 +47,10 @@ def test_data_zero_is_one_row_per_host():
 
 
 @pytest.mark.parametrize("config,pattern", [
-    (MeshConfig(data=3, fsdp=-1), "not a multiple of 3"),
-    (MeshConfig(data=2, fsdp=2, tensor=4), "but there are only 8 devices"),
-    (MeshConfig(data=-1, fsdp=-1), "only one mesh axis may be -1"),
-    (MeshConfig(data=-2), "mesh.data must be a positive integer"),
+    (dict(data=3, fsdp=-1), "not a multiple of 3"),
+    (dict(data=2, fsdp=2, tensor=4), "but there are only 8 devices"),
+    (dict(data=-1, fsdp=-1), "only one mesh axis may be -1"),
+    (dict(data=-2), r"config.mesh.data: must be > 0 or -1 \(or 0: one row per host\), got -2"),
     ({"model": 8}, "unknown mesh axes"),
 ])
 def test_bad_mesh_config(config, pattern):

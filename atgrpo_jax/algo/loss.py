@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from atgrpo_jax.registry import Registry
+from atgrpo_jax.sections import Section, at_least, key, non_negative, positive, within
 
 # name -> weights(mask, sample_len) such that the aggregate of x over mask is (w * x).sum();
 # sample_len [same shape]: the number of masked tokens of the sequence each token belongs to.
@@ -46,31 +47,28 @@ def is_weights(cfg: "LossConfig", old_logp, sampler_logp):
 
 
 @dataclasses.dataclass(frozen=True)
-class LossConfig:
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    dual_clip: float = 0.0  # c > 1 enables dual clip for negative advantages; 0 = off
-    aggregation: str = "token-mean"  # a name in AGGREGATIONS
-    kl_coef: float = 0.0  # k3 KL to a frozen reference; 0 builds no reference
-    entropy_coef: float = 0.0
-    is_correction: str = "none"  # "truncated" / "masked": weigh each token by `is_weights` (sampler mismatch)
-    is_cap: float = 2.0  # C of the correction: weights capped at C (truncated) or tokens over C dropped (masked)
-    ratio_level: str = "token"  # "sequence": GSPO's ratio, a sample's mean token log-ratio (`sequence_terms`)
+class LossConfig(Section):
+    """The clipped policy-gradient loss (the config's `loss` section; atgrpo_jax/sections.py)."""
 
-    def __post_init__(self):
-        if self.ratio_level not in RATIO_LEVELS:
-            raise ValueError(f"loss.ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}")
-        if self.is_correction not in IS_CORRECTIONS:
-            raise ValueError(f"loss.is_correction must be one of {IS_CORRECTIONS}, got {self.is_correction!r}")
-        if not self.is_cap >= 1.0:
-            raise ValueError(f"loss.is_cap must be >= 1, got {self.is_cap}")
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"loss.aggregation must be one of {AGGREGATIONS.names()}, got {self.aggregation!r}")
-        if self.dual_clip and self.dual_clip <= 1.0:
-            raise ValueError(f"loss.dual_clip must be 0 (off) or > 1, got {self.dual_clip}")
-        if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
-            raise ValueError(f"loss.eps_low must be in [0, 1) and eps_high >= 0, "
-                             f"got {self.eps_low}, {self.eps_high}")
+    PATH = "loss"
+
+    eps_low: float = key(0.2, "clip the ratio below at 1 - eps_low", check=within(0, 1, high_open=True))
+    eps_high: float = key(0.2, "clip the ratio above at 1 + eps_high", check=non_negative)
+    dual_clip: float = key(0.0, "c > 1: dual clip for negative advantages; 0 = off",
+                           check=(lambda v: v == 0 or v > 1, "must be 0 (off) or > 1, got {value}"))
+    aggregation: str = key("token-mean", "a name in atgrpo_jax.algo.loss.AGGREGATIONS (token-mean, "
+                           "seq-mean-token-mean)", choices=AGGREGATIONS.names)
+    kl_coef: float = key(0.0, "weight of the k3 KL to the starting policy (0: no reference kept)")
+    entropy_coef: float = key(0.0, "weight of the entropy bonus")
+    is_correction: str = key("none", '"truncated" (TIS) / "masked" (MIS): weigh tokens by pi_trainer / '
+                             "pi_sampler, capped at loss.is_cap or dropped above it, for a sampler that runs in "
+                             "another precision (logprob_gap > 0)", choices=IS_CORRECTIONS)
+    is_cap: float = key(2.0, "C of loss.is_correction (>= 1)", check=at_least(1))
+    ratio_level: str = key("token", "\"sequence\": GSPO's ratio and clip per sample (its mean token log-ratio); "
+                           "GSPO's paper clips at eps_low 3e-4, eps_high 4e-4 and takes seq-mean-token-mean",
+                           choices=RATIO_LEVELS)
+    logprob_chunk: int = key(512, "tokens per chunk of the LM head in the update ([chunk, vocab] logits at a time)",
+                             check=positive)
 
 
 def aggregation_weights(mask: jax.Array, how: str, sample_len: jax.Array | None = None) -> jax.Array:

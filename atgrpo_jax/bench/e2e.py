@@ -112,8 +112,8 @@ def torch_side(run: Run, temperature: float | None = None) -> Side:
     if len(run.policies) != 1 or run.policies[0].is_lora:
         raise ValueError("the e2e benchmark compares one shared policy (one full model)")
     c = run.config
-    loss_cfg = LossConfig(**{k: v for k, v in c.loss.items() if k != "logprob_chunk"})
-    if loss_cfg != LossConfig(eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high):
+    loss_cfg = c.loss
+    if loss_cfg != LossConfig(eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high, logprob_chunk=loss_cfg.logprob_chunk):
         raise ValueError("the PyTorch baseline implements the default loss only (clip, token-mean)")
     with tempfile.TemporaryDirectory() as tmp:
         save_pretrained(run.policies[0].model(), tmp)

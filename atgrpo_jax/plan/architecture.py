@@ -15,10 +15,9 @@ def model_config(config) -> Qwen3Config:
     """The architecture a training config names (preset, or the HF checkpoint's config.json)."""
     m = config.model
     kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=bool(m.remat),
-              recompute_elementwise=bool(m.get("recompute_elementwise", True)),
-              attention_block=int(m.get("attention_block", 512)),
-              decode_unroll=int(m.get("decode_unroll", 0)), sequence_unroll=int(m.get("sequence_unroll", 0)),
-              decode_gather=bool(m.get("decode_gather", True)))
+              recompute_elementwise=bool(m.recompute_elementwise), attention_block=int(m.attention_block),
+              decode_unroll=int(m.decode_unroll), sequence_unroll=int(m.sequence_unroll),
+              decode_gather=bool(m.decode_gather))
     layout = sharing(config)
     if layout.lora:
         kw.update(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha)
@@ -28,7 +27,7 @@ def model_config(config) -> Qwen3Config:
 
         with open(os.path.join(local_model_dir(m.hf_path), "config.json")) as fh:
             return config_from_hf(json.load(fh), **kw)
-    if m.get("vocab_size", 0):
+    if m.vocab_size:
         kw["vocab_size"] = m.vocab_size
     return get_preset(m.preset, **kw)
 
@@ -37,7 +36,7 @@ def planned_backend(config, cfg: Qwen3Config, platform: str, seq: int) -> str:
     """The attention backend the update runs on `platform` (as train/setup.py and the model choose it)."""
     from atgrpo_jax.models.attention import configured_backend, resolve_backend
 
-    backend = configured_backend(config.model.get("attention", "auto"), platform, config.optim.share_prompts)
+    backend = configured_backend(config.model.attention, platform, config.optim.share_prompts)
     return resolve_backend(backend, seq, seq, cfg.dtype, cached=False, platform=platform)
 
 
@@ -45,7 +44,7 @@ def largest_role(config) -> tuple[Any, str]:
     """(config with the largest of its roles' models as the model of every role, a note saying so) with
     policy.role_models set: the plan is then an upper bound (`plan --compile` builds each role's own);
     (config, "") otherwise."""
-    roles = list(config.policy.get("role_models", {}))
+    roles = list(config.policy.role_models)
     if not roles:
         return config, ""
     options = [(model_config(c).num_params(), i, c) for i, c in

@@ -45,7 +45,7 @@ def model_step(config, target: Target, assumptions: costing.Assumptions, agents:
     the pools and meshes as train/setup.py lays them out, each host sampling its share of the tasks."""
     layout = sharing(config)
     pools = agents if layout.per_agent and not layout.lora and config.policy.pools else 1
-    full = MeshConfig(**dict(config.mesh)).resolve(target.chips, target.hosts)
+    full = MeshConfig.from_mapping(config.mesh.to_dict()).resolve(target.chips, target.hosts)
     pool = full if pools == 1 else pool_sizes(full, pools)
     r = config.rollout
     prompts = r.num_tasks // target.hosts * (1 if r.tree else r.k)

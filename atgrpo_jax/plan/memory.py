@@ -306,7 +306,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     if policies is None:  # pools: one per agent's model with policy.pools, else all models on one mesh
         policies = AGENTS if per_role and config.policy.pools else 1
     models = AGENTS if per_role and policies == 1 else 1  # full models on each device's mesh
-    sizes = pool_mesh_sizes(dict(config.mesh), num_devices, policies, hosts_of(device, num_devices))
+    sizes = pool_mesh_sizes(config.mesh.to_dict(), num_devices, policies, hosts_of(device, num_devices))
     mesh = abstract_mesh(sizes)
     params = model_params(cfg)
     r, lo = config.rollout, config.loss

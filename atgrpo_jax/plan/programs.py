@@ -224,7 +224,7 @@ class StepPrograms:
 def step_programs(config, devices, hosts: int, on_one_host: Callable = lambda devices: devices) -> StepPrograms:
     """Every program of one training step of `config` (resolved) on `devices` (a target's). on_one_host:
     one host's devices as the devices to compile that host's own programs (sampling) for."""
-    mesh = make_mesh(dict(config.mesh), devices)
+    mesh = make_mesh(config.mesh.to_dict(), devices)
     platform = platform_of(mesh)
     names, note = agent_names(config)
     notes = [note] if note else []

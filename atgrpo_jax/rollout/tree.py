@@ -23,6 +23,7 @@ from atgrpo_jax.envs.workflow import Workflow
 from atgrpo_jax.rollout.cohort import Record, Stages, combine, run_sync
 from atgrpo_jax.rollout.dispatch import Running, run_async, run_watched, split_cohorts
 from atgrpo_jax.rollout.samples import SampleOut, Samples, concat
+from atgrpo_jax.rollout.section import PLAIN_GROUPINGS
 from atgrpo_jax.trace import Tracer
 
 # sample_fn(agent, prompt_ids, k, keys) -> SampleOut, keys [len(prompt_ids)]: one PRNG
@@ -172,7 +173,6 @@ def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, tas
                              success, one)
 
 
-PLAIN_GROUPINGS = ("task", "task_agent")
 
 
 @dataclasses.dataclass(frozen=True)

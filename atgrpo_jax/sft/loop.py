@@ -40,7 +40,7 @@ from atgrpo_jax.train.validate import resolve, validate_sft
 
 # How long, how often and where (train's RESUMABLE, whose "sft." says a train run ignores these keys),
 # and the sft keys that do not change what is trained.
-SFT_RESUMABLE = tuple(k for k in RESUMABLE if k != "sft.") + ("sft.steps", "sft.eval_every", "sft.valid_path")
+SFT_RESUMABLE = tuple(k for k in RESUMABLE if k != "sft.")  # its own resumable keys (sft/section.py) stay
 
 
 @dataclasses.dataclass
@@ -78,7 +78,7 @@ def padded_rows(config, mesh) -> int:
 
 def build_sft(config, tokenizer, train: list, valid: list, *, init_from: bool = False) -> SftRun:
     """The run's mesh, model (from model.hf_path, random, or with `init_from` model.init_from) and update."""
-    mesh = make_mesh(dict(config.mesh))
+    mesh = make_mesh(config.mesh.to_dict())
     base = starting_model(config, mesh, init_from)
     if base.cfg.vocab_size < len(tokenizer):
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
@@ -133,7 +133,7 @@ def check_resume(config, workdir: str, allow_config_change: bool) -> dict:
 def run_sft(config, workdir: str, *, allow_config_change: bool = False, fresh_if_unreadable: bool = False) -> dict:
     """Train on config.sft.train_path (resuming from workdir's newest checkpoint); returns the last metrics.
     Every error in the config or the data is raised before the workdir is touched."""
-    validate_sft(config)
+    config = validate_sft(config)
     wd.require_support(workdir, checkpoints=True)
     wd.check_workdir(workdir)
     wd.check_writable(workdir, "--workdir")

@@ -107,7 +107,7 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False,
 
     Stops early with cli.RunStopped (one line, an exit code) on SIGTERM/SIGINT (after saving the
     last completed step), on divergence, and when a checkpoint cannot be saved."""
-    resolve(config)  # every config error before anything is written or compiled
+    config = resolve(config)  # every config error before anything is written or compiled
     wd.require_support(workdir, checkpoints=True)  # a gs:// workdir without its packages fails here
     wd.check_workdir(workdir)
     wd.check_writable(workdir, "--workdir")

@@ -24,7 +24,7 @@ from atgrpo_jax.models.qwen3 import Qwen3
 from atgrpo_jax.sampling import generate
 from atgrpo_jax.sampling.cache import shard_model
 from atgrpo_jax.sharding import TRAIN_RULES
-from atgrpo_jax.train.config import Sharing
+from atgrpo_jax.train.sections import Sharing
 from atgrpo_jax.train.update import Packed, TrainState, init_state, make_update_fns, with_lr
 
 
@@ -124,7 +124,6 @@ class Policy:
             self._sampling = before
 
 
-MASTER_DTYPES = ("float32", "param_dtype")  # optim.master_dtype
 SHARED_ADAPTER = "shared"  # policy.sharing = "shared_lora": the one adapter, policy "lora_shared"
 
 

@@ -3,15 +3,9 @@ it trains), each role's own optimizer settings (`policy.role_optim`) and model (
 team of unequal models, as the paper's L3 and MARTI's)."""
 from __future__ import annotations
 
-import copy
-from typing import Sequence
+from typing import Callable, Sequence
 
-import ml_collections
-
-ROLE_OPTIM_KEYS = ("lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay", "grad_clip", "b1", "b2")
-# the keys that say which weights a role's model has; the rest of `model` (attention, unrolls, ...) is the run's
-ROLE_MODEL_KEYS = ("preset", "hf_path", "init", "init_from", "param_dtype", "compute_dtype", "remat", "vocab_size",
-                   "init_seed")
+from atgrpo_jax.errors import ConfigError
 
 
 def phase_agents(config, step: int) -> tuple[str, ...] | None:
@@ -31,31 +25,37 @@ def trained_agents(config, names: Sequence[str], step: int) -> list[bool]:
     return [name not in config.policy.frozen_agents and (now is None or name in now) for name in names]
 
 
-def role_optim(config, role: str | None) -> ml_collections.ConfigDict:
+def role_optim(config, role: str | None):
     """The optimizer settings of `role`'s policy: config.optim with the role's policy.role_optim keys
     (None, or a role with none: config.optim as it is)."""
     own = config.policy.role_optim.get(role) if role is not None else None
     if not own:
         return config.optim
-    optim = ml_collections.ConfigDict(config.optim.to_dict())
-    optim.update(dict(own))
-    return optim
+    return _as_role(lambda: config.optim.replace(**own), "optim", f"policy.role_optim.{role}")
 
 
 def role_config(config, role: str | None):
-    """`config` with `role`'s policy.role_models keys in its model section (a copy; `config` itself when the
-    role has none). A role naming its architecture (preset) or checkpoint (hf_path) has its own weights:
-    it does not inherit the run's hf_path or init_from, and a checkpoint without a preset brings its own
+    """`config` with `role`'s policy.role_models keys in its model section (`config` itself when the role
+    has none). A role naming its architecture (preset) or checkpoint (hf_path) has its own weights: it does
+    not inherit the run's hf_path or init_from, and a checkpoint without a preset brings its own
     architecture, not the run's preset."""
     own = config.policy.role_models.get(role) if role is not None else None
     if not own:
         return config
-    c = copy.deepcopy(config)
-    with c.unlocked():
-        if "preset" in own or "hf_path" in own:
-            c.model.update(hf_path="", init_from="", preset="" if "preset" not in own else c.model.preset)
-        c.model.update(dict(own))
-    return c
+    changes = dict(own)
+    if "preset" in own or "hf_path" in own:
+        changes = {"hf_path": "", "init_from": "", "preset": config.model.preset if "preset" in own else "", **own}
+    model = _as_role(lambda: config.model.replace(**changes), "model", f"policy.role_models.{role}")
+    return config.replace(model=model)
+
+
+def _as_role(build: Callable, section: str, where: str):
+    """build(), its errors naming the role's keys (`where`) instead of the run's section."""
+    try:
+        return build()
+    except ConfigError as e:
+        raise ConfigError(str(e).replace(f"config.{section}.", f"config.{where}.")
+                          .replace(f" {section}.", f" {where}.")) from None
 
 
 def roles_problem(config, names: Sequence[str], per_agent: bool) -> str | None:
@@ -71,9 +71,6 @@ def roles_problem(config, names: Sequence[str], per_agent: bool) -> str | None:
     for role, keys in p.role_optim.items():
         if role not in names:
             return f"policy.role_optim.{role}: not an agent ({list(names)})"
-        bad = sorted(set(keys) - set(ROLE_OPTIM_KEYS))
-        if bad:
-            return f"policy.role_optim.{role}: {bad} cannot differ per role; known: {', '.join(ROLE_OPTIM_KEYS)}"
     for role in p.role_models:
         if role not in names:
             return f"policy.role_models.{role}: not an agent ({list(names)})"

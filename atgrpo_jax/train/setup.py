@@ -140,11 +140,11 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
     cache is switched on first (`compile_cache`: before anything compiles). init_from: every policy
     (LoRA: the base) starts from config.model.init_from's weights (the trainer's fresh start; a
     command that restores a checkpoint of its own, as export and evaluate do, needs no such run)."""
-    resolve(config)
+    config = resolve(config)  # a Config already is: it was resolved when it was made
     init_distributed(config.distributed)
     if workdir is not None:
         compile_cache.enable(config.train.compile_cache, workdir)
-    mesh = make_mesh(dict(config.mesh))
+    mesh = make_mesh(config.mesh)
     if is_multiprocess():
         n = jax.process_count()
         for key, tasks in (("rollout.num_tasks", config.rollout.num_tasks), ("train.eval_tasks", config.train.eval_tasks)):

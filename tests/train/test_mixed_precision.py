@@ -88,14 +88,13 @@ def test_master_dtype_is_validated():
 def test_planner_counts_masters_and_the_sampler_copy():
     c = base_config()
     c.model.update(preset="qwen3-1.7b", param_dtype="bfloat16", compute_dtype="bfloat16", init="random")
-    resolve(c)
     device, _ = parse_device("v5p")
     n = 1  # one chip: per-device bytes are the whole model
     n_params = get_preset("qwen3-1.7b").num_params()
-    masters = plan(c, device, n)
+    masters = plan(resolve(c), device, n)
     assert masters.params == pytest.approx(6 * n_params, rel=1e-3)  # bf16 copy + float32 masters
     assert masters.optimizer == pytest.approx(8 * n_params, rel=1e-3)  # float32 mu and nu
     c.optim.master_dtype = "param_dtype"
-    plain = plan(c, device, n)
+    plain = plan(resolve(c), device, n)
     assert plain.params == pytest.approx(2 * n_params, rel=1e-3)
     assert plain.optimizer == pytest.approx(4 * n_params, rel=1e-3)

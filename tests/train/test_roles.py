@@ -35,7 +35,7 @@ def with_roles(**changes):
 @pytest.mark.parametrize("key,value,pattern", [
     ("policy.phases", ("planner", "critic"), r"policy.phases\[1\]: \['critic'\] are not agents"),
     ("policy.sharing", "shared", "policy.role_optim: policy.sharing='shared' trains one policy"),
-    ("policy.phase_steps", 0, "policy.phase_steps: must be an integer > 0"),
+    ("policy.phase_steps", 0, "policy.phase_steps: must be > 0, got 0"),
 ])
 def test_role_settings_errors_name_the_key(tmp_path, key, value, pattern):
     from atgrpo_jax.train import loop
@@ -116,10 +116,10 @@ def test_role_models_are_checked_and_planned_as_the_largest():
     c = unequal()
     with c.unlocked():
         c.policy.role_models.executor.preset = "bench-small"  # 7.3M parameters: the larger
-    resolve(c)
-    size = max(model_config(role_config(c, role)).num_params() for role in (None, "executor"))
-    assert size == model_config(role_config(c, "executor")).num_params() > model_config(c).num_params()
-    assert f"largest ({size:,} parameters)" in " ".join(plan(c, TPUS["v5p"], 1).notes)
+    r = resolve(c)
+    size = max(model_config(role_config(r, role)).num_params() for role in (None, "executor"))
+    assert size == model_config(role_config(r, "executor")).num_params() > model_config(r).num_params()
+    assert f"largest ({size:,} parameters)" in " ".join(plan(r, TPUS["v5p"], 1).notes)
     with c.unlocked():
         c.policy.role_models.executor = ml_collections.ConfigDict({"attention": "xla"})
     with pytest.raises(ConfigError, match=r"policy.role_models.executor: \['attention'\] cannot differ per role"):

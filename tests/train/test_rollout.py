@@ -267,11 +267,12 @@ def test_old_logprobs_include_the_repetition_penalty():
 def test_decode_slots_sample_what_all_rows_at_once_do(run):
     """rollout.decode_slots (continuous batching) changes how many rows decode at once, not the samples."""
     _, whole, _ = rollout(run, seed=2)
-    run.config.rollout.decode_slots = 5
+    whole_rows = run.config
+    run.config = run.config.replace_at("rollout.decode_slots", 5)
     try:
         _, slotted, _ = rollout(run, seed=2)
     finally:
-        run.config.rollout.decode_slots = 0
+        run.config = whole_rows
     for field in ("response", "response_len", "reward", "sampler_logp", "selected"):
         np.testing.assert_allclose(getattr(slotted, field), getattr(whole, field), atol=2e-6, err_msg=field)
 
@@ -284,10 +285,11 @@ def test_plain_grpo_skips_the_group_filters_unless_asked():
     run = build_run(config)
     m = train_step(run, 1)
     assert m["groups"] == 3 and m["groups_kept"] == 3
-    run.config.algo.filter_plain = True
+    run.config = run.config.replace_at("algo.filter_plain", True)
     assert train_step(run, 2)["groups_kept"] < 3
-    tree = build_run(tiny_config())
-    tree.config.algo.update(drop_low_mean_frac=0.5, filter_scope="batch")
+    tree = tiny_config()
+    tree.algo.update(drop_low_mean_frac=0.5, filter_scope="batch")
+    tree = build_run(tree)
     m = train_step(tree, 1)
     assert m["groups_kept"] < m["groups"]
 
