@@ -57,10 +57,8 @@ def generation_config(run, index: int):
     sampling of the agents it acts for (a setting on which they differ: the rollout's)."""
     from transformers import GenerationConfig
 
-    from atgrpo_jax.train.config import agent_sampling
-
     mine = [s for s, p in zip(run.sampling, run.policy_of_agent) if int(p) == index]
-    rollout = agent_sampling(run.config, "")  # no agent's overrides
+    rollout = run.config.rollout.agent("")  # no agent's overrides
     pick = {k: getattr(mine[0], k) if len({getattr(s, k) for s in mine}) == 1 else getattr(rollout, k)
             for k in ("temperature", "top_p", "top_k", "max_new_tokens", "repetition_penalty")}
     fields = dict(eos_token_id=list(run.stop_ids), pad_token_id=run.tokenizer.pad_token_id,

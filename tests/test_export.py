@@ -169,15 +169,15 @@ def test_generation_config_carries_the_repetition_penalty():
     from types import SimpleNamespace
 
     from atgrpo_jax.export import generation_config
-    from atgrpo_jax.train.config import agent_sampling, base_config
+    from atgrpo_jax.train.config import Config
 
-    c = base_config()
-    c.rollout.update(top_k=20, top_p=0.9, repetition_penalty=1.2)
-    run = SimpleNamespace(config=c, sampling=[agent_sampling(c, "a"), agent_sampling(c, "b")], policy_of_agent=[0, 0],
+    c = Config().replace_at("rollout.top_k", 20).replace_at("rollout.top_p", 0.9)
+    c = c.replace_at("rollout.repetition_penalty", 1.2)
+    run = SimpleNamespace(config=c, sampling=[c.rollout.agent("a"), c.rollout.agent("b")], policy_of_agent=[0, 0],
                           stop_ids=(151645,), tokenizer=SimpleNamespace(pad_token_id=0))
     gen = generation_config(run, 0)
     assert (gen.repetition_penalty, gen.top_k, gen.top_p) == (1.2, 20, 0.9)
-    c.rollout.repetition_penalty = 1.0
-    run.sampling = [agent_sampling(c, "a")]
+    run.config = c = c.replace_at("rollout.repetition_penalty", 1.0)
+    run.sampling = [c.rollout.agent("a")]
     run.policy_of_agent = [0]
     assert generation_config(run, 0).repetition_penalty in (None, 1.0)  # unset: transformers applies none

@@ -14,7 +14,7 @@ from atgrpo_jax.envs.math_workflow import MathWorkflow
 from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.envs.sandbox import Limits, RunResult
 from atgrpo_jax.envs.workflow import episodes_per_problem, take_branch
-from atgrpo_jax.train.config import ConfigError, agent_sampling, base_config
+from atgrpo_jax.train.config import ConfigError, base_config
 from atgrpo_jax.train.paper import paper_config
 from atgrpo_jax.train.setup import scored_as, scoring_of
 from atgrpo_jax.train.update import make_optimizer
@@ -86,7 +86,7 @@ def test_row_8_the_schedule_per_step_under_both_recipes():
 
 def test_row_6_the_update_scores_at_temperature_1_under_the_reference():
     c = resolve(paper_config("plan_path", "qwen3-1.7b"), weights=False)
-    sampling = [agent_sampling(c, "tool"), agent_sampling(c, "plan")]
+    sampling = [c.rollout.agent("tool"), c.rollout.agent("plan")]
     assert scored_as(c, sampling) == sampling  # the paper's: the distribution the tokens were drawn from
     assert scoring_of(scored_as(c, sampling), None).repetition_penalty
     c = c.replace_at("reference.logprobs_at_t1", True)

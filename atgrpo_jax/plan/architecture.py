@@ -7,7 +7,6 @@ import os
 from typing import Any
 
 from atgrpo_jax.models.config import Qwen3Config, get_preset
-from atgrpo_jax.train.config import sharing
 from atgrpo_jax.train.roles import role_config
 
 
@@ -18,7 +17,7 @@ def model_config(config) -> Qwen3Config:
               recompute_elementwise=bool(m.recompute_elementwise), attention_block=int(m.attention_block),
               decode_unroll=int(m.decode_unroll), sequence_unroll=int(m.sequence_unroll),
               decode_gather=bool(m.decode_gather))
-    layout = sharing(config)
+    layout = config.policy.routing
     if layout.lora:
         kw.update(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha)
     if m.hf_path:

@@ -13,13 +13,12 @@ from atgrpo_jax.plan.memory import AGENTS, plan
 from atgrpo_jax.plan.programs import DoesNotFit, agent_names, step_programs  # noqa: F401  (DoesNotFit: callers)
 from atgrpo_jax.plan.targets import GiB, Target
 from atgrpo_jax.sharding import MeshConfig, pool_sizes
-from atgrpo_jax.train.config import sharing
 from atgrpo_jax.train.roles import role_config
 
 
 def planned(config, target: Target) -> dict[str, int]:
     """The planner's per-chip peaks on the target (python -m atgrpo_jax.plan), by program."""
-    pools = AGENTS if sharing(config).per_agent and not sharing(config).lora and config.policy.pools else 1
+    pools = AGENTS if config.policy.routing.per_agent and not config.policy.routing.lora and config.policy.pools else 1
     p = plan(config, target.planner_device(), target.chips, pools)
     s = p.sampling_terms
     beside = p.sampling_peak - max(s["prefill_phase"], s["decode_phase"])  # what both sampling phases hold
@@ -43,7 +42,7 @@ def modelled_seconds(a: Analysis, cfg, chip) -> float:
 def model_step(config, target: Target, assumptions: costing.Assumptions, agents: int = AGENTS) -> dict:
     """The modelled seconds of a training step of `config` on `target` (plan/costing.py; no compile):
     the pools and meshes as train/setup.py lays them out, each host sampling its share of the tasks."""
-    layout = sharing(config)
+    layout = config.policy.routing
     pools = agents if layout.per_agent and not layout.lora and config.policy.pools else 1
     full = MeshConfig.from_mapping(config.mesh.to_dict()).resolve(target.chips, target.hosts)
     pool = full if pools == 1 else pool_sizes(full, pools)

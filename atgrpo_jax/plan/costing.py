@@ -45,9 +45,8 @@ class Assumptions:
     @staticmethod
     def of(config, prompt_tokens: int = 0, response_tokens: int = 0) -> "Assumptions":
         """Defaults: half the config's prompt and response budgets."""
-        from atgrpo_jax.train.config import max_new_tokens
         r = config.rollout
-        return Assumptions(prompt_tokens or r.max_prompt_len // 2, response_tokens or max_new_tokens(config) // 2,
+        return Assumptions(prompt_tokens or r.max_prompt_len // 2, response_tokens or r.longest_response() // 2,
                            1.0 - config.algo.drop_low_mean_frac)
 
 

@@ -43,7 +43,6 @@ from atgrpo_jax.plan.architecture import largest_role, model_config, planned_bac
 from atgrpo_jax.plan.devices import Device, device_platform, hosts_of
 from atgrpo_jax.sharding import (GATHERED_RULES, MESH_AXES, RULES, TRAIN_RULES, MeshConfig, logical_spec,
                                  pool_sizes)
-from atgrpo_jax.train.config import max_new_tokens, sharing
 
 
 # Working sets of the backward pass, in units of one layer's tensors (see docstring).
@@ -302,7 +301,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
 
     config, unequal = largest_role(config)
     cfg = model_config(config)
-    per_role = sharing(config).per_agent and not sharing(config).lora
+    per_role = config.policy.routing.per_agent and not config.policy.routing.lora
     if policies is None:  # pools: one per agent's model with policy.pools, else all models on one mesh
         policies = AGENTS if per_role and config.policy.pools else 1
     models = AGENTS if per_role and policies == 1 else 1  # full models on each device's mesh
@@ -313,9 +312,9 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     notes = [unequal] if unequal else []
     base = [p for p in params if not p[3]]
     adapters = [p for p in params if p[3]]
-    lora = sharing(config).lora
+    lora = config.policy.routing.lora
     trainable = adapters if lora else base
-    copies = AGENTS if lora and sharing(config).per_agent else 1  # adapter sets on the shared base
+    copies = AGENTS if lora and config.policy.routing.per_agent else 1  # adapter sets on the shared base
     # Over several data rows (hosts) a full model's trained state is split over the data axis too, and the
     # sampler gathers a whole copy per row (sharding.TRAIN_RULES, train/policies.py).
     regather = not lora and sizes["data"] > 1
@@ -339,19 +338,19 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     merged = 0
     if adapters:
         merged = param_bytes(base, mesh)  # the sampler runs W + A @ B, merged into one more copy
-        whose = "per agent" if sharing(config).per_agent else "shared by the agents"
+        whose = "per agent" if config.policy.routing.per_agent else "shared by the agents"
         notes.append(f"LoRA: {sum(math.prod(p[0]) for p in adapters):,} adapter parameters {whose} "
                      "are trained; the sampler uses a merged copy of the weights")
 
     # Rows are padded to a power of two times 32 (train/batch.py), so 4096 + 2048 tokens -> 8192.
-    width = length_bucket(r.max_prompt_len + max_new_tokens(config))
+    width = length_bucket(r.max_prompt_len + config.rollout.longest_response())
     platform = device_platform(device)
     backend = planned_backend(config, cfg, platform, width - 1)
     upd = update_memory(cfg, mesh, trainable, config.optim.mini_batch_size, width, lo.logprob_chunk,
                         bool(lo.kl_coef), backend, platform, rules)
     acts = {remat: update_activations(cfg.replace(remat=remat), mesh, config.optim.mini_batch_size, width - 1,
                                       lo.logprob_chunk, remat, backend) for remat in (False, True)}
-    sampling = sampling_memory(cfg, mesh, r.num_tasks, r.k, r.max_prompt_len, max_new_tokens(config),
+    sampling = sampling_memory(cfg, mesh, r.num_tasks, r.k, r.max_prompt_len, config.rollout.longest_response(),
                                _itemsize(cfg.compute_dtype), backend, r.decode_slots,  # the cache: compute dtype
                                penalty=r.repetition_penalty != 1 or any(
                                    a.get("repetition_penalty", 1) != 1 for a in r.agents.values()), platform=platform)

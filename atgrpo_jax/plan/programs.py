@@ -43,7 +43,6 @@ from atgrpo_jax.sampling import decode as dec
 from atgrpo_jax.sampling.generate import bucket_for
 from atgrpo_jax.sharding import RULES, TRAIN_RULES, batch_shards, logical_sharding, make_mesh, platform_of, sub_meshes
 from atgrpo_jax.train.batch import fine_bucket, length_bucket
-from atgrpo_jax.train.config import agent_sampling, loss_config, max_new_tokens, sharing
 from atgrpo_jax.train.policies import SHARED_ADAPTER, on_mesh
 from atgrpo_jax.train.roles import role_config
 from atgrpo_jax.train.setup import make_tokenizer, scored_as, scoring_of
@@ -233,7 +232,7 @@ def step_programs(config, devices, hosts: int, on_one_host: Callable = lambda de
             attention=configured_backend(config.model.attention, platform, config.optim.share_prompts),
             decode_attention=config.model.decode_attention)
     cfg = cfg_of(config)
-    layout = sharing(config)
+    layout = config.policy.routing
     route = layout.route(len(names))
     pools = sub_meshes(mesh, len(names)) if config.policy.pools else [mesh] * len(names)
     tx, _ = make_optimizer(config.optim, config.train.steps)
@@ -248,7 +247,7 @@ def step_programs(config, devices, hosts: int, on_one_host: Callable = lambda de
                                   config.model.init_seed + p, agents))
     vocab_limit, pad_id = tokenizer_size(config)
     vocab_limit = vocab_limit if vocab_limit < cfg.vocab_size else None
-    sampling = [agent_sampling(config, n) for n in names]
+    sampling = [config.rollout.agent(n) for n in names]
     r = config.rollout
     tasks = r.num_tasks // hosts
     prompts, k = (tasks, r.k) if r.tree else (tasks * r.k, 1)
@@ -323,13 +322,13 @@ def _hosts_of(mesh) -> int:
 def _update_programs(config, s: PoolState, others, sampling, vocab_limit, tx) -> list[Program]:
     r, o = config.rollout, config.optim
     how = scoring_of(scored_as(config, sampling), vocab_limit)
-    loss = loss_config(config)
+    loss = config.loss
     logprobs_fn, update_fn = update_steps(s.graphdef, tx, loss, config.loss.logprob_chunk, how,
                                           train_head=not jax.tree.leaves(s.frozen))
-    width = length_bucket(r.max_prompt_len + max_new_tokens(config))
+    width = length_bucket(r.max_prompt_len + config.rollout.longest_response())
     rows = length_bucket(o.mini_batch_size, 1)
     rows = -(-max(rows, batch_shards(s.mesh)) // batch_shards(s.mesh)) * batch_shards(s.mesh)
-    scored = min(fine_bucket(max_new_tokens(config), 8, per_octave=4), width)
+    scored = min(fine_bucket(config.rollout.longest_response(), 8, per_octave=4), width)
     penalty = how.repetition_penalty
     logps = 2 if config.loss.kl_coef else 1
     old = Program("old log-probs", s.name, s.mesh, logprobs_fn,

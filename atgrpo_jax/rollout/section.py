@@ -86,21 +86,19 @@ class RolloutSettings(Section):
                              "(eval_)top_p in (0, 1], (eval_)repetition_penalty > 0 and max_new_tokens > 0")
 
     def agent(self, name: str, evaluation: bool = False) -> AgentSampling:
-        """Agent `name`'s sampling in training, or with `evaluation` the eval_* settings."""
-        return agent_sampling(self, name, evaluation)
+        """Agent `name`'s sampling in training, or with `evaluation` the eval_* settings: rollout.* with
+        rollout.agents.<name>'s keys."""
+        mine = dict(self.agents.get(name, {}))
+        pre = "eval_" if evaluation else ""
+        get = lambda k: mine.get(k, getattr(self, k))  # noqa: E731
+        return AgentSampling(float(get(pre + "temperature")), float(get(pre + "top_p")),
+                             int(getattr(self, pre + "top_k")), int(get("max_new_tokens")), bool(get("thinking")),
+                             float(get(pre + "repetition_penalty")))
 
     def longest_response(self) -> int:
         """The longest response any agent may give."""
         return max([self.max_new_tokens] + [int(a.get("max_new_tokens", 0)) for a in self.agents.values()])
 
-
-def agent_sampling(r, name: str, evaluation: bool = False) -> AgentSampling:
-    """Agent `name`'s sampling from rollout section `r` (typed, or a ConfigDict's)."""
-    mine = dict(r.agents.get(name, {}))
-    pre = "eval_" if evaluation else ""
-    get = lambda k: mine.get(k, getattr(r, k))  # noqa: E731
-    return AgentSampling(float(get(pre + "temperature")), float(get(pre + "top_p")), int(getattr(r, pre + "top_k")),
-                         int(get("max_new_tokens")), bool(get("thinking")), float(get(pre + "repetition_penalty")))
 
 
 @dataclasses.dataclass(frozen=True)

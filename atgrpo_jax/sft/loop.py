@@ -28,7 +28,7 @@ from atgrpo_jax.sft import data
 from atgrpo_jax.sft.update import make_sft_fns
 from atgrpo_jax.sharding import batch_shards, make_mesh
 from atgrpo_jax.train import checkpoint, compile_cache, guard, wandb_log
-from atgrpo_jax.train.config import RESUMABLE, SHARINGS, changed_keys, from_saved, loss_config
+from atgrpo_jax.train.config import RESUMABLE, SHARINGS, changed_keys, from_saved
 from atgrpo_jax.train.lock import WorkdirLock
 from atgrpo_jax.train.loop import check_init_from, open_outputs
 from atgrpo_jax.train.policies import Policy, build_policies, on_mesh
@@ -84,7 +84,7 @@ def build_sft(config, tokenizer, train: list, valid: list, *, init_from: bool = 
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
     tx, lr_at = make_optimizer(config.optim, config.sft.steps, config.reference.lr_schedule)
     local = local_mesh(mesh) if is_multiprocess() else None
-    policies = build_policies(SHARINGS["shared"], base, ["all"], tx, loss_config(config), config.loss.logprob_chunk,
+    policies = build_policies(SHARINGS["shared"], base, ["all"], tx, config.loss, config.loss.logprob_chunk,
                               master_dtype=config.optim.master_dtype, meshes=lambda i: (mesh, local))
     p = policies[0]
     update, nll = make_sft_fns(p.graphdef, p.frozen, tx, config.loss.logprob_chunk)

@@ -20,7 +20,7 @@ from atgrpo_jax.envs.section import EnvSettings
 from atgrpo_jax.envs.workflow import RECIPES
 from atgrpo_jax.errors import ConfigError  # noqa: F401  (raised here; also importable from here)
 from atgrpo_jax.models.section import LoraSettings, ModelSettings
-from atgrpo_jax.rollout.section import AgentSampling, RolloutSettings, SystemSettings, agent_sampling as _sampling
+from atgrpo_jax.rollout.section import AgentSampling, RolloutSettings, SystemSettings
 from atgrpo_jax.sections import Section, key, resumable, sub
 from atgrpo_jax.sft.section import SftSettings
 from atgrpo_jax.sharding import MeshConfig
@@ -86,16 +86,6 @@ def as_configdict(section: Section) -> ml_collections.ConfigDict:
 RESUMABLE = resumable(Config) + ("sft.",)
 
 
-def agent_sampling(c, name: str, evaluation: bool = False) -> AgentSampling:
-    """Agent `name`'s sampling in training, or with `evaluation` the rollout.eval_* settings."""
-    return _sampling(c.rollout, name, evaluation)
-
-
-def max_new_tokens(c) -> int:
-    """The longest response any agent may give."""
-    return max([c.rollout.max_new_tokens] + [int(a.get("max_new_tokens", 0)) for a in c.rollout.agents.values()])
-
-
 # The shorthand `regime` -> the three settings it stands for.
 REGIMES = {
     "shared": {"policy.sharing": "shared", "rollout.tree": True, "env.single_agent": False},
@@ -105,15 +95,6 @@ REGIMES = {
     "single_agent": {"policy.sharing": "shared", "rollout.tree": True, "env.single_agent": True},
     "plain_grpo": {"policy.sharing": "shared", "rollout.tree": False, "env.single_agent": False},
 }
-
-
-def sharing(c) -> Sharing:
-    return SHARINGS[c.policy.sharing]
-
-
-def loss_config(c) -> LossConfig:
-    """The loss settings (a ConfigDict's converted)."""
-    return c.loss if isinstance(c.loss, LossConfig) else LossConfig.from_mapping(c.loss)
 
 
 # ---------------------------------------------------------------- configs saved by earlier versions

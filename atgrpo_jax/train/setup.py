@@ -22,7 +22,7 @@ from atgrpo_jax.sampling import shard_model
 from atgrpo_jax.sharding import make_mesh, platform_of, sub_meshes
 from atgrpo_jax.algo.logprobs import SampledFrom
 from atgrpo_jax.train import compile_cache
-from atgrpo_jax.train.config import AgentSampling, ConfigError, agent_sampling, loss_config, sharing
+from atgrpo_jax.train.config import AgentSampling, ConfigError
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.policies import Policy, build_policies
 from atgrpo_jax.train.roles import role_config, role_optim, roles_problem
@@ -168,10 +168,10 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
         if given - set(names):
             raise ConfigError(f"config.{key}: {sorted(given - set(names))} are not agents of "
                               f"{config.env.workflow} ({names})")
-    problem = roles_problem(config, names, sharing(config).per_agent)
+    problem = roles_problem(config, names, config.policy.routing.per_agent)
     if problem:
         raise ConfigError(f"config.{problem}")
-    sampling = [agent_sampling(config, n) for n in names]
+    sampling = [config.rollout.agent(n) for n in names]
     try:
         pools = sub_meshes(mesh, len(names)) if config.policy.pools else [mesh] * len(names)
         local_meshes = [local_mesh(m) if is_multiprocess() else None for m in pools]
@@ -180,7 +180,7 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
     base = starting_model(role_config(config, names[0]), pools[0], init_from)
     if base.cfg.vocab_size < len(tokenizer):
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
-    layout = sharing(config)
+    layout = config.policy.routing
     limit = len(tokenizer) if len(tokenizer) < base.cfg.vocab_size else None  # as the sampler's (rollout.router)
     scored = scored_as(config, sampling)
     how = scoring_of(scored, limit)
@@ -188,7 +188,7 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
     per_agent_pool = int(route.max()) + 1 == len(names)  # one policy per agent: each on its agent's pool
     optimizers = [make_optimizer(role_optim(config, names[i] if per_agent_pool else None), config.train.steps,
                                  config.reference.lr_schedule) for i in range(int(route.max()) + 1)]  # verl's way
-    policies = build_policies(layout, base, names, lambda i: optimizers[i][0], loss_config(config),
+    policies = build_policies(layout, base, names, lambda i: optimizers[i][0], config.loss,
                               config.loss.logprob_chunk,
                               config.lora.rank, config.lora.alpha, config.model.init_seed,
                               model_copy=lambda i: role_model(config, names, i, pools[i], init_from, base),
@@ -200,4 +200,4 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
     # The KL reference is the starting policy; nothing is kept when the KL is off.
     ref = {p.name: jax.tree.map(jnp.copy, p.state.params) for p in policies} if config.loss.kl_coef else {}
     return Run(config, mesh, tokenizer, workflow, policies, route, stops, [lr for _, lr in optimizers], sampling,
-               [agent_sampling(config, n, evaluation=True) for n in names], scored, ref)
+               [config.rollout.agent(n, evaluation=True) for n in names], scored, ref)

@@ -22,7 +22,6 @@ from atgrpo_jax.rollout.router import make_sample_fn
 from atgrpo_jax.rollout.tree import PlainRollout, Schedule, TreeRollout, merge_rollouts
 from atgrpo_jax.sharding import batch_shards
 from atgrpo_jax.train.batch import Minibatch, PolicyBatch, length_bucket, pack, policy_batch
-from atgrpo_jax.train.config import loss_config, max_new_tokens
 from atgrpo_jax.train.guard import StepAbandoned
 from atgrpo_jax.train.roles import trained_agents
 from atgrpo_jax.train.setup import Run
@@ -66,8 +65,8 @@ def rollout(run: Run, strategy, task_ids: np.ndarray, split: str, temperature: f
 def packed_minibatches(run: Run, policy, batch: PolicyBatch) -> list[Minibatch]:
     """The policy batch's mini-batches in the update's packed layout (a group's prompt once)."""
     o, r = run.config.optim, run.config.rollout
-    widest = length_bucket(r.max_prompt_len + max_new_tokens(run.config))  # an unshared row's, as the planner's
-    sample_ids = loss_config(run.config).ratio_level == "sequence"
+    widest = length_bucket(r.max_prompt_len + run.config.rollout.longest_response())  # an unshared row's, as the planner's
+    sample_ids = run.config.loss.ratio_level == "sequence"
     return [pack(mb, batch_shards(policy.mesh), o.share_prompts, r.k, widest, sample_ids)
             for mb in batch.minibatches(o.mini_batch_size)]
 
@@ -101,7 +100,7 @@ def start_update(run: Run, policy, batch: PolicyBatch, behavior_logprobs: bool =
         old = recomputed = logprobs(policy.state.params)
     ref = run.ref_params.get(policy.name)  # the KL reference's log-probs, once per batch like old
     ref_logp = [None] * len(placed) if ref is None else logprobs(ref)
-    cfg = loss_config(run.config)  # the sampler's mismatch with the trainer, corrected by choice
+    cfg = run.config.loss  # the sampler's mismatch with the trainer, corrected by choice
     weights = [None] * len(placed) if cfg.is_correction == "none" else \
         [is_weights(cfg, old_mb, global_array(mb.sampler_logp, policy.mesh)) for mb, old_mb in zip(packed, old)]
     metrics = []

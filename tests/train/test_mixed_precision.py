@@ -12,7 +12,7 @@ from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.plan.devices import parse_device
 from atgrpo_jax.plan.memory import plan
-from atgrpo_jax.train.config import ConfigError, base_config, sharing
+from atgrpo_jax.train.config import ConfigError, base_config
 from atgrpo_jax.train.policies import build_policies
 from atgrpo_jax.train.batch import rows_packed
 from atgrpo_jax.train.update import make_optimizer
@@ -26,7 +26,7 @@ def one_policy(master_dtype: str, lr: float = 1e-6):
     c.optim.lr = lr
     tx, _ = make_optimizer(c.optim, 10)
     base = Qwen3(CFG, rngs=nnx.Rngs(0))
-    layout = sharing(resolve(_tiny(c)))
+    layout = resolve(_tiny(c)).policy.routing
     return build_policies(layout, base, ["a"], tx, LossConfig(), 64, master_dtype=master_dtype)[0]
 
 

@@ -143,6 +143,6 @@ def test_the_modelled_step_costs_each_role_at_its_own_size():
     mixed.model.init = "random"
     both_large = copy.deepcopy(mixed)
     both_large.policy.role_models = ml_collections.ConfigDict()
-    times = [model_step(resolve(c, weights=False), parse_target("v5p-8"), costing.Assumptions.of(c))["total"]
-             for c in (mixed, both_large)]
+    times = [model_step(c, parse_target("v5p-8"), costing.Assumptions.of(c))["total"]
+             for c in (resolve(mixed, weights=False), resolve(both_large, weights=False))]
     assert 0.5 * times[1] < times[0] < times[1]  # the 0.6B tool agent costs less than a 1.7B one
