@@ -17,15 +17,16 @@ import types
 import numpy as np
 from absl import flags
 
-from atgrpo_jax import cli
-from atgrpo_jax import workdir as wd
+from atgrpo_jax import cli, workdir as wd
+from atgrpo_jax.train.config import REGIMES
+from atgrpo_jax.train.loop import run_training
+from atgrpo_jax.train.metrics import read_metrics
+from atgrpo_jax.train.validate import resolve
 
 
 def run_configs(config, regimes, seeds, out: str) -> dict:
     """{(regime, seed): (config, workdir)} of every run; any bad flag or config is a one-line error
     here, before anything is written."""
-    from atgrpo_jax.train.config import REGIMES
-    from atgrpo_jax.train.validate import resolve
 
     bad = [s for s in seeds if not str(s).isdigit()]
     if bad or not seeds:
@@ -50,8 +51,6 @@ def run_configs(config, regimes, seeds, out: str) -> dict:
 
 def run_table(config, regimes, seeds, out: str) -> dict:
     """Train every (regime, seed) (see the module docstring); returns table.json's dict."""
-    from atgrpo_jax.train.loop import run_training
-    from atgrpo_jax.train.metrics import read_metrics
 
     planned = run_configs(config, regimes, seeds, out)
     wd.check_writable(out, "--out")  # before hours of training, not after

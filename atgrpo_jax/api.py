@@ -22,7 +22,10 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from atgrpo_jax import cli
+from atgrpo_jax.evaluate import run_evaluation
+from atgrpo_jax.export import export_policy
 from atgrpo_jax.registry import register_object
+from atgrpo_jax.train.loop import run_training
 
 RewardFn = Callable[..., Sequence[float]]
 
@@ -90,7 +93,6 @@ class Trainer:
 
     def train(self, *, allow_config_change: bool = False, fresh_if_unreadable: bool = False) -> dict:
         """Train (resuming from the workdir's newest checkpoint); returns the last evaluation's metrics."""
-        from atgrpo_jax.train.loop import run_training
 
         last = run_training(self.config, self.workdir, allow_config_change=allow_config_change,
                             fresh_if_unreadable=fresh_if_unreadable)
@@ -99,13 +101,11 @@ class Trainer:
     def evaluate(self, *, splits: Sequence[str] = (), tasks: int | None = None, k: int | None = None,
                  temperature: float | None = None, out: str = "") -> dict:
         """The held-out evaluation of the latest checkpoint (as `python -m atgrpo_jax.evaluate`)."""
-        from atgrpo_jax.evaluate import run_evaluation
 
         return run_evaluation(copy.deepcopy(self.config), self.workdir, None, splits, tasks, k, temperature, out)
 
     def export(self, path: str, *, policy: str | None = None, step: int | None = None, lora: str = "merge",
                overwrite: bool = False) -> dict:
         """One policy as a Hugging Face model directory at `path` (as `python -m atgrpo_jax.export`)."""
-        from atgrpo_jax.export import export_policy
 
         return export_policy(self.workdir, path, step=step, policy=policy, lora=lora, overwrite=overwrite)

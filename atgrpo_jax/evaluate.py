@@ -18,9 +18,19 @@ import types
 
 from absl import flags
 
-from atgrpo_jax import cli
-from atgrpo_jax import workdir as wd
+from atgrpo_jax import cli, workdir as wd
+from atgrpo_jax.envs.workflow import episodes_per_problem
+from atgrpo_jax.models.hub_ids import local_model_dir
+from atgrpo_jax.train.checkpoint import Checkpointer, short_cause
+from atgrpo_jax.train.config import from_saved
+from atgrpo_jax.train.episodes import evaluation_records
+from atgrpo_jax.train.heldout import evaluation
 from atgrpo_jax.train.metrics import METRICS_FILE
+from atgrpo_jax.train.plots import plot_learning_curves
+from atgrpo_jax.train.resume import restore_given
+from atgrpo_jax.train.setup import build_run
+from atgrpo_jax.train.step import policy_states, set_policy_states
+from atgrpo_jax.train.validate import resolve
 
 EVAL_FILE = "eval.json"
 EVAL_EPISODES_FILE = "eval_episodes.jsonl"
@@ -29,7 +39,6 @@ EVAL_EPISODES_FILE = "eval_episodes.jsonl"
 
 def write_eval_outputs(result: dict, workdir: str | None, out: str, *, label: str, title: str) -> list[str]:
     """Write `out/eval.json` and, when the run has metrics, `out/learning_curve.png`; returns the paths."""
-    from atgrpo_jax.train.plots import plot_learning_curves
 
     wd.makedirs(out)
     written = [wd.join(out, EVAL_FILE)]
@@ -57,8 +66,6 @@ def parse_policies(items) -> dict[str, tuple[str, str | None, int | None]]:
 
 def load_policies_from(run, sources: dict) -> None:
     """Replace the policy acting for each agent of `sources` by one restored from another run."""
-    from atgrpo_jax.train.checkpoint import Checkpointer, short_cause
-    from atgrpo_jax.train.step import policy_states
 
     names = [a.name for a in run.workflow.agents]
     if len(run.policies) != len(names):
@@ -102,20 +109,11 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
                    policies_from=None) -> dict:
     """Evaluate a checkpoint of a run (config: the run's) or the model at `hf_path`; returns eval.json's dict.
     policies_from: `parse_policies`' mapping (some agents' policies from other runs)."""
-    from atgrpo_jax.train.checkpoint import Checkpointer
-    from atgrpo_jax.train.resume import restore_given
-    from atgrpo_jax.train.validate import resolve
-    from atgrpo_jax.train.episodes import evaluation_records
-    from atgrpo_jax.train.setup import build_run
-    from atgrpo_jax.train.heldout import evaluation
-    from atgrpo_jax.envs.workflow import episodes_per_problem
-    from atgrpo_jax.train.step import policy_states, set_policy_states
 
     if (checkpoint is None) == (hf_path is None):
         raise cli.UsageError("give exactly one of --checkpoint and --hf_path")
     workdir = ckpt_dir = step = None
     if hf_path:
-        from atgrpo_jax.models.hub_ids import local_model_dir
         local_model_dir(hf_path, "--hf_path")  # a hub id: downloaded (or found in the cache) now, or one line
         config.model.hf_path = hf_path
         config.model.preset = ""  # the checkpoint's own architecture (config.json), not the config's preset
@@ -165,7 +163,6 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
 
 def config_for(checkpoint: str | None, spec: str | None, overrides):
     """The config to evaluate with: --config, else the run's own config.json."""
-    from atgrpo_jax.train.config import from_saved
 
     if spec:
         return cli.config_from_args(spec, overrides)

@@ -24,8 +24,19 @@ import types
 
 from absl import flags
 
-from atgrpo_jax import cli
-from atgrpo_jax import workdir as wd
+from atgrpo_jax import cli, workdir as wd
+from atgrpo_jax.hf_cache import offline
+from atgrpo_jax.model_card import model_card
+from atgrpo_jax.models.hf_io import save_pretrained
+from atgrpo_jax.models.hub_ids import is_repo_id
+from atgrpo_jax.models.peft_io import save_adapter
+from atgrpo_jax.train.checkpoint import Checkpointer
+from atgrpo_jax.train.config import from_saved
+from atgrpo_jax.train.metrics import METRICS_FILE, read_metrics
+from atgrpo_jax.train.resume import restore_given
+from atgrpo_jax.train.roles import role_config
+from atgrpo_jax.train.setup import build_run
+from atgrpo_jax.train.step import policy_states, set_policy_states
 
 LORA_MODES = ("merge", "adapter")
 
@@ -122,16 +133,6 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     """Write one policy of the run in `workdir` (or `WORKDIR/checkpoints/STEP`) to `out`; returns a summary."""
     import jax
 
-    from atgrpo_jax.model_card import model_card
-    from atgrpo_jax.models.hf_io import save_pretrained
-    from atgrpo_jax.train.metrics import METRICS_FILE, read_metrics
-    from atgrpo_jax.models.peft_io import save_adapter
-    from atgrpo_jax.train.checkpoint import Checkpointer
-    from atgrpo_jax.train.config import from_saved
-    from atgrpo_jax.train.roles import role_config
-    from atgrpo_jax.train.resume import restore_given
-    from atgrpo_jax.train.setup import build_run
-    from atgrpo_jax.train.step import policy_states, set_policy_states
 
     if lora not in LORA_MODES:
         raise cli.UsageError(f"--lora={lora}: not one of {', '.join(LORA_MODES)}")
@@ -208,8 +209,6 @@ def main(f, overrides=()):
 
 def check_push(repo: str | None) -> None:
     """--push_to_hub that cannot work: one line, before any work."""
-    from atgrpo_jax.hf_cache import offline
-    from atgrpo_jax.models.hub_ids import is_repo_id
 
     if not repo:
         return

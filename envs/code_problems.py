@@ -21,6 +21,7 @@ from typing import Sequence
 from atgrpo_jax.envs.code_grading import (TEST_LIMITS, TestVerdict, _run_unique, describe_failure, load_code_problems,
                                           run_io_tests)
 from atgrpo_jax.envs import code_mutants
+from atgrpo_jax.envs.code_sources import load_source_problems
 from atgrpo_jax.envs.parsers import extract_code_block, extract_test_cases
 from atgrpo_jax.envs.sandbox import Limits
 
@@ -69,7 +70,6 @@ def load_problems(name: str, fields: tuple = (), data_dir: str = "") -> tuple[Co
     """A shipped set, a prepared one or a source of your own (code_sources.py); fields: ((ours, column), ...)."""
     if name in DATA_SETS:
         return DATA_SETS[name]()
-    from atgrpo_jax.envs.code_sources import load_source_problems
     problems = load_source_problems(name, dict(fields), data_dir, tuple(sorted(DATA_SETS)))
     return tuple(CodeProblem(**p) for p in problems)
 

@@ -21,6 +21,8 @@ from typing import Any
 
 from atgrpo_jax.envs.games import GridGame
 from atgrpo_jax.envs.grid import INVALID, LETTERS
+from atgrpo_jax.envs.parsers import extract_after_marker
+from atgrpo_jax.envs.workflow import as_reference
 
 ACTIONS_MARKER = "**Actions List**:"
 NO_MOVE = "-"  # the last move shown before the first one
@@ -110,8 +112,6 @@ class WorkflowConfig:
     # solved grid; False: its placements (either parses). Games without a grid answer ask for moves either way
 
     def __post_init__(self):
-        from atgrpo_jax.envs.workflow import as_reference
-
         self.strict_answer = as_reference(self.strict_answer, self.recipe)
         self.done_is_success = as_reference(self.done_is_success, self.recipe)
         self.reference_tool_output = as_reference(self.reference_tool_output, self.recipe)
@@ -168,7 +168,6 @@ def reference_tool_actions(output: str, game: GridGame) -> list[int] | None:
 def actions_from_answer(text: str, game: GridGame, strict: bool = False) -> list[int] | None:
     """Actions after the last `####` line outside code blocks (None if absent or empty); `strict`:
     as the reference reads them (`reference_answer`)."""
-    from atgrpo_jax.envs.parsers import extract_after_marker
 
     if strict:
         return reference_answer(text, game)

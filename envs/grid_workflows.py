@@ -49,7 +49,9 @@ from atgrpo_jax.envs.games import GridGame, make_game
 from atgrpo_jax.envs.grid_roles import (ACTIONS_MARKER, DEFAULT_TOOL_PENALTY, KINDS, MAX_TURNS, NO_MOVE, Role,
                                         WorkflowConfig, actions_from_answer, actions_from_output, make_roles,
                                         reference_tool_actions)
+from atgrpo_jax.envs.parsers import extract_code_block, reference_program
 from atgrpo_jax.envs.prompt_templates import Prompts
+from atgrpo_jax.envs.sandbox import run_many
 from atgrpo_jax.envs.workflow import Agent, StepOut, branch
 
 # How much text goes into prompts (characters)
@@ -218,7 +220,6 @@ class GridWorkflow:
         if role.answer == "list":
             return actions_from_answer(text, self.game, self.config.strict_answer)
         if role.answer == "code":
-            from atgrpo_jax.envs.parsers import extract_code_block
 
             return extract_code_block(text)
         return self._parse_direct(text, role.max_len)
@@ -233,8 +234,6 @@ class GridWorkflow:
 
     def _run_tools(self, state: GridState, texts, active):
         """Extract, run (sandbox) and parse the tool agent's programs."""
-        from atgrpo_jax.envs.parsers import extract_code_block, reference_program
-        from atgrpo_jax.envs.sandbox import run_many
 
         n_tasks, k = len(texts), len(texts[0])
         envs = jax.device_get(state.env)

@@ -31,16 +31,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from atgrpo_jax.errors import RewardError
+from atgrpo_jax.data import load_records
 from atgrpo_jax.envs.text_state import obj_array, response_grid
 from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, branch
+from atgrpo_jax.errors import RewardError
 from atgrpo_jax.registry import import_function
 
 
 def read_records(source: str, fields=None) -> list[dict]:
     """The records of a data source (jsonl, json, parquet, arrow, csv, a saved HF dataset, hf:org/name;
     atgrpo_jax.data), each with a "prompt" (`fields` maps it to another column)."""
-    from atgrpo_jax.data import load_records
     return list(load_records(source, ("prompt",), dict(fields or {})))
 
 

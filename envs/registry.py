@@ -20,6 +20,15 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+from atgrpo_jax.envs.code_workflow import make_code_workflow
+from atgrpo_jax.envs.episode import as_workflow
+from atgrpo_jax.envs.games import GAMES
+from atgrpo_jax.envs.grid_roles import single_kind
+from atgrpo_jax.envs.grid_workflows import make_grid_workflow, plan_path_demo
+from atgrpo_jax.envs.math_workflow import make_math_workflow
+from atgrpo_jax.envs.mixture import MixtureWorkflow, check_settings
+from atgrpo_jax.envs.prompt_reward import make_prompt_reward
+from atgrpo_jax.envs.search_workflow import make_search_workflow
 from atgrpo_jax.registry import Registry, closest, import_function, registered
 
 WORKFLOWS: Registry = Registry("env.workflow")
@@ -28,20 +37,17 @@ GRID_KINDS = ("tool_plan", "direct")  # `<game>_<kind>`; single_agent picks `<ki
 
 @WORKFLOWS.register("math")
 def _math(single_agent: bool = False, recipe: str = "paper", **kwargs):
-    from atgrpo_jax.envs.math_workflow import make_math_workflow
     return make_math_workflow(single_agent=single_agent, recipe=recipe, **kwargs)
 
 
 @WORKFLOWS.register("code")
 def _code(single_agent: bool = False, recipe: str = "paper", **kwargs):
-    from atgrpo_jax.envs.code_workflow import make_code_workflow
     return make_code_workflow(single_agent=single_agent, recipe=recipe, **kwargs)
 
 
 @WORKFLOWS.register("mixture")
 def _mixture(single_agent: bool = False, recipe: str = "paper", weights=None, roles=(), **settings):
     """Several workflows in one run (envs/mixture.py), each built here with its env.kwargs.NAME."""
-    from atgrpo_jax.envs.mixture import MixtureWorkflow, check_settings
     if not weights:
         raise ValueError("env.kwargs.weights: a mixture names its workflows and how often each is drawn, e.g. "
                          "--config.env.kwargs.weights='{\"math\": 1, \"code\": 1}'")
@@ -54,19 +60,16 @@ def _mixture(single_agent: bool = False, recipe: str = "paper", weights=None, ro
 
 @WORKFLOWS.register("search")
 def _search(single_agent: bool = False, recipe: str = "paper", **kwargs):
-    from atgrpo_jax.envs.search_workflow import make_search_workflow
     return make_search_workflow(single_agent=single_agent, recipe=recipe, **kwargs)
 
 
 @WORKFLOWS.register("prompt_reward")
 def _prompt_reward(single_agent: bool = False, **kwargs):
-    from atgrpo_jax.envs.prompt_reward import make_prompt_reward
     return make_prompt_reward(single_agent=single_agent, **kwargs)
 
 
 def _single(kind: str, single_agent: bool, alone: str) -> str:
     """The grid kind to build: `kind`, or with single_agent its variant that trains role `alone`."""
-    from atgrpo_jax.envs.grid_roles import single_kind
 
     if alone and not single_agent:
         raise ValueError(f"env.kwargs.alone={alone!r} trains one role in its single-agent environment: "
@@ -76,32 +79,26 @@ def _single(kind: str, single_agent: bool, alone: str) -> str:
 
 @WORKFLOWS.register("plan_path_demo")
 def _demo(single_agent: bool = False, alone: str = "", **kwargs):
-    from atgrpo_jax.envs.grid_workflows import plan_path_demo
     return plan_path_demo(_single("direct", single_agent, alone), **kwargs)
 
 
 def _grid_factory(name: str) -> Callable[..., Any] | None:
-    from atgrpo_jax.envs.games import GAMES
-
     for kind in GRID_KINDS:
         game = name[:-len(kind) - 1] if name.endswith("_" + kind) else None
         if game in GAMES:
             def make(single_agent: bool = False, alone: str = "", recipe: str = "paper", **kwargs):
-                from atgrpo_jax.envs.grid_workflows import make_grid_workflow
                 return make_grid_workflow(_single(kind, single_agent, alone), game, recipe=recipe, **kwargs)
             return make
     return None
 
 
 def known_names() -> list[str]:
-    from atgrpo_jax.envs.games import GAMES
     return sorted(WORKFLOWS.names()) + [f"{g}_{k}" for g in GAMES for k in GRID_KINDS]
 
 
 def factory_of(name: str) -> Callable[..., Any]:
     """The factory a workflow name stands for; an unknown name is a ValueError naming the choices."""
     if name.startswith("py:"):  # a workflow object of the Python API (an Episode is made one)
-        from atgrpo_jax.envs.episode import as_workflow
 
         obj = registered(name, "env.workflow")
         return lambda single_agent=False, **kwargs: as_workflow(obj)

@@ -32,6 +32,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from atgrpo_jax.bench import device_parts, device_update
+from atgrpo_jax.bench.torch_verl import torch_update
+from atgrpo_jax.cli import config_from_args, packaged_config, pop_overrides
+from atgrpo_jax.plan import costing
+from atgrpo_jax.plan.compile_cli import model_step
+from atgrpo_jax.plan.targets import parse_target
+from atgrpo_jax.train.validate import resolve
 
 PARTS = ("facts", "parity", "sampler", "update", "step", "decode", "paper_step", "torch_update")
 DEFAULT_PARTS = PARTS[:5]  # the others (diagnoses and the larger runs) are asked for by name
@@ -53,7 +60,6 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 def run_part(name: str, tiny: bool, out: str) -> None:
     """Run one part, writing its figures to `out` (JSON) as each is measured."""
-    from atgrpo_jax.bench import device_parts, device_update
     shapes = device_parts.TINY if tiny else device_parts.REAL
     figures: dict = {}
 
@@ -74,7 +80,6 @@ def run_part(name: str, tiny: bool, out: str) -> None:
         elif name == "decode":
             device_parts.decode(shapes, record)
         elif name == "torch_update":
-            from atgrpo_jax.bench.torch_verl import torch_update
             torch_update(shapes, record)
         elif name == "paper_step":
             step(shapes, record, tmp, shapes.paper_step_overrides, "paper_step")
@@ -88,11 +93,6 @@ def modelled_step(shapes, record, kind: str | None = None) -> None:
     the lengths the run samples: every response its full budget (random weights never stop), the
     prompts as the trainer pads them (the smallest bucket that holds a Plan-Path prompt)."""
     import jax
-    from atgrpo_jax.cli import config_from_args, pop_overrides
-    from atgrpo_jax.plan import costing
-    from atgrpo_jax.plan.compile_cli import model_step
-    from atgrpo_jax.plan.targets import parse_target
-    from atgrpo_jax.train.validate import resolve
     kind = (kind or jax.devices()[0].device_kind).lower()
     name = "h200" if "h200" in kind else "h100" if "h100" in kind else None
     if name is None:
@@ -109,7 +109,6 @@ def modelled_step(shapes, record, kind: str | None = None) -> None:
 def paper_step_config() -> Path:
     config = CONFIGS / "plan_path_qwen3_1p7b.py"
     if not config.is_file():  # an installed (not editable) package: its packaged copy
-        from atgrpo_jax.cli import packaged_config
         config = packaged_config("configs/plan_path_qwen3_1p7b.py") or config
     return config
 

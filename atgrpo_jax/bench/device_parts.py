@@ -20,14 +20,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from atgrpo_jax.bench.common import timed
+from atgrpo_jax.bench.common import cpu_model, timed
 from atgrpo_jax.bench.kernels import profile_kernels
-from atgrpo_jax.bench.longtail import EOS, longtail_lengths
+from atgrpo_jax.bench.longtail import EOS, forced_eos, longtail_lengths
+from atgrpo_jax.bench.sampler import generate_flops, prefill_times
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.decode_kernel import supported
 from atgrpo_jax.models.hf_io import load_pretrained, save_pretrained
 from atgrpo_jax.models.qwen3 import layer_unroll
-from atgrpo_jax.sampling import generate, segments
+from atgrpo_jax.sampling import generate, segments, select
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +99,6 @@ def facts(shapes: Shapes, record) -> None:
     import flax
     import optax
     dev = jax.devices()[0]
-    from atgrpo_jax.bench.common import cpu_model
     record("device", {"platform": dev.platform, "kind": dev.device_kind, "count": jax.device_count(), **cpu_model(),
                       "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
                       "memory_bytes": (dev.memory_stats() or {}).get("bytes_limit")})
@@ -241,8 +242,6 @@ def sampler(shapes: Shapes, record, tmp: str, out_dir: str | None = None) -> Non
     1, no top-k/top-p); the decode step against the weight-read floor; then long-tailed lengths.
     The decode segment's compiled HLO goes to `out_dir/decode_hlo.txt.gz`."""
     import transformers
-    from atgrpo_jax.bench.longtail import forced_eos
-    from atgrpo_jax.bench.sampler import generate_flops, prefill_times
     cfg = get_preset(shapes.preset).replace(param_dtype="bfloat16", compute_dtype="bfloat16")
     model = nnx.jit(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))()
     save_pretrained(model, tmp)
@@ -306,8 +305,6 @@ def decode(shapes: Shapes, record) -> None:
     (`model.decode_attention="pallas"`), and its pieces alone: the LM head's matmul and the token
     selection over [rows, V] logits. The Pallas form's tokens and log-probs are set against the
     einsums' (same weights, same draws): `kernel_vs_einsum`."""
-    from atgrpo_jax.models.decode_kernel import supported
-    from atgrpo_jax.sampling import select
     cfg = get_preset(shapes.preset).replace(param_dtype="bfloat16", compute_dtype="bfloat16")
     rng = np.random.RandomState(0)
     prompts = {rows: rng.randint(2, cfg.vocab_size, (rows, shapes.prompt)).astype(np.int32)

@@ -29,10 +29,11 @@ from flax import nnx
 
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.bench.common import timed
-from atgrpo_jax.bench.kernels import profile_kernels
 from atgrpo_jax.bench.device_parts import Shapes, datasheet_peak, error, torch_device, torch_sync, write_hlo
+from atgrpo_jax.bench.kernels import profile_kernels
 from atgrpo_jax.bench.train import (bench_optimizer, jax_batch, jax_update, make_batch, old_logprobs, optim_config,
                                     scoring_rows, update_flops)
+from atgrpo_jax.bench.torch_baseline import random_hf_model, torch_loss, torch_token_logprobs
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.attention import BACKENDS
 from atgrpo_jax.models.qwen3 import layer_unroll
@@ -195,7 +196,6 @@ def where_time_goes(record, update_fn, logprobs_fn, state, batch, data: dict, st
 def pytorch(shapes: Shapes, record) -> None:
     """The same loss in PyTorch on the same device: autocast bf16 over float32 weights."""
     import torch
-    from atgrpo_jax.bench.torch_baseline import random_hf_model, torch_loss, torch_token_logprobs
     rows, width = shapes.update_rows
     cfg = get_preset(shapes.preset)
     dev = torch_device()

@@ -36,6 +36,9 @@ import jax
 import numpy as np
 
 from atgrpo_jax.bench.common import machine_notes, print_json_last
+from atgrpo_jax.envs.registry import make_workflow as make
+from atgrpo_jax.models.config import get_preset
+from atgrpo_jax.models.tokenizer import encode_chat, qwen3_tokenizer
 from atgrpo_jax.rollout.samples import SampleOut
 from atgrpo_jax.rollout.tree import Schedule, tree_rollout
 from atgrpo_jax.trace import Tracer, overlap_seconds
@@ -109,7 +112,6 @@ def model_sample_fn(model: LatencyModel, answers, new_tokens: int):
 
 def make_workflow(name: str, turns: int, sandbox_workers: int):
     """The benchmark's workflow; each environment step runs at most `sandbox_workers` programs at once."""
-    from atgrpo_jax.envs.registry import make_workflow as make
     if name == "plan_path":
         return make("plan_path_tool_plan", max_turns=turns, sandbox_workers=sandbox_workers)
     return make("code", max_turns=turns, max_workers=sandbox_workers, train_sets=("apps_train",))
@@ -208,8 +210,6 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
-    from atgrpo_jax.models.config import get_preset
-    from atgrpo_jax.models.tokenizer import encode_chat, qwen3_tokenizer
     tokenizer = qwen3_tokenizer()
     encode = lambda messages, agent: encode_chat(tokenizer, messages)  # noqa: E731
     model = LatencyModel(get_preset(args.preset).num_params(), *CHIPS[args.chip], chips=args.chips)

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.models.hf_io import config_to_hf
 from atgrpo_jax.rollout.samples import SampleOut
 
 
@@ -34,7 +35,6 @@ def random_hf_model(cfg, device, seed: int = 0):
     weights on `device`, in train mode."""
     import torch
     import transformers
-    from atgrpo_jax.models.hf_io import config_to_hf
     torch.manual_seed(seed)
     with torch.device(device):
         return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**config_to_hf(cfg))).float().train()

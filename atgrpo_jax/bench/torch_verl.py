@@ -23,7 +23,8 @@ import numpy as np
 
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.bench.device_parts import Shapes, datasheet_peak, error, torch_device, torch_sync
-from atgrpo_jax.bench.torch_baseline import random_hf_model
+from atgrpo_jax.bench.device_update import backends_here, ours_timed
+from atgrpo_jax.bench.torch_baseline import random_hf_model, torch_loss, torch_token_logprobs
 from atgrpo_jax.bench.train import make_batch, optim_config, update_flops
 from atgrpo_jax.models import get_preset
 
@@ -37,7 +38,6 @@ def packed(valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def padded_loss(model, t: dict, old, loss_cfg: LossConfig):
     """The eager baseline's loss: logits of the padded rows, full log_softmax, clipped token-mean."""
     import torch
-    from atgrpo_jax.bench.torch_baseline import torch_loss, torch_token_logprobs
     with torch.autocast(t["tokens"].device.type, dtype=torch.bfloat16):
         logits = model(input_ids=t["tokens"], attention_mask=t["valid"]).logits
     return torch_loss(loss_cfg, torch_token_logprobs(logits, t["tokens"]), old, t["adv"], t["is_resp"].float())
@@ -102,7 +102,6 @@ def torch_update(shapes: Shapes, record) -> None:
     model = random_hf_model(cfg, dev)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
-        from atgrpo_jax.bench.torch_baseline import torch_token_logprobs
         with torch.autocast(dev.type, dtype=torch.bfloat16):
             old = torch_token_logprobs(model(input_ids=t["tokens"], attention_mask=t["valid"]).logits,
                                        t["tokens"]).float()
@@ -143,5 +142,4 @@ def torch_update(shapes: Shapes, record) -> None:
     del model, compiled, initial
     if dev.type == "cuda":
         torch.cuda.empty_cache()  # the cached blocks back for JAX's allocator
-    from atgrpo_jax.bench.device_update import backends_here, ours_timed
     ours_timed(shapes, record, backends_here()[0])

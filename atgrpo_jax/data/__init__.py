@@ -13,7 +13,10 @@ import functools
 import os
 from typing import Mapping, Sequence
 
+from atgrpo_jax.data.hf_sets import parse_hf, read_hf
+from atgrpo_jax.data.paper_sets import PAPER_SETS
 from atgrpo_jax.data.readers import TABLE_EXTENSIONS, DataError, is_source, map_fields, read_file  # noqa: F401
+from atgrpo_jax.registry import registered
 
 DEFAULT_DATA_DIR = "data"
 
@@ -29,8 +32,6 @@ def prepare_command(name: str, directory: str) -> str:
 
 def prepared_path(name: str, given_dir: str = "") -> str:
     """The file of a prepared data set; a missing one is one error naming the command that makes it."""
-    from atgrpo_jax.data.paper_sets import PAPER_SETS
-
     directory = data_dir(given_dir)
     path = os.path.join(directory, f"{name}.jsonl")
     if not os.path.isfile(path):
@@ -43,8 +44,6 @@ def prepared_path(name: str, given_dir: str = "") -> str:
 def require_prepared(names, given_dir: str = "", task: str = "") -> None:
     """Every prepared set among `names` is in the data directory, else one error naming the command
     that prepares all the missing ones (a shipped name or a source of one's own is not checked here)."""
-    from atgrpo_jax.data.paper_sets import PAPER_SETS
-
     directory = data_dir(given_dir)
     missing = [n for n in dict.fromkeys(names) if n in PAPER_SETS and task in ("", PAPER_SETS[n].task)
                and not os.path.isfile(os.path.join(directory, f"{n}.jsonl"))]
@@ -56,7 +55,6 @@ def require_prepared(names, given_dir: str = "", task: str = "") -> None:
 
 def is_prepared_name(name: str, task: str = "") -> bool:
     """Whether `name` is one of the sets prepare writes (for `task`, "math", "code", "search", ..., when given)."""
-    from atgrpo_jax.data.paper_sets import PAPER_SETS
     return name in PAPER_SETS and task in ("", PAPER_SETS[name].task)
 
 
@@ -64,12 +62,9 @@ def read_rows(source: str) -> list[dict]:
     """All rows of a source: a local file or directory (readers.py), hf:org/name (hf_sets.py), or the `py:`
     name of records handed to the Python API (a list of dicts or a `datasets.Dataset`)."""
     if source.startswith("py:"):
-        from atgrpo_jax.registry import registered
-
         rows = registered(source, "data source")
         return list(rows.to_list() if hasattr(rows, "to_list") else rows)
     if source.startswith("hf:"):
-        from atgrpo_jax.data.hf_sets import read_hf
         return read_hf(source)
     return read_file(os.path.expanduser(source))
 
@@ -77,8 +72,6 @@ def read_rows(source: str) -> list[dict]:
 def source_name(source: str) -> str:
     """The split name a source is evaluated as: a file's stem, a directory's name, an hf name's last parts."""
     if source.startswith("hf:"):
-        from atgrpo_jax.data.hf_sets import parse_hf
-
         spec = parse_hf(source)
         return "_".join(p for p in (spec.name.split("/")[-1], spec.config, spec.split) if p)
     if not is_source(source):

@@ -10,6 +10,8 @@ import argparse
 import sys
 
 from atgrpo_jax.data.paper_sets import PAPER_SETS
+from atgrpo_jax.data.prepare import prepare
+from atgrpo_jax.data.readers import DataError
 
 
 def main(argv=None) -> int:
@@ -26,8 +28,6 @@ def main(argv=None) -> int:
         for spec in PAPER_SETS.values():
             print(f"{spec.name:20s} {spec.task:5s} hf:{spec.repo}  {spec.about} [{spec.license}]")
         return 0
-    from atgrpo_jax.data.prepare import prepare
-    from atgrpo_jax.data.readers import DataError
 
     for name in args.names:
         try:

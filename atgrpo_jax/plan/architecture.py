@@ -6,7 +6,10 @@ import json
 import os
 from typing import Any
 
+from atgrpo_jax.models.attention import configured_backend, resolve_backend
 from atgrpo_jax.models.config import Qwen3Config, get_preset
+from atgrpo_jax.models.hf_io import config_from_hf
+from atgrpo_jax.models.hub_ids import local_model_dir
 from atgrpo_jax.train.roles import role_config
 
 
@@ -21,8 +24,6 @@ def model_config(config) -> Qwen3Config:
     if layout.lora:
         kw.update(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha)
     if m.hf_path:
-        from atgrpo_jax.models.hf_io import config_from_hf
-        from atgrpo_jax.models.hub_ids import local_model_dir
 
         with open(os.path.join(local_model_dir(m.hf_path), "config.json")) as fh:
             return config_from_hf(json.load(fh), **kw)
@@ -33,7 +34,6 @@ def model_config(config) -> Qwen3Config:
 
 def planned_backend(config, cfg: Qwen3Config, platform: str, seq: int) -> str:
     """The attention backend the update runs on `platform` (as train/setup.py and the model choose it)."""
-    from atgrpo_jax.models.attention import configured_backend, resolve_backend
 
     backend = configured_backend(config.model.attention, platform, config.optim.share_prompts)
     return resolve_backend(backend, seq, seq, cfg.dtype, cached=False, platform=platform)

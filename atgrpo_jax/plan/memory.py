@@ -43,6 +43,8 @@ from atgrpo_jax.plan.architecture import largest_role, model_config, planned_bac
 from atgrpo_jax.plan.devices import Device, device_platform, hosts_of
 from atgrpo_jax.sharding import (GATHERED_RULES, MESH_AXES, RULES, TRAIN_RULES, MeshConfig, logical_spec,
                                  pool_sizes)
+from atgrpo_jax.models.qwen3 import LoRAParam, Qwen3
+from atgrpo_jax.train.batch import length_bucket
 
 
 # Working sets of the backward pass, in units of one layer's tensors (see docstring).
@@ -85,7 +87,6 @@ def model_params(cfg: Qwen3Config) -> tuple[tuple[tuple[int, ...], Any, tuple, b
     """(shape, dtype, logical axes, is_adapter) of every parameter, from an abstract model."""
     from flax import nnx
 
-    from atgrpo_jax.models.qwen3 import LoRAParam, Qwen3
 
     model = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))
     return tuple((tuple(v.shape), v.dtype, tuple(v.logical_axes), isinstance(v, LoRAParam))
@@ -297,7 +298,6 @@ class Plan:
 
 def plan(config, device: Device, num_devices: int, policies: int | None = None) -> Plan:
     """The memory plan of a (validated) training config on `num_devices` of `device`."""
-    from atgrpo_jax.train.batch import length_bucket
 
     config, unequal = largest_role(config)
     cfg = model_config(config)

@@ -20,6 +20,7 @@ import numpy as np
 from atgrpo_jax.envs.workflow import Workflow, take_branch
 from atgrpo_jax.errors import RewardError
 from atgrpo_jax.rollout.samples import SampleOut, right_padded
+from atgrpo_jax.trace import Tracer
 
 
 @jax.jit
@@ -178,7 +179,6 @@ def run_sync(stages: Stages, c: Cohort, sample_fn, tracer=None, pool_label=None,
     """Every stage of one cohort, one after the other (timed on `tracer`: pool_label(agent) names
     the pool that samples for an agent). `running` (dispatch.Running), if given, is told which
     stage runs, named as the asynchronous schedule names it (cohort `index`), for its timeout."""
-    from atgrpo_jax.trace import Tracer
 
     tracer = tracer or Tracer(enabled=False)
     label = pool_label or (lambda agent: "pool")

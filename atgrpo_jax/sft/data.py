@@ -22,7 +22,9 @@ from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
+from atgrpo_jax.data import read_rows
 from atgrpo_jax.errors import DataError
+from atgrpo_jax.models.tokenizer import render_chat
 
 ROLES = ("system", "user", "assistant")
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")  # the end of an assistant turn, scored with it (setup.build_run's stops)
@@ -63,8 +65,6 @@ def check_row(row, source: str, index: int) -> list[dict]:
 
 
 def _render(tokenizer, messages, generation_prompt: bool, thinking: bool, where: str) -> str:
-    from atgrpo_jax.models.tokenizer import render_chat
-
     try:
         return render_chat(tokenizer, messages, add_generation_prompt=generation_prompt, enable_thinking=thinking)
     except Exception as e:  # noqa: BLE001 - jinja's errors (a template's raise_exception) name the cause
@@ -133,7 +133,6 @@ def examples_of(rows, source: str, tokenizer, thinking: bool = False) -> list[Ex
 
 def load_examples(source: str, tokenizer, thinking: bool = False) -> list[Example]:
     """The examples of a data source (a file, a save_to_disk directory, hf:org/name: atgrpo_jax.data)."""
-    from atgrpo_jax.data import read_rows
 
     return examples_of(read_rows(source), source, tokenizer, thinking)
 

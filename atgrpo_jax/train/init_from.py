@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from atgrpo_jax import workdir as wd
 from atgrpo_jax.errors import ConfigError
+from atgrpo_jax.train.checkpoint import Checkpointer, _abstract, short_cause
+from atgrpo_jax.train.orbax_quiet import quiet_orbax
 
 KEY = "config.model.init_from"
 
@@ -16,7 +18,6 @@ def source_checkpoint(source: str) -> tuple[str, int, str]:
     """(checkpoint directory, newest step, policy name) of the run in `source`; a ConfigError says why not."""
     from absl import logging as absl_logging
 
-    from atgrpo_jax.train.checkpoint import Checkpointer
 
     directory = wd.checkpoint_dir(source)
     if not wd.isdir(source) or not wd.exists(directory):
@@ -47,8 +48,6 @@ def load_weights(model, source: str):
     import orbax.checkpoint as ocp
     from flax import nnx
 
-    from atgrpo_jax.train.checkpoint import _abstract, short_cause
-    from atgrpo_jax.train.orbax_quiet import quiet_orbax
 
     directory, step, name = source_checkpoint(source)
     graphdef, state = nnx.split(model)

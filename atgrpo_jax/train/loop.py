@@ -19,26 +19,26 @@ import time
 
 import jax
 
-from atgrpo_jax import cli
-from atgrpo_jax.rollout.dispatch import StageTimeout
-from atgrpo_jax.train import checkpoint, guard, setup, wandb_log
+from atgrpo_jax import cli, workdir as wd
 from atgrpo_jax.distributed import init_distributed
-from atgrpo_jax.errors import LogWriteError
-from atgrpo_jax.train.lock import WorkdirLock
-from atgrpo_jax.train.prefetch import Prefetch
-from atgrpo_jax.train.resume import fixed_changes, restore_or_start, step_dirs
-from atgrpo_jax import workdir as wd
 from atgrpo_jax.envs.workflow import episodes_per_problem
-from atgrpo_jax.train.config import ConfigError, changed_keys, flat, from_saved
-from atgrpo_jax.train.validate import resolve
-from atgrpo_jax.train.episodes import as_markdown, training_records
-from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
-from atgrpo_jax.train.progress import ProgressBar, say
+from atgrpo_jax.errors import LogWriteError
+from atgrpo_jax.rollout.dispatch import StageTimeout
 from atgrpo_jax.trace import Tracer
+from atgrpo_jax.train import checkpoint, guard, setup, wandb_log
+from atgrpo_jax.train.config import ConfigError, changed_keys, flat, from_saved
+from atgrpo_jax.train.episodes import as_markdown, training_records
 from atgrpo_jax.train.heldout import evaluation, evaluation_splits
 from atgrpo_jax.train.hooks import Hook, StepInfo, run_hooks
+from atgrpo_jax.train.init_from import source_checkpoint
+from atgrpo_jax.train.lock import WorkdirLock
+from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
+from atgrpo_jax.train.prefetch import Prefetch
+from atgrpo_jax.train.progress import ProgressBar, say
+from atgrpo_jax.train.resume import fixed_changes, restore_or_start, step_dirs
 from atgrpo_jax.train.step import policy_states, set_policy_states, train_step
 from atgrpo_jax.train.update import lr_factor
+from atgrpo_jax.train.validate import resolve
 
 
 def check_resume(config, workdir: str, allow_config_change: bool) -> dict:
@@ -90,7 +90,6 @@ def check_init_from(config, workdir: str) -> None:
     """A model.init_from that a fresh run could not start from: one line before the workdir is touched
     (a resumed run restores its own checkpoint and does not read it)."""
     if config.model.init_from and not wd.exists(wd.checkpoint_dir(workdir)):
-        from atgrpo_jax.train.init_from import source_checkpoint
         source_checkpoint(config.model.init_from)
 
 

@@ -7,6 +7,7 @@ import os
 from typing import Mapping, Sequence
 
 from atgrpo_jax import workdir as wd
+from atgrpo_jax.train.metrics import read_metrics
 
 AXIS_LABELS = {"step": "training step", "time_s": "wall-clock time (s)", "eval_success": "success rate (held out)"}
 
@@ -37,7 +38,6 @@ def plot_learning_curves(runs: Mapping[str, str | os.PathLike | Sequence[Mapping
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from atgrpo_jax.train.metrics import read_metrics
 
     if not runs:
         raise ValueError("plot_learning_curves: no runs given")

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from atgrpo_jax.algo.logprobs import SampledFrom
 from atgrpo_jax.distributed import init_distributed, is_multiprocess, local_mesh
 from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.models import Qwen3, get_preset
@@ -20,13 +21,13 @@ from atgrpo_jax.models.hub_ids import local_model_dir
 from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
 from atgrpo_jax.sampling import shard_model
 from atgrpo_jax.sharding import make_mesh, platform_of, sub_meshes
-from atgrpo_jax.algo.logprobs import SampledFrom
 from atgrpo_jax.train import compile_cache
 from atgrpo_jax.train.config import AgentSampling, ConfigError
-from atgrpo_jax.train.validate import resolve
+from atgrpo_jax.train.init_from import load_weights
 from atgrpo_jax.train.policies import Policy, build_policies
 from atgrpo_jax.train.roles import role_config, role_optim, roles_problem
 from atgrpo_jax.train.update import make_optimizer
+from atgrpo_jax.train.validate import resolve
 
 
 @dataclasses.dataclass
@@ -120,7 +121,6 @@ def starting_model(config, mesh, init_from: bool = False) -> Qwen3:
     checkpoint (train/init_from.py): a run's start; a resumed run's checkpoint replaces them anyway."""
     model = build_model(config, mesh)
     if init_from and config.model.init_from:
-        from atgrpo_jax.train.init_from import load_weights
         model = load_weights(model, config.model.init_from)
     return model
 
