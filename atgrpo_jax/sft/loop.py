@@ -20,10 +20,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from atgrpo_jax import cli
 from atgrpo_jax import workdir as wd
 from atgrpo_jax.distributed import global_array, init_distributed, is_multiprocess, local_mesh
-from atgrpo_jax.errors import ConfigError, LogWriteError
+from atgrpo_jax.errors import ConfigError
 from atgrpo_jax.sft import data
 from atgrpo_jax.sft.update import make_sft_fns
 from atgrpo_jax.sharding import batch_shards, make_mesh
@@ -35,6 +34,7 @@ from atgrpo_jax.train.policies import Policy, build_policies, on_mesh
 from atgrpo_jax.train.progress import say
 from atgrpo_jax.train.resume import restore_or_start
 from atgrpo_jax.train.setup import make_tokenizer, starting_model
+from atgrpo_jax.train.stops import Saver, diverged_stop, ending_in_one_line
 from atgrpo_jax.train.update import make_optimizer
 from atgrpo_jax.train.validate import resolve, validate_sft
 
@@ -178,30 +178,16 @@ def _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if
     for _ in range(start):  # the stream up to the checkpoint: what the steps before it trained on
         _, cursor = data.plan_step(run.lengths, cursor, s.rows, s.row_tokens, t.seed)
     began, last, step, streak = time.time(), {}, start, 0
-
-    def save(step, metrics, force=False):
-        writer.sync()
-        # "command": export's model card tells an sft run from a train run by it
-        ckpt.save(step, {p.name: p.state for p in run.policies}, meta={"step": step, "command": "sft"},
-                  metrics=metrics, force=force)
-        if force:
-            ckpt.wait()
-
-    def stopped(done: int) -> cli.RunStopped:
-        if done > start and not streak and ckpt.latest_step() != done:
-            save(done, last, force=True)
-        kept = ckpt.latest_step()
-        ckpt.close()
-        return cli.RunStopped.by_signal(stop.name, stop.exit_code, done, kept)
-
-    try:
+    saver = Saver(ckpt, writer, lambda step: ({p.name: p.state for p in run.policies},
+                                              {"step": step, "command": "sft"}, None))  # export tells sft runs by it
+    with ending_in_one_line(ckpt, writer, bar, lambda: step):
         if start == 0 and valid and s.eval_every:
             say("held-out loss before training (the first call compiles the forward pass)", lead)
             last = {"valid_loss": held_out_loss(run), "time_s": 0.0}
             writer.write(0, last)
         for step in range(start + 1, s.steps + 1):
             if stop.requested():
-                raise stopped(step - 1)
+                raise saver.stopped(stop, start, step - 1, last, healthy=not streak)
             if step == start + 1:
                 say(f"step {step}: the first step compiles the update; later steps reuse it", lead)
             metrics, cursor = sft_step(run, step, cursor)
@@ -212,30 +198,11 @@ def _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if
             writer.write(step, metrics)
             bar.update(step, metrics)
             if t.max_skipped_updates and streak >= t.max_skipped_updates:
-                kept = ckpt.latest_step()
-                ckpt.close()
-                raise cli.RunStopped(f"error: diverged at step {step}: the last {streak} updates were skipped "
-                                     f"(non-finite loss or gradient; train.max_skipped_updates="
-                                     f"{t.max_skipped_updates}); last good checkpoint: "
-                                     f"{kept if kept is not None else 'none'}. Usual causes: "
-                                     f"{guard.DIVERGENCE_CAUSES}", 1)
+                raise diverged_stop(ckpt, {"policy": streak}, step, t.max_skipped_updates)
             if not streak and t.checkpoint_every and (step % t.checkpoint_every == 0 or step == s.steps):
-                save(step, metrics)
+                saver.save(step, metrics)
             last = metrics
         ckpt.close()
-    except checkpoint.SaveError as e:
-        raise cli.RunStopped(f"error: {e}; the run stopped (earlier checkpoints are kept)", 1) from None
-    except LogWriteError as e:
-        with contextlib.suppress(checkpoint.SaveError):
-            ckpt.close()
-        raise cli.RunStopped(f"error: at step {step}: {e}; the run stopped (the same command resumes from its "
-                             "last checkpoint)", 1) from None
-    finally:
-        bar.close()
-        try:
-            writer.close()
-        except LogWriteError as e:
-            raise cli.RunStopped(f"error: {e}; the run stopped", 1) from None
     if lead:
         print(json.dumps({k: last[k] for k in ("loss", "valid_loss") if k in last} | {"steps": step}), flush=True)
     return last

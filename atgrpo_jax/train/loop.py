@@ -22,8 +22,6 @@ import jax
 from atgrpo_jax import cli, workdir as wd
 from atgrpo_jax.distributed import init_distributed
 from atgrpo_jax.envs.workflow import episodes_per_problem
-from atgrpo_jax.errors import LogWriteError
-from atgrpo_jax.rollout.dispatch import StageTimeout
 from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train import checkpoint, guard, setup, wandb_log
 from atgrpo_jax.train.config import ConfigError, changed_keys, flat, from_saved
@@ -35,8 +33,9 @@ from atgrpo_jax.train.lock import WorkdirLock
 from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
 from atgrpo_jax.train.prefetch import Prefetch
 from atgrpo_jax.train.progress import ProgressBar, say
-from atgrpo_jax.train.resume import fixed_changes, restore_or_start, step_dirs
+from atgrpo_jax.train.resume import fixed_changes, restore_or_start
 from atgrpo_jax.train.step import policy_states, set_policy_states, train_step
+from atgrpo_jax.train.stops import Saver, diverged_stop, ending_in_one_line
 from atgrpo_jax.train.update import lr_factor
 from atgrpo_jax.train.validate import resolve
 
@@ -162,71 +161,27 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     t = config.train
     lead = jax.process_index() == 0
     o = open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, lead)
-    run, start, states, splits, ckpt, writer, bar = o.run, o.start, o.states, o.splits, o.ckpt, o.writer, o.bar
-    names = [a.name for a in run.workflow.agents]
-    policy_names = [p.name for p in run.policies]
+    run, start, ckpt, writer, bar = o.run, o.start, o.ckpt, o.writer, o.bar
     began = time.time()
     last: dict = {}
     step = start
-    eval_k = episodes_per_problem(run.workflow, t.eval_k)
-    health = guard.Health(policy_names, t.max_skipped_updates)
-
-    def log_episodes(step):
-        def write(samples, episodes, adv):
-            records = training_records(step, samples, episodes, adv, names, run.tokenizer, t.log_episodes_tasks)
-            writer.write_rows(EPISODES_FILE, records)
-            if records:
-                writer.write_text(step, "episodes", as_markdown(records[0]))
-        return write if t.log_episodes_every and step % t.log_episodes_every == 0 else None
-
+    health = guard.Health([p.name for p in run.policies], t.max_skipped_updates)
     prefetch = Prefetch(run, t.steps) if config.system.staleness else None  # the next rollout during an update
-    if prefetch is not None and states is not None:
+    if prefetch is not None and o.states is not None:
         prefetch.restore(ckpt, start, o.meta)
 
-    def save(step, metrics, force=False):
-        writer.sync()  # an object store then holds every row a resume from this checkpoint keeps
-        # the weights that sample step + 1 (staleness): a resume redoes that rollout exactly
+    def contents(step):  # with staleness, the weights that sample step + 1: a resume redoes that rollout exactly
         extra, behind = prefetch.checkpoint_extra() if prefetch is not None else (None, {})
-        ckpt.save(step, policy_states(run), meta={"step": step, **behind}, metrics=metrics, force=force, extra=extra)
-        if force:
-            ckpt.wait()
+        return policy_states(run), {"step": step, **behind}, extra
 
-    def stopped(done: int):
-        """Save the last completed step (if not saved yet) and stop with one line."""
-        if done > start and health.clean and ckpt.latest_step() != done:
-            save(done, last, force=True)
-        kept = ckpt.latest_step()
-        ckpt.close()
-        return cli.RunStopped.by_signal(stop.name, stop.exit_code, done, kept)
-
-    try:
+    saver = Saver(ckpt, writer, contents)
+    stopped = lambda done: saver.stopped(stop, start, done, last, health.clean)  # noqa: E731
+    with ending_in_one_line(ckpt, writer, bar, lambda: step):
         if stop.requested():
             raise stopped(start)
         if start == 0 and t.eval_every:
-            say("evaluating before training (the first sampling call compiles the sampler)", lead)
-            last, _ = evaluation(run, splits, t.eval_tasks, eval_k)
-            writer.write(0, dict(last, time_s=0.0))
-            if lead:
-                print(f"step 0 (before training): held-out success {last['eval_success']:.1%}", flush=True)
-
-        def evaluate(info: StepInfo):
-            info.metrics.update(evaluation(run, splits, t.eval_tasks, eval_k)[0])
-            info.evaluated = True
-            if lead:
-                bar.note(f"step {info.step}: held-out success {info.metrics['eval_success']:.1%}")
-
-        def diverge(info: StepInfo):
-            raise diverged_stop(ckpt, health.streaks, info.step, t.max_skipped_updates)
-
-        hooks = [  # in this order after every step (hooks.py); `final`: the last step, or the time budget ran out
-            Hook(evaluate, t.eval_every, when=lambda i: bool(t.eval_every) and not i.diverged),
-            Hook(lambda i: i.metrics.update(time_s=time.time() - began), every=1),
-            Hook(lambda i: writer.write(i.step, i.metrics), t.log_every, also=lambda i: i.evaluated or i.diverged),
-            Hook(lambda i: bar.update(i.step, i.metrics), every=1),
-            Hook(diverge, 0, forced=False, also=lambda i: i.diverged),
-            Hook(lambda i: save(i.step, i.metrics), t.checkpoint_every,  # (healthy: guard.Health.healthy)
-                 when=lambda i: i.healthy and bool(t.checkpoint_every)),
-        ]
+            last = evaluate_before_training(o, writer, lead)
+        hooks = step_hooks(o, saver, health, began, lead)
         for step in range(start + 1, t.steps + 1):
             if stop.requested():
                 raise stopped(step - 1)
@@ -236,8 +191,8 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
             tracer = Tracer()
             step_began = time.perf_counter()
             try:
-                metrics = train_step(run, step, on_rollout=log_episodes(step), tracer=tracer, prefetch=prefetch,
-                                     abandon=stop.requested)
+                metrics = train_step(run, step, on_rollout=episode_logger(o, step), tracer=tracer,
+                                     prefetch=prefetch, abandon=stop.requested)
             except guard.StepAbandoned:
                 raise stopped(step - 1) from None
             metrics.update(pool_busy(tracer, run, time.perf_counter() - step_began))
@@ -257,26 +212,60 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
         ckpt.close()  # the last asynchronous save may fail here
         if health.skipped and step > start:
             report_skipped(ckpt.latest_step(), health.skipped, step, bool(t.checkpoint_every), lead)
-    except checkpoint.SaveError as e:  # disk full, permissions: the run cannot go on safely
-        raise save_failed(e) from None
-    except LogWriteError as e:  # the same for its metrics: nothing it logs from here on would be kept
-        kept = close_keeping(ckpt)
-        raise cli.RunStopped(f"error: at step {step}: {e}; the run stopped (last checkpoint: "
-                             f"{kept if kept is not None else 'none'}; the same command resumes from it)", 1) from None
-    except StageTimeout as e:  # a hung device call or sandbox wait: the step cannot finish
-        kept = close_keeping(ckpt)
-        raise cli.RunStopped(f"error: at step {step}: {e}; the run stopped "
-                             f"(last checkpoint: {kept if kept is not None else 'none'})", 1, hard=True) from None
-    finally:
-        bar.close()
-        try:
-            writer.close()  # an object-store workdir gets its last upload even after an error
-        except LogWriteError as e:
-            if not isinstance(sys.exc_info()[1], cli.RunStopped):  # an error already on its way says it all
-                raise cli.RunStopped(f"error: {e}; the run stopped", 1) from None
     if lead:
         print(json.dumps({k: v for k, v in last.items() if k.startswith("eval")} | {"steps": step if t.steps else 0}))
     return last
+
+
+def evaluate_before_training(o: Opened, writer, lead: bool) -> dict:
+    """Step 0's row: the held-out success of the starting policies."""
+    t = o.run.config.train
+    say("evaluating before training (the first sampling call compiles the sampler)", lead)
+    metrics, _ = evaluation(o.run, o.splits, t.eval_tasks, episodes_per_problem(o.run.workflow, t.eval_k))
+    writer.write(0, dict(metrics, time_s=0.0))
+    if lead:
+        print(f"step 0 (before training): held-out success {metrics['eval_success']:.1%}", flush=True)
+    return metrics
+
+
+def episode_logger(o: Opened, step: int):
+    """What the rollout calls with a logged step's episodes (train.log_episodes_every), or None."""
+    t, run = o.run.config.train, o.run
+    if not (t.log_episodes_every and step % t.log_episodes_every == 0):
+        return None
+
+    def write(samples, episodes, adv):
+        names = [a.name for a in run.workflow.agents]
+        records = training_records(step, samples, episodes, adv, names, run.tokenizer, t.log_episodes_tasks)
+        o.writer.write_rows(EPISODES_FILE, records)
+        if records:
+            o.writer.write_text(step, "episodes", as_markdown(records[0]))
+    return write
+
+
+def step_hooks(o: Opened, saver: Saver, health: guard.Health, began: float, lead: bool) -> list[Hook]:
+    """What runs after every step, in this order (hooks.py); `final`: the last step, or the time budget ran out."""
+    t, run, writer, bar = o.run.config.train, o.run, o.writer, o.bar
+    eval_k = episodes_per_problem(run.workflow, t.eval_k)
+
+    def evaluate(info: StepInfo):
+        info.metrics.update(evaluation(run, o.splits, t.eval_tasks, eval_k)[0])
+        info.evaluated = True
+        if lead:
+            bar.note(f"step {info.step}: held-out success {info.metrics['eval_success']:.1%}")
+
+    def diverge(info: StepInfo):
+        raise diverged_stop(o.ckpt, health.streaks, info.step, t.max_skipped_updates)
+
+    return [
+        Hook(evaluate, t.eval_every, when=lambda i: bool(t.eval_every) and not i.diverged),
+        Hook(lambda i: i.metrics.update(time_s=time.time() - began), every=1),
+        Hook(lambda i: writer.write(i.step, i.metrics), t.log_every, also=lambda i: i.evaluated or i.diverged),
+        Hook(lambda i: bar.update(i.step, i.metrics), every=1),
+        Hook(diverge, 0, forced=False, also=lambda i: i.diverged),
+        Hook(lambda i: saver.save(i.step, i.metrics), t.checkpoint_every,  # (healthy: guard.Health.healthy)
+             when=lambda i: i.healthy and bool(t.checkpoint_every)),
+    ]
 
 
 def run_summary(run) -> str:
@@ -299,29 +288,3 @@ def report_skipped(kept: int | None, skipped: int, step: int, checkpointing: boo
         print(f"warning: {what}; the last checkpoint is step {kept}", flush=True)
 
 
-def close_keeping(ckpt: checkpoint.Checkpointer) -> int | None:
-    """The last complete checkpoint, the checkpointer closed, on a run's way out after another error (a save
-    still in flight that failed too is not reported over it)."""
-    try:
-        ckpt.close()
-    except checkpoint.SaveError:
-        pass
-    try:
-        return max(step_dirs(ckpt.directory), default=None) if not wd.is_remote(ckpt.directory) else None
-    except OSError:
-        return None
-
-
-def save_failed(e: checkpoint.SaveError) -> cli.RunStopped:
-    return cli.RunStopped(f"error: {e}; the run stopped (earlier checkpoints are kept)", 1)
-
-
-def diverged_stop(ckpt, streaks: dict, step: int, limit: int) -> cli.RunStopped:
-    name = max(streaks, key=streaks.get)
-    kept = ckpt.latest_step()
-    ckpt.close()
-    who = f"policy {name}'s" if len(streaks) > 1 else "the"
-    return cli.RunStopped(f"error: diverged at step {step}: {who} last {streaks[name]} updates were skipped "
-                          f"(non-finite loss or gradient; train.max_skipped_updates={limit}); "
-                          f"last good checkpoint: {kept if kept is not None else 'none'}. Usual causes: "
-                          f"{guard.DIVERGENCE_CAUSES}; resume from it with other settings", 1)

@@ -1,0 +1,92 @@
+"""How a training (or sft) run ends early: on a signal with its last completed step saved, and on an
+error that ends it with one line saying what it kept (cli.RunStopped)."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from typing import Any, Callable
+
+from atgrpo_jax import cli, workdir as wd
+from atgrpo_jax.errors import LogWriteError, StageTimeout
+from atgrpo_jax.train import checkpoint, guard
+from atgrpo_jax.train.resume import step_dirs
+
+
+@dataclasses.dataclass
+class Saver:
+    """A run's checkpoints: `contents(step)` -> (policy states, meta, extra) is what a save of `step` holds."""
+
+    ckpt: checkpoint.Checkpointer
+    writer: Any  # metrics.MetricsWriter: synced first, so an object store holds every row a resume keeps
+    contents: Callable[[int], tuple[dict, dict, Any]]
+
+    def save(self, step: int, metrics: dict, force: bool = False) -> None:
+        self.writer.sync()
+        states, meta, extra = self.contents(step)
+        self.ckpt.save(step, states, meta=meta, metrics=metrics, force=force, extra=extra)
+        if force:
+            self.ckpt.wait()
+
+    def stopped(self, stop: guard.StopSignals, start: int, done: int, last: dict, healthy: bool) -> cli.RunStopped:
+        """Save step `done` (if it is new and healthy) and stop with one line naming the signal."""
+        if done > start and healthy and self.ckpt.latest_step() != done:
+            self.save(done, last, force=True)
+        kept = self.ckpt.latest_step()
+        self.ckpt.close()
+        return cli.RunStopped.by_signal(stop.name, stop.exit_code, done, kept)
+
+
+@contextlib.contextmanager
+def ending_in_one_line(ckpt: checkpoint.Checkpointer, writer, bar, step: Callable[[], int]):
+    """Errors that end a run as one line with the last checkpoint (`step()`: the step it was at); the
+    progress bar and the metrics writer closed whatever happens (an object-store workdir gets its last
+    upload even after an error)."""
+    try:
+        yield
+    except checkpoint.SaveError as e:  # disk full, permissions: the run cannot go on safely
+        raise save_failed(e) from None
+    except LogWriteError as e:  # the same for its metrics: nothing it logs from here on would be kept
+        kept = close_keeping(ckpt)
+        raise cli.RunStopped(f"error: at step {step()}: {e}; the run stopped (last checkpoint: "
+                             f"{kept if kept is not None else 'none'}; the same command resumes from it)", 1) from None
+    except StageTimeout as e:  # a hung device call or sandbox wait: the step cannot finish
+        kept = close_keeping(ckpt)
+        raise cli.RunStopped(f"error: at step {step()}: {e}; the run stopped "
+                             f"(last checkpoint: {kept if kept is not None else 'none'})", 1, hard=True) from None
+    finally:
+        bar.close()
+        try:
+            writer.close()
+        except LogWriteError as e:
+            if not isinstance(sys.exc_info()[1], cli.RunStopped):  # an error already on its way says it all
+                raise cli.RunStopped(f"error: {e}; the run stopped", 1) from None
+
+
+def close_keeping(ckpt: checkpoint.Checkpointer) -> int | None:
+    """The last complete checkpoint, the checkpointer closed, on a run's way out after another error (a save
+    still in flight that failed too is not reported over it)."""
+    try:
+        ckpt.close()
+    except checkpoint.SaveError:
+        pass
+    try:
+        return max(step_dirs(ckpt.directory), default=None) if not wd.is_remote(ckpt.directory) else None
+    except OSError:
+        return None
+
+
+def save_failed(e: checkpoint.SaveError) -> cli.RunStopped:
+    return cli.RunStopped(f"error: {e}; the run stopped (earlier checkpoints are kept)", 1)
+
+
+def diverged_stop(ckpt, streaks: dict, step: int, limit: int) -> cli.RunStopped:
+    """The run's one line when a policy's updates were skipped `limit` times in a row."""
+    name = max(streaks, key=streaks.get)
+    kept = ckpt.latest_step()
+    ckpt.close()
+    who = f"policy {name}'s" if len(streaks) > 1 else "the"
+    return cli.RunStopped(f"error: diverged at step {step}: {who} last {streaks[name]} updates were skipped "
+                          f"(non-finite loss or gradient; train.max_skipped_updates={limit}); "
+                          f"last good checkpoint: {kept if kept is not None else 'none'}. Usual causes: "
+                          f"{guard.DIVERGENCE_CAUSES}; resume from it with other settings", 1)
