@@ -188,6 +188,15 @@ def _fmt(x, spec=".3g", scale=1.0, unit=""):
 def table(results: dict) -> str:
     """The figures the issue asks for, one line each (n/a where a part did not get there)."""
     p = results["parts"]
+    lines = (_device_lines(p) + _sampler_lines(p) + _update_lines(p) + _kernel_lines(p) + _step_lines(p)
+             + _baseline_and_decode_lines(p))
+    for name, r in p.items():
+        if r["status"] != "ok":
+            lines.append(f"part {name}: {r['status']}")
+    return "\n".join(lines)
+
+
+def _device_lines(p: dict) -> list[str]:
     f = p.get("facts", {})
     kind = _get(f, "device", "kind") or "?"
     bw = f.get("copy_bytes_per_s")
@@ -205,6 +214,11 @@ def table(results: dict) -> str:
                      f"{_fmt(_get(par, 'transformers_bf16_vs_f32_ref', 'rel_l2'))} / "
                      f"{_fmt(_get(par, 'transformers_bf16_vs_f32_ref', 'max_rel'))}; ours f32 "
                      f"{_fmt(_get(par, 'ours_f32_vs_f32_ref', 'rel_l2'))}")
+    return lines
+
+
+def _sampler_lines(p: dict) -> list[str]:
+    lines, bw = [], p.get("facts", {}).get("copy_bytes_per_s")
     s = p.get("sampler", {})
     fx, tf = s.get("sampler_fixed", {}), s.get("sampler_fixed_transformers", {})
     if fx:
@@ -224,6 +238,11 @@ def table(results: dict) -> str:
         lines.append(f"long tail (median {lt['median_length']:.0f}): ours {lt['ours_useful_tokens_per_s']:.0f} useful "
                      f"tok/s, {lt['vs_fixed_lengths']:.2f}x of fixed lengths; transformers "
                      f"{_fmt(ltt.get('useful_tokens_per_s'), '.0f')} -> {_fmt(ltt.get('speedup'), '.2f', unit='x')}")
+    return lines
+
+
+def _update_lines(p: dict) -> list[str]:
+    lines = []
     u = p.get("update", {})
     for key in sorted(k for k in u if k.startswith("update_") and k not in UPDATE_DIAGNOSES):
         r = u[key]
@@ -236,6 +255,11 @@ def table(results: dict) -> str:
                      f"{r['planned_peak_bytes'] / 2**30:.1f} GiB")
         layers = f" ({r['unroll']} layers per loop iteration)" if r.get("unroll") else ""
         lines.append(f"{key}{layers}: {r['tokens_per_s']:.0f} tok/s, MFU {_fmt(r.get('mfu'), '.1%')}{extra}")
+    return lines
+
+
+def _kernel_lines(p: dict) -> list[str]:
+    lines, u = [], p.get("update", {})
     d = p.get("decode", {})
     for name, prof in (("update", u.get("update_profile")), ("decode, layers rolled", d.get("profile_rolled")),
                        ("decode, layers unrolled", d.get("profile_unrolled")),
@@ -264,6 +288,11 @@ def table(results: dict) -> str:
     elif sp:
         lines.append(f"update step {sp['step_s'] * 1e3:.1f} ms = forward {sp['forward_s'] * 1e3:.1f} + backward and "
                      f"the rest {sp['backward_and_rest_s'] * 1e3:.1f} + optimizer {sp['optimizer_s'] * 1e3:.1f} ms")
+    return lines
+
+
+def _step_lines(p: dict) -> list[str]:
+    lines = []
     st = _get(p, "step", "step")
     if st:
         lines.append(f"AT-GRPO step (2nd): {st['step_seconds']:.1f} s = sampling {st['sampling_seconds']:.1f} + "
@@ -276,6 +305,11 @@ def table(results: dict) -> str:
                  if pm and "error" not in pm else "")
         lines.append(f"paper-width step (2nd): {ps['step_seconds']:.1f} s = sampling {ps['sampling_seconds']:.1f} + "
                      f"environment {ps['environment_seconds']:.1f} + update {ps['update_seconds']:.1f}{model}")
+    return lines
+
+
+def _baseline_and_decode_lines(p: dict) -> list[str]:
+    lines, d = [], p.get("decode", {})
     tu = p.get("torch_update", {})
     ours_key = next((k for k in tu if k.startswith("update_")), None)
     for key in ("torch_eager", "torch_compiled", "torch_verl", ours_key):
@@ -302,10 +336,7 @@ def table(results: dict) -> str:
     if d.get("lm_head_ms"):
         lines.append(f"LM head alone {_fmt(d.get('lm_head_ms'), '.2f', unit=' ms')}, selection (t=1) "
                      f"{_fmt(d.get('select_t1_ms'), '.2f', unit=' ms')}")
-    for name, r in p.items():
-        if r["status"] != "ok":
-            lines.append(f"part {name}: {r['status']}")
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str]) -> int:

@@ -105,6 +105,32 @@ def budgets_for(max_new_tokens, num_prompts: int) -> np.ndarray:
     return budget.astype(np.int32)
 
 
+def _checked_prompts(prompt_list: list, vocab: int) -> list:
+    """The prompts, each non-empty with ids in [0, vocab), or an error naming the first that is not."""
+    if not prompt_list:
+        raise ValueError("no prompts")
+    for i, p in enumerate(prompt_list):
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+        if min(p) < 0 or max(p) >= vocab:
+            raise ValueError(f"prompt {i} has token ids outside [0, {vocab})")
+    return prompt_list
+
+
+def _keys_of_rows(key, row_keys, n: int, n_padded: int):
+    """[n_padded] PRNG keys: fold_in(key, r) per row, or the given row_keys ([n]; filler rows reuse key 0)."""
+    if (key is None) == (row_keys is None):
+        raise ValueError("give exactly one of key and row_keys")
+    if row_keys is None:
+        return row_keys_for(key, n_padded)
+    keys = row_keys if jax.dtypes.issubdtype(row_keys.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(row_keys)
+    if keys.shape != (n,):
+        raise ValueError(f"row_keys must hold {n} keys (B*K), got shape {keys.shape}")
+    if n_padded > n:  # filler rows' output is dropped
+        keys = jnp.concatenate([keys, jnp.repeat(keys[:1], n_padded - n)])
+    return keys
+
+
 def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, temperature: float = 1.0,
              top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, stop_ids=(),
              num_branches: int = 1, pad_id: int = 0,
@@ -141,16 +167,9 @@ def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, tempera
     need them (segments.py); False: max_new_tokens slots from the start.
     The result depends on none of these.
     """
-    prompt_list = _as_prompt_list(prompts, prompt_lengths)
+    prompt_list = _checked_prompts(_as_prompt_list(prompts, prompt_lengths), model.cfg.vocab_size)
     b = len(prompt_list)
-    if b == 0:
-        raise ValueError("no prompts")
     vocab = model.cfg.vocab_size
-    for i, p in enumerate(prompt_list):
-        if not p:
-            raise ValueError(f"prompt {i} is empty")
-        if min(p) < 0 or max(p) >= vocab:
-            raise ValueError(f"prompt {i} has token ids outside [0, {vocab})")
     if vocab_limit is not None:  # >= the head's size: nothing to drop, the same sampler as without a limit
         vocab_limit = int(vocab_limit) if vocab_limit < vocab else None
     budget = budgets_for(max_new_tokens, b)
@@ -164,17 +183,7 @@ def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, tempera
     params = sampling_params(temperature, repetition_penalty)
     b_padded = b if batch_buckets is None else bucket_for(b, batch_buckets)
     n, n_padded = b * num_branches, b_padded * num_branches
-    if (key is None) == (row_keys is None):
-        raise ValueError("give exactly one of key and row_keys")
-    if row_keys is None:
-        keys = row_keys_for(key, n_padded)
-    else:
-        keys = row_keys if jax.dtypes.issubdtype(row_keys.dtype, jax.dtypes.prng_key) \
-            else jax.random.wrap_key_data(row_keys)
-        if keys.shape != (n,):
-            raise ValueError(f"row_keys must hold {n} keys (B*K), got shape {keys.shape}")
-        if n_padded > n:  # filler rows reuse key 0; their output is dropped
-            keys = jnp.concatenate([keys, jnp.repeat(keys[:1], n_padded - n)])
+    keys = _keys_of_rows(key, row_keys, n, n_padded)
     length = bucket_for(max(map(len, prompt_list)), buckets)
     filler = [[pad_id]] * (b_padded - b)
     ids, mask = left_pad(prompt_list + filler, length, pad_id)
