@@ -17,7 +17,8 @@ the trainer does in either schedule):
   requests waiting at a pool are sampled in one call), the environment steps run on
   `--host-workers` threads while the pools decode (each step's
   sandbox runs sandbox-workers / host-workers programs at once), and a pool's update starts as
-  soon as its agents' stages are done in every cohort (train/step.py: early_updates).
+  soon as its agents' stages are done in every cohort (its groups read from the rollout's queue of finished
+  groups, as train/step.py: early_updates).
 
 Reports per schedule the best and median step time, each pool's busy fraction, the host's time
 and how much of it overlapped device work, and the ratio async / sync; and, apart from the host,
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import queue
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -136,14 +139,27 @@ def run_step(args, model: LatencyModel, asynchronous: bool, encode) -> dict:
         with tracer.span("update", track=f"pool {'AB'[a]}"):
             time.sleep(model.update_s(tokens[a]))
 
-    early = (lambda a, samples: started.__setitem__(a, updates.submit(update, a, samples))) if asynchronous else None
+    finished: queue.Queue | None = queue.Queue() if asynchronous else None
+
+    def start_early():  # the update side: each pool's update as soon as its groups are complete
+        while (groups := finished.get()) is not None:
+            started[groups.pool] = updates.submit(update, groups.pool, groups.samples)
+
     schedule = Schedule(cohorts=args.cohorts if asynchronous else 1, asynchronous=asynchronous,
                         host_workers=args.host_workers, pool_of_agent=(0, 1), pool_names=("A", "B"), tracer=tracer,
-                        on_pool_done=early)
+                        finished=finished)
+    reader = threading.Thread(target=start_early, name="early-updates", daemon=True) if asynchronous else None
+    if reader is not None:
+        reader.start()
     t0 = time.perf_counter()
-    samples, _ = tree_rollout(wf, model_sample_fn(model, CANNED[args.workflow], args.new_tokens), encode,
-                              np.arange(args.tasks), "train", k=args.k, max_turns=args.turns, alpha=1.0,
-                              key=jax.random.key(0), schedule=schedule)
+    try:
+        samples, _ = tree_rollout(wf, model_sample_fn(model, CANNED[args.workflow], args.new_tokens), encode,
+                                  np.arange(args.tasks), "train", k=args.k, max_turns=args.turns, alpha=1.0,
+                                  key=jax.random.key(0), schedule=schedule)
+    finally:
+        if reader is not None:
+            finished.put(None)
+            reader.join()
     rollout_s = time.perf_counter() - t0
     for a in (0, 1):
         if a not in started:

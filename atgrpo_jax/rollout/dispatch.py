@@ -21,7 +21,7 @@ import dataclasses
 import queue
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -114,124 +114,143 @@ class Failed:
     error: BaseException
 
 
+@dataclasses.dataclass(frozen=True)
+class PoolDone:
+    """Every stage of the pool's agents has been stepped in every cohort: its groups are complete, while
+    other pools may still sample."""
+
+    pool: int
+
+
 def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, pool_of_agent: Sequence[int],
               host_workers: int, tracer: Tracer | None = None, pool_names: Sequence[str] | None = None,
-              stage_timeout_s: float = 0.0, on_pool_done: Callable[[int], None] | None = None) -> None:
-    """Run every stage of every cohort (see the module docstring). The first error in a worker
-    re-raises here at once; a stage running longer than `stage_timeout_s` (0: no limit) raises
-    StageTimeout naming it. Either way nothing waits for the stages still running: the workers
-    are daemon threads, left to finish (or hang) on their own. on_pool_done(pool), if given, is
-    called (here, once per pool) as soon as every stage of the pool's agents has been stepped in
-    every cohort: its groups are complete while other pools may still sample."""
-    tracer = tracer or Tracer(enabled=False)
-    pools = sorted(set(int(p) for p in pool_of_agent))
-    agents_of = {p: [a for a, q in enumerate(pool_of_agent) if int(q) == p] for p in pools}
-    position: dict[int, tuple[int, int] | None] = {ci: (0, 0) for ci in range(len(cohorts))}  # next stage
-    waiting = set(pools) if on_pool_done is not None else set()
+              stage_timeout_s: float = 0.0) -> Iterator[PoolDone]:
+    """Run every stage of every cohort (see the module docstring), yielding PoolDone(pool) once per pool as
+    soon as its agents are done (iterate it to the end: the rollout is finished when it is). The first
+    error in a worker re-raises here at once; a stage running longer than `stage_timeout_s` (0: no limit)
+    raises StageTimeout naming it. Either way nothing waits for the stages still running: the workers
+    are daemon threads, left to finish (or hang) on their own."""
+    return _Dispatcher(stages, cohorts, sample_fn, pool_of_agent, host_workers, tracer or Tracer(enabled=False),
+                       pool_names).run(stage_timeout_s)
 
-    def may_still_act(pos, agents) -> bool:
+
+class _Dispatcher:
+    """One asynchronous rollout: a sampling worker per pool, `host_workers` environment workers, and the
+    scheduler (`run`) that moves each cohort's next request to its pool's queue."""
+
+    def __init__(self, stages, cohorts, sample_fn, pool_of_agent, host_workers, tracer, pool_names):
+        self.stages, self.cohorts, self.sample_fn, self.tracer = stages, cohorts, sample_fn, tracer
+        self.pool_of_agent, self.host_workers, self.pool_names = pool_of_agent, max(1, host_workers), pool_names
+        self.pools = sorted(set(int(p) for p in pool_of_agent))
+        self.agents_of = {p: [a for a, q in enumerate(pool_of_agent) if int(q) == p] for p in self.pools}
+        self.position: dict[int, tuple[int, int] | None] = {ci: (0, 0) for ci in range(len(cohorts))}  # next stage
+        self.requests = {p: queue.Queue() for p in self.pools}
+        self.host_jobs: queue.Queue = queue.Queue()
+        self.events: queue.Queue = queue.Queue()
+        self.running = Running()
+
+    def label(self, p: int) -> str:
+        return f"pool {self.pool_names[p] if self.pool_names else p}"  # as run_sync's
+
+    def may_still_act(self, pos, agents) -> bool:
         """Whether a cohort whose next stage is `pos` (None: finished) can still run one of `agents`."""
-        return pos is not None and (pos[0] < stages.max_turns - 1 or any(a >= pos[1] for a in agents))
+        return pos is not None and (pos[0] < self.stages.max_turns - 1 or any(a >= pos[1] for a in agents))
 
-    def report_finished_pools():
-        for p in sorted(waiting):
-            if not any(may_still_act(pos, agents_of[p]) for pos in position.values()):
-                waiting.discard(p)
-                on_pool_done(p)
-    label = lambda p: f"pool {pool_names[p] if pool_names else p}"  # noqa: E731 (as run_sync's)
-    requests = {p: queue.Queue() for p in pools}
-    host_jobs: queue.Queue = queue.Queue()
-    events: queue.Queue = queue.Queue()
-    running = Running()
-
-    def pool_worker(p: int):
+    def pool_worker(self, p: int):
         held: list = []  # requests taken from the queue but left for the next call (another agent's)
         while True:
-            item = held.pop(0) if held else requests[p].get()
+            item = held.pop(0) if held else self.requests[p].get()
             if item is None:
                 return
             batch, stop = [item], False
             while True:  # every request of the same agent already waiting joins this call: one decode
                 try:
-                    nxt = requests[p].get_nowait()
+                    nxt = self.requests[p].get_nowait()
                 except queue.Empty:
                     break
                 if nxt is None:
                     stop = True
                     break
                 (batch if nxt[1].agent == item[1].agent else held).append(nxt)
-            cis = [ci for ci, _ in batch]
-            req0 = batch[0][1]
-            for ci in cis:
-                running.start(("sample", ci), f"sample agent {req0.agent} turn {req0.turn} of cohort {ci} ({label(p)})")
-            try:
-                with tracer.span(f"sample agent {req0.agent} turn {req0.turn}", track=label(p),
-                                 cohort=cis[0] if len(cis) == 1 else cis,
-                                 prompts=sum(len(r.rows) for _, r in batch)):
-                    outs = sample_merged(sample_fn, [r for _, r in batch], stages.k)
-                for (ci, req), out in zip(batch, outs):
-                    events.put(Sampled(ci, req, out))
-            except BaseException as e:  # noqa: BLE001 - re-raised by the scheduler
-                events.put(Failed(e))
-            for ci in cis:
-                running.end(("sample", ci))
+            self.sample(p, batch)
             if stop:
                 held.append(None)
 
-    def host_worker():
-        while (job := host_jobs.get()) is not None:
+    def sample(self, p: int, batch: list) -> None:
+        cis, req0 = [ci for ci, _ in batch], batch[0][1]
+        for ci in cis:
+            self.running.start(("sample", ci), f"sample agent {req0.agent} turn {req0.turn} of cohort {ci} "
+                                               f"({self.label(p)})")
+        try:
+            with self.tracer.span(f"sample agent {req0.agent} turn {req0.turn}", track=self.label(p),
+                                  cohort=cis[0] if len(cis) == 1 else cis, prompts=sum(len(r.rows) for _, r in batch)):
+                outs = sample_merged(self.sample_fn, [r for _, r in batch], self.stages.k)
+            for (ci, req), out in zip(batch, outs):
+                self.events.put(Sampled(ci, req, out))
+        except BaseException as e:  # noqa: BLE001 - re-raised by the scheduler
+            self.events.put(Failed(e))
+        for ci in cis:
+            self.running.end(("sample", ci))
+
+    def host_worker(self):
+        while (job := self.host_jobs.get()) is not None:
             ci, req, out = job
             name = (f"environment step of agent {req.agent} turn {req.turn} of cohort {ci}" if req is not None
                     else f"start of cohort {ci}")
-            running.start(("host", ci), name)
+            self.running.start(("host", ci), name)
             try:
-                with tracer.span("step" if req is not None else "start", track="host", cohort=ci):
+                with self.tracer.span("step" if req is not None else "start", track="host", cohort=ci):
                     if req is not None:
-                        stages.finish(cohorts[ci], req, out)
-                    nxt = stages.next_request(cohorts[ci])
-                events.put(Stepped(ci, nxt))
+                        self.stages.finish(self.cohorts[ci], req, out)
+                    nxt = self.stages.next_request(self.cohorts[ci])
+                self.events.put(Stepped(ci, nxt))
             except BaseException as e:  # noqa: BLE001
-                events.put(Failed(e))
-            running.end(("host", ci))
+                self.events.put(Failed(e))
+            self.running.end(("host", ci))
 
-    threads = [threading.Thread(target=pool_worker, args=(p,), name=f"pool-{p}", daemon=True) for p in pools]
-    threads += [threading.Thread(target=host_worker, name=f"host-{i}", daemon=True)
-                for i in range(max(1, host_workers))]
-    for t in threads:
-        t.start()
-    poll = min(1.0, stage_timeout_s / 4) if stage_timeout_s > 0 else None
-    finished = False
-    try:
-        for ci in range(len(cohorts)):
-            host_jobs.put((ci, None, None))
-        left = len(cohorts)
-        while left:
-            try:
-                event = events.get(timeout=poll)
-            except queue.Empty:
-                check_stages(running, stage_timeout_s)
-                continue
-            if isinstance(event, Failed):
-                raise event.error
-            if isinstance(event, Sampled):
-                host_jobs.put((event.cohort, event.request, event.out))
-                continue
-            nxt = event.next
-            position[event.cohort] = None if nxt is None else (nxt.turn, nxt.agent)
-            if nxt is None:
-                left -= 1
-            else:
-                requests[int(pool_of_agent[nxt.agent])].put((event.cohort, nxt))
-            report_finished_pools()
-        finished = True
-    finally:
-        for p in pools:
-            requests[p].put(None)
-        for _ in range(max(1, host_workers)):
-            host_jobs.put(None)
-        if finished:  # all idle: they end at once. After an error, a stuck stage is not waited for
-            for t in threads:
-                t.join()
+    def run(self, stage_timeout_s: float) -> Iterator[PoolDone]:
+        threads = [threading.Thread(target=self.pool_worker, args=(p,), name=f"pool-{p}", daemon=True)
+                   for p in self.pools]
+        threads += [threading.Thread(target=self.host_worker, name=f"host-{i}", daemon=True)
+                    for i in range(self.host_workers)]
+        for t in threads:
+            t.start()
+        poll = min(1.0, stage_timeout_s / 4) if stage_timeout_s > 0 else None
+        finished, waiting = False, set(self.pools)
+        try:
+            for ci in range(len(self.cohorts)):
+                self.host_jobs.put((ci, None, None))
+            left = len(self.cohorts)
+            while left:
+                try:
+                    event = self.events.get(timeout=poll)
+                except queue.Empty:
+                    check_stages(self.running, stage_timeout_s)
+                    continue
+                if isinstance(event, Failed):
+                    raise event.error
+                if isinstance(event, Sampled):
+                    self.host_jobs.put((event.cohort, event.request, event.out))
+                    continue
+                nxt = event.next
+                self.position[event.cohort] = None if nxt is None else (nxt.turn, nxt.agent)
+                if nxt is None:
+                    left -= 1
+                else:
+                    self.requests[int(self.pool_of_agent[nxt.agent])].put((event.cohort, nxt))
+                for p in sorted(waiting):
+                    if not any(self.may_still_act(pos, self.agents_of[p]) for pos in self.position.values()):
+                        waiting.discard(p)
+                        yield PoolDone(p)
+            finished = True
+        finally:
+            for p in self.pools:
+                self.requests[p].put(None)
+            for _ in range(self.host_workers):
+                self.host_jobs.put(None)
+            if finished:  # all idle: they end at once. After an error, a stuck stage is not waited for
+                for t in threads:
+                    t.join()
 
 
 def sample_merged(sample_fn: Callable, reqs: Sequence[Request], k: int) -> list[SampleOut]:

@@ -13,6 +13,7 @@ episode reached.
 from __future__ import annotations
 
 import dataclasses
+import queue
 from typing import Callable, Sequence
 
 import jax
@@ -55,18 +56,26 @@ class Schedule:
     pool_names: tuple = ()
     tracer: Tracer | None = None
     stage_timeout_s: float = 0.0  # a stage running longer raises StageTimeout (0: no limit)
-    # asynchronous tree rollouts: on_pool_done(pool, samples) as soon as a pool's agents have acted in
-    # every stage, with their groups (Samples in the order the whole rollout gives them), while other
-    # pools may still sample: that pool's update can start then
-    on_pool_done: Callable | None = None
+    # asynchronous tree rollouts: a PoolGroups(pool, samples) goes here as soon as a pool's agents have acted
+    # in every stage (its groups, in the order the whole rollout gives them), while other pools may still
+    # sample: the update side reads it and can start that pool's update then
+    finished: queue.Queue | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolGroups:
+    """A pool's complete groups, before the rest of the rollout is done (Schedule.finished)."""
+
+    pool: int
+    samples: Samples
 
 
 def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, split: str, k: int, max_turns: int,
          alpha: float, key: jax.Array, streams: np.ndarray, schedule: Schedule | None = None,
-         on_pool_done: Callable | None = None):
+         groups_of: Callable | None = None):
     """The loop both modes share: (one record per stage over all tasks, success [B], turns [B]).
-    streams [B]: the random stream of each task (see cohort.prompt_keys). on_pool_done(pool, records):
-    asynchronous runs only, the records of the pool's agents over all tasks once they are complete."""
+    streams [B]: the random stream of each task (see cohort.prompt_keys). groups_of(records): the Samples
+    of a pool's records, put on schedule.finished as soon as they are complete (asynchronous runs)."""
     schedule = schedule or Schedule()
     task_ids = np.asarray(task_ids)
     stages = Stages(workflow, encode, k, max_turns, alpha, key, np.asarray(streams))
@@ -74,13 +83,13 @@ def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, sp
     if schedule.asynchronous:
         pools = schedule.pool_of_agent or (0,) * len(workflow.agents)
 
-        def pool_done(p: int):
-            agents = {a for a, q in enumerate(pools) if int(q) == p}
-            mine = [dataclasses.replace(c, records=[r for r in list(c.records) if r.agent in agents]) for c in cohorts]
-            on_pool_done(p, combine(mine, len(task_ids), k))
-
-        run_async(stages, cohorts, sample_fn, pools, schedule.host_workers, schedule.tracer,
-                  schedule.pool_names or None, schedule.stage_timeout_s, pool_done if on_pool_done else None)
+        for done in run_async(stages, cohorts, sample_fn, pools, schedule.host_workers, schedule.tracer,
+                              schedule.pool_names or None, schedule.stage_timeout_s):
+            if schedule.finished is not None and groups_of is not None:
+                agents = {a for a, q in enumerate(pools) if int(q) == done.pool}
+                mine = [dataclasses.replace(c, records=[r for r in list(c.records) if r.agent in agents])
+                        for c in cohorts]
+                schedule.finished.put(PoolGroups(done.pool, groups_of(combine(mine, len(task_ids), k))))
     else:
         names = schedule.pool_names
         label = (lambda agent: f"pool {names[schedule.pool_of_agent[agent]]}") if names else None  # noqa: E731
@@ -119,10 +128,8 @@ def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task
     as_samples = lambda records: concat([_record_samples(r, k, streams) for r in records]) \
         if records else Samples.empty(k)  # noqa: E731
     # (a pool's early samples in the order merge_rollouts gives the whole step's)
-    done = (lambda p, records: schedule.on_pool_done(p, canonical(as_samples(records)))) \
-        if schedule is not None and schedule.on_pool_done else None
     records, success, turns = _run(workflow, sample_fn, encode, task_ids, split, k, max_turns, alpha, key, streams,
-                                   schedule, done)
+                                   schedule, lambda records: canonical(as_samples(records)))
     samples = as_samples(records)
     return samples, Episodes(success, turns, _agent_reward(samples, len(workflow.agents)), success[:, None], samples)
 

@@ -6,6 +6,7 @@ from the checkpoint of step s continues exactly as an uninterrupted one.
 from __future__ import annotations
 
 import dataclasses
+import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -39,26 +40,26 @@ def sample_fn_for(run: Run, temperature: float | None, max_prompts: int, evaluat
                           decode_slots=run.config.rollout.decode_slots)
 
 
-def schedule_for(run: Run, tracer: Tracer | None, on_pool_done=None) -> Schedule:
+def schedule_for(run: Run, tracer: Tracer | None, finished: queue.Queue | None = None) -> Schedule:
     """The rollout schedule of config.system: one pool (sampling worker) per policy."""
     s = run.config.system
     return Schedule(cohorts=s.cohorts if s.schedule == "async" else 1, asynchronous=s.schedule == "async",
                     host_workers=s.host_workers, pool_of_agent=tuple(int(p) for p in run.policy_of_agent),
                     pool_names=tuple(p.name for p in run.policies), tracer=tracer, stage_timeout_s=s.stage_timeout_s,
-                    on_pool_done=on_pool_done)
+                    finished=finished)
 
 
 def rollout(run: Run, strategy, task_ids: np.ndarray, split: str, temperature: float | None, key, tracer=None,
-            evaluation: bool = False, on_pool_done=None):
+            evaluation: bool = False, finished: queue.Queue | None = None):
     """`strategy` (rollout.tree.TreeRollout or PlainRollout) over this process's slice of task_ids, with
     the agents' training (or `evaluation`) sampling, then the slices of all processes merged (every
-    process gets the whole step). on_pool_done(policy, samples): see `early_updates`."""
+    process gets the whole step). finished: where each policy's complete groups go early (`early_updates`)."""
     mine = task_slice(len(task_ids))
     r = run.config.rollout
     part = strategy(run.workflow, sample_fn_for(run, temperature, strategy.prompts(mine.stop - mine.start),
                                                 evaluation),
                     run.encode, task_ids[mine], split, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key,
-                    first_task=mine.start, schedule=schedule_for(run, tracer, on_pool_done))
+                    first_task=mine.start, schedule=schedule_for(run, tracer, finished))
     return merge_rollouts(gather_objects(part), len(run.workflow.agents))
 
 
@@ -163,7 +164,7 @@ class Rollout:
 
 
 def rollout_step(run: Run, step: int, tracer: Tracer | None = None, sampled_at: tuple[int, ...] | None = None,
-                 on_pool_done=None, round_: int = 0) -> Rollout:
+                 finished: queue.Queue | None = None, round_: int = 0) -> Rollout:
     """The step's tree (or plain) rollout of its training tasks, with each agent's sampling settings;
     round_ r > 0: the r-th extra rollout of dynamic sampling, of the next rollout.num_tasks tasks."""
     c, r = run.config, run.config.rollout
@@ -173,7 +174,7 @@ def rollout_step(run: Run, step: int, tracer: Tracer | None = None, sampled_at: 
     t0 = time.perf_counter()
     strategy = TreeRollout(r.k) if r.tree else PlainRollout(r.k, r.plain_grouping)
     tasks = step * TRAIN_TASK_STRIDE + round_ * r.num_tasks + np.arange(r.num_tasks)
-    samples, episodes = rollout(run, strategy, tasks, "train", None, key, tracer, on_pool_done=on_pool_done)
+    samples, episodes = rollout(run, strategy, tasks, "train", None, key, tracer, finished=finished)
     return Rollout(step, samples, episodes, time.perf_counter() - t0, sampled_at)
 
 
@@ -270,34 +271,32 @@ def batch_of(run: Run, step: int, samples, groups: Groups, policy: int) -> Polic
                         shuffle=not c.reference.unshuffled_minibatches)
 
 
-NOT_STARTED = object()  # an early update that a stop request held back
-
-
-def early_updates(run: Run, step: int, tracer: Tracer, worker: ThreadPoolExecutor, started: dict, abandon=None):
-    """on_pool_done for an asynchronous step with several policies: a policy's update starts (on
-    `worker`, so the rollout's scheduler goes on) as soon as its agents' stages are done in every
-    cohort (its groups are complete), while the other policies still sample; `started` collects
-    {policy: future of its PendingUpdate or None}. None (no early start) where that could change the
-    result: several processes (the others' samples arrive at the end), plain GRPO's groups, a
-    low-mean filter ranking the whole batch, and dynamic sampling (which may roll out more). Once abandon() says a stop was asked for, no more
-    update starts early (so the step can still be dropped)."""
+def updates_may_start_early(run: Run) -> bool:
+    """Whether a policy's update may start as soon as its groups are complete, while the other policies
+    still sample (asynchronous steps with several policies): not where that could change the result:
+    several processes (the others' samples arrive at the end), plain GRPO's groups, a low-mean filter
+    ranking the whole batch, and dynamic sampling (which may roll out more)."""
     c = run.config
-    if (c.system.schedule != "async" or len(run.policies) < 2 or not c.rollout.tree
-            or c.algo.filter_scope == "batch" or c.algo.dynamic_sampling or jax.process_count() > 1):
-        return None
+    return (c.system.schedule == "async" and len(run.policies) > 1 and c.rollout.tree
+            and c.algo.filter_scope != "batch" and not c.algo.dynamic_sampling and jax.process_count() == 1)
 
-    def start(policy: int, samples):
-        p = run.policies[policy]
+
+def early_updates(run: Run, step: int, tracer: Tracer, finished: queue.Queue, abandon=None) -> dict:
+    """The update side of an asynchronous step: reads each policy's complete groups from `finished`
+    (tree.PoolGroups, until None) and starts that policy's update; returns {policy: its PendingUpdate, or
+    None with nothing to train}. Once abandon() says a stop was asked for, no more update starts early
+    (so the step can still be dropped)."""
+    started = {}
+    while (groups := finished.get()) is not None:
         if abandon is not None and abandon():
-            return NOT_STARTED
+            continue
+        policy, p = groups.pool, run.policies[groups.pool]
         with tracer.span("start update", track=f"pool {p.name}"):
-            batch = batch_of(run, step, samples, score_groups(run, samples, step), policy)
-            if batch is None:
-                return None
-            p.set_lr(run.lr_schedules[policy](step))  # as train_step sets it for the others
-            return start_update(run, p, batch)
-
-    return lambda policy, samples: started.__setitem__(policy, worker.submit(start, policy, samples))
+            batch = batch_of(run, step, groups.samples, score_groups(run, groups.samples, step), policy)
+            if batch is not None:
+                p.set_lr(run.lr_schedules[policy](step))  # as train_step sets it for the others
+            started[policy] = None if batch is None else start_update(run, p, batch)
+    return started
 
 
 def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = None, prefetch=None,
@@ -351,14 +350,18 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
 
 
 def rollout_with_early_updates(run: Run, step: int, tracer: Tracer, abandon, early: bool):
-    """(the step's rollout, {policy: its PendingUpdate, or None}) with, if `early`, each policy's
-    update started as soon as its groups are complete (`early_updates`)."""
-    started: dict = {}
+    """(the step's rollout, {policy: its PendingUpdate, or None}) with, if `early` (and
+    `updates_may_start_early`), each policy's update started as soon as its groups are complete."""
+    if not (early and updates_may_start_early(run)):
+        return rollout_step(run, step, tracer), {}
+    finished: queue.Queue = queue.Queue()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="early-update") as worker:
-        on_pool_done = early_updates(run, step, tracer, worker, started, abandon) if early else None
-        ro = rollout_step(run, step, tracer, on_pool_done=on_pool_done)
-    started = {policy: future.result() for policy, future in started.items()}
-    return ro, {policy: u for policy, u in started.items() if u is not NOT_STARTED}
+        update_side = worker.submit(early_updates, run, step, tracer, finished, abandon)
+        try:
+            ro = rollout_step(run, step, tracer, finished=finished)
+        finally:
+            finished.put(None)  # the rollout is over: the update side ends
+    return ro, update_side.result()
 
 
 def rollout_metrics(run: Run, ro: Rollout, groups: Groups) -> dict:
