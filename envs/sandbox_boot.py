@@ -146,29 +146,17 @@ def _set_limits(resource, cfg):
             pass
 
 
-def _install_audit_hook(sys, os, workdir, plan):
+def _path_rules(os, workdir, plan):
+    """(inside, readable, other_process_entry): the path checks of the audit hook, closures over what they
+    read captured now, so that the program rebinding module attributes changes nothing in them."""
     import posixpath
 
-    # Captured now, so that the program rebinding module attributes changes nothing here.
-    join, normpath, realpath, getcwd, getpid, getpgrp, fsdecode, isdir = (
-        posixpath.join, posixpath.normpath, posixpath.realpath, os.getcwd, os.getpid, os.getpgrp, os.fsdecode,
-        os.path.isdir)
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    join, normpath, realpath, getcwd, getpid, fsdecode = (
+        posixpath.join, posixpath.normpath, posixpath.realpath, os.getcwd, os.getpid, os.fsdecode)
     prefix = workdir.rstrip("/") + "/"
     own_proc = realpath("/proc/self")  # /proc/<pid> as this process's /proc numbers it
     readable_files = frozenset([*plan["files"], *plan["devices"], *plan["dirs"], own_proc, workdir])
     readable_dirs = tuple(d.rstrip("/") + "/" for d in [*plan["dirs"], own_proc, workdir])
-    blocked = frozenset(BLOCKED_MODULES)
-    denied = frozenset((
-        "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
-        "subprocess.Popen", "pty.spawn", "os.startfile", "os.symlink", "os.link",
-        "resource.setrlimit", "resource.prlimit", "ctypes.dlsym", "ctypes.call_function",
-        "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.remote_exec",
-    ))
-    path_events = frozenset((
-        "os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
-        "os.setxattr", "os.removexattr", "os.chflags", "shutil.rmtree", "shutil.chown",
-    ))
 
     def absolute(path):
         return normpath(join(getcwd(), fsdecode(path)))
@@ -190,6 +178,26 @@ def _install_audit_hook(sys, os, workdir, plan):
     def other_process_entry(path):
         parts = absolute(path).split("/")
         return len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and int(parts[2]) != getpid()
+
+    return inside, readable, other_process_entry
+
+
+def _install_audit_hook(sys, os, workdir, plan):
+    # Captured now, so that the program rebinding module attributes changes nothing here.
+    getpid, getpgrp, fsdecode, isdir = os.getpid, os.getpgrp, os.fsdecode, os.path.isdir
+    inside, readable, other_process_entry = _path_rules(os, workdir, plan)
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    blocked = frozenset(BLOCKED_MODULES)
+    denied = frozenset((
+        "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
+        "subprocess.Popen", "pty.spawn", "os.startfile", "os.symlink", "os.link",
+        "resource.setrlimit", "resource.prlimit", "ctypes.dlsym", "ctypes.call_function",
+        "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.remote_exec",
+    ))
+    path_events = frozenset((
+        "os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
+        "os.setxattr", "os.removexattr", "os.chflags", "shutil.rmtree", "shutil.chown",
+    ))
 
     def deny(event):
         raise PermissionError(f"sandbox: {event} is not allowed")
