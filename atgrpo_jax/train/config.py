@@ -22,10 +22,9 @@ from atgrpo_jax.errors import ConfigError  # noqa: F401  (raised here; also impo
 from atgrpo_jax.models.section import LoraSettings, ModelSettings
 from atgrpo_jax.rollout.section import AgentSampling, RolloutSettings, SystemSettings
 from atgrpo_jax.sections import Section, key, resumable, sub
-from atgrpo_jax.sft.section import SftSettings
 from atgrpo_jax.sharding import MeshConfig
 from atgrpo_jax.train.sections import (OptimSettings, PolicySettings, ReferenceSettings, SHARINGS,  # noqa: F401
-                                       Sharing, TrainSettings)
+                                       SftSettings, Sharing, TrainSettings)
 
 __all__ = ["AgentSampling", "Config", "ConfigError", "SHARINGS", "Sharing", "base_config"]
 

@@ -1,5 +1,6 @@
 """The trainer's config sections (atgrpo_jax/sections.py): `policy` (who shares weights), `reference`
-(the switches of recipe "reference"), `optim` (AdamW and its schedule) and `train` (the run)."""
+(the switches of recipe "reference"), `optim` (AdamW and its schedule), `train` (the run) and `sft` (the
+supervised warm start, whose command builds on the trainer)."""
 from __future__ import annotations
 
 import dataclasses
@@ -166,3 +167,24 @@ class TrainSettings(Section):
         for name in self.loggers:
             self.require(name in LOGGERS, "loggers", f"unknown {name!r}{closest(name, LOGGERS)}; known: "
                          f"{', '.join(LOGGERS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SftSettings(Section):
+    """The supervised warm start's own keys (atgrpo_jax/sft, a command above the trainer, reads them); a
+    `train` run does not read them, so it may resume with any."""
+
+    PATH = "sft"
+
+    train_path: str = key("", "chat data to train on: .jsonl/.json/.parquet, a save_to_disk directory or "
+                          'hf:org/name, rows of {"messages": [{"role": system|user|assistant, "content": str}, ...]}; '
+                          "loss on assistant tokens only")
+    valid_path: str = key("", 'held-out chat data in the same format, its loss logged as valid_loss ("" = none)',
+                          resumable=True)
+    steps: int = key(100, "optimizer steps (optim.schedule spans them)", check=positive, resumable=True)
+    rows: int = key(8, "packed rows per optimizer step", check=positive)
+    row_tokens: int = key(2048, "tokens per packed row: conversations are packed whole into rows (attending only to "
+                          "themselves); a longer one is cut at the row's end (metric truncated)",
+                          check=(lambda v: v >= 2, "must be >= 2 (a token and the one it predicts), got {value}"))
+    eval_every: int = key(10, "held-out loss on sft.valid_path every this many steps and at the end (0 = never)",
+                          check=non_negative, resumable=True)
