@@ -1,5 +1,4 @@
 """The paper's ablations: a regime table at equal budget, roles trained alone, policies combined or swapped."""
-import importlib.util
 import json
 import os
 import shutil
@@ -7,20 +6,14 @@ import shutil
 import jax
 import numpy as np
 import pytest
+import tiny_config
 from tiers import FULL
 
 from atgrpo_jax import cli
 
-CONFIG = os.path.join(os.path.dirname(__file__), "train", "tiny_config.py")
-
-
 def tiny():
-    spec = importlib.util.spec_from_file_location("tiny_config", CONFIG)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
-    c.train.update(steps=2, eval_every=2, checkpoint_every=2, log_episodes_every=0)
-    return c
+    return tiny_config.tiny(**{"train.steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2,
+                               "train.log_episodes_every": 0})
 
 
 def leaves(policy):

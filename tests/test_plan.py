@@ -23,7 +23,7 @@ from atgrpo_jax.sampling.cache import init_cache
 from atgrpo_jax.sharding import MeshConfig, logical_sharding, make_mesh, sub_meshes
 from atgrpo_jax.train.config import base_config
 from atgrpo_jax.train.validate import resolve
-from atgrpo_jax.train.batch import rows_update
+from atgrpo_jax.bench.rows import rows_update
 from atgrpo_jax.train.update import TrainState, make_optimizer, make_update_fns
 
 TOLERANCE = 0.25

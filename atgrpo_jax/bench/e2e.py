@@ -55,7 +55,8 @@ from atgrpo_jax.models import get_preset
 from atgrpo_jax.models.hf_io import save_pretrained
 from atgrpo_jax.models.tokenizer import QWEN3_TOKENIZER_SIZE
 from atgrpo_jax.rollout.tree import SampleFn, tree_rollout
-from atgrpo_jax.train.batch import as_rows, fine_bucket, pack, policy_batch
+from atgrpo_jax.bench.rows import as_rows
+from atgrpo_jax.train.batch import fine_bucket, pack, policy_batch
 from atgrpo_jax.train.config import base_config
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.step import TRAIN_TASK_STRIDE, finish_update, packed_minibatches, sample_fn_for, start_update

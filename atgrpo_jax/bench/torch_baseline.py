@@ -97,7 +97,7 @@ def torch_update_policy(model, opt, loss_cfg: LossConfig, minibatches: list[dict
                         vocab_limit: int | None = None, temperature: float = 1.0) -> dict:
     """The trainer's update of one policy (`train.step.start_update`) in PyTorch: old
     log-probs of every mini-batch under the current weights, then one clipped step per
-    mini-batch. minibatches: the trainer's, one sample per row (`train.batch.as_rows`)."""
+    mini-batch. minibatches: the trainer's, one sample per row (`bench.rows.as_rows`)."""
     import torch
     fields = ("tokens", "valid", "is_resp", "adv")
     mbs = [trim_padding({k: mb[k] for k in fields}) for mb in minibatches]

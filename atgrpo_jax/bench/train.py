@@ -46,7 +46,7 @@ from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.config import Qwen3Config
 from atgrpo_jax.models.hf_io import save_pretrained
 from atgrpo_jax.train.config import base_config
-from atgrpo_jax.train.batch import rows_from_packed, rows_packed, rows_update
+from atgrpo_jax.bench.rows import rows_from_packed, rows_packed, rows_update
 from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns
 
 TARGET_SPEEDUP = 1.5

@@ -115,6 +115,25 @@ class Failed:
 
 
 @dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How a rollout runs its stages: one cohort of all tasks, stage after stage (the default), or
+    `cohorts` cohorts interleaved by the asynchronous dispatcher (`run_async`)."""
+
+    cohorts: int = 1
+    asynchronous: bool = False
+    host_workers: int = 4
+    pool_of_agent: tuple = ()  # the pool (policy) that samples for each agent
+    pool_names: tuple = ()
+    tracer: Tracer | None = None
+    stage_timeout_s: float = 0.0  # a stage running longer raises StageTimeout (0: no limit)
+    # asynchronous tree rollouts: a PoolGroups(pool, samples) goes here as soon as a pool's agents have acted
+    # in every stage (its groups, in the order the whole rollout gives them), while other pools may still
+    # sample: the update side reads it and can start that pool's update then
+    # (tree.PoolGroups)
+    finished: queue.Queue | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class PoolDone:
     """Every stage of the pool's agents has been stepped in every cohort: its groups are complete, while
     other pools may still sample."""
@@ -122,16 +141,15 @@ class PoolDone:
     pool: int
 
 
-def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, pool_of_agent: Sequence[int],
-              host_workers: int, tracer: Tracer | None = None, pool_names: Sequence[str] | None = None,
-              stage_timeout_s: float = 0.0) -> Iterator[PoolDone]:
+def run_async(stages: Stages, cohorts: Sequence[Cohort], sample_fn: Callable, schedule: Schedule) -> Iterator[PoolDone]:
     """Run every stage of every cohort (see the module docstring), yielding PoolDone(pool) once per pool as
     soon as its agents are done (iterate it to the end: the rollout is finished when it is). The first
     error in a worker re-raises here at once; a stage running longer than `stage_timeout_s` (0: no limit)
     raises StageTimeout naming it. Either way nothing waits for the stages still running: the workers
-    are daemon threads, left to finish (or hang) on their own."""
-    return _Dispatcher(stages, cohorts, sample_fn, pool_of_agent, host_workers, tracer or Tracer(enabled=False),
-                       pool_names).run(stage_timeout_s)
+    are daemon threads, left to finish (or hang) on their own. schedule.pool_of_agent: the pool of each
+    agent (all of them given)."""
+    return _Dispatcher(stages, cohorts, sample_fn, schedule.pool_of_agent, schedule.host_workers,
+                       schedule.tracer or Tracer(enabled=False), schedule.pool_names or None).run(schedule.stage_timeout_s)
 
 
 class _Dispatcher:

@@ -13,7 +13,6 @@ episode reached.
 from __future__ import annotations
 
 import dataclasses
-import queue
 from typing import Callable, Sequence
 
 import jax
@@ -22,10 +21,9 @@ import numpy as np
 from atgrpo_jax.envs.text_state import obj_array
 from atgrpo_jax.envs.workflow import Workflow
 from atgrpo_jax.rollout.cohort import Record, Stages, combine, run_sync
-from atgrpo_jax.rollout.dispatch import Running, run_async, run_watched, split_cohorts
+from atgrpo_jax.rollout.dispatch import Running, Schedule, run_async, run_watched, split_cohorts  # noqa: F401
 from atgrpo_jax.rollout.samples import SampleOut, Samples, concat
 from atgrpo_jax.rollout.section import PLAIN_GROUPINGS
-from atgrpo_jax.trace import Tracer
 
 # sample_fn(agent, prompt_ids, k, keys) -> SampleOut, keys [len(prompt_ids)]: one PRNG
 # key per prompt (branch k draws from fold_in(key, k)); the router lives inside it.
@@ -42,24 +40,6 @@ class Episodes:
     # Every sample of every turn (tree: the groups; plain: one-sample groups, task = episode
     # index task * K + k), for episode logs.
     trajectory: Samples | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Schedule:
-    """How a rollout runs its stages: one cohort of all tasks, stage after stage (the default), or
-    `cohorts` cohorts interleaved by the asynchronous dispatcher (dispatch.py)."""
-
-    cohorts: int = 1
-    asynchronous: bool = False
-    host_workers: int = 4
-    pool_of_agent: tuple = ()  # the pool (policy) that samples for each agent
-    pool_names: tuple = ()
-    tracer: Tracer | None = None
-    stage_timeout_s: float = 0.0  # a stage running longer raises StageTimeout (0: no limit)
-    # asynchronous tree rollouts: a PoolGroups(pool, samples) goes here as soon as a pool's agents have acted
-    # in every stage (its groups, in the order the whole rollout gives them), while other pools may still
-    # sample: the update side reads it and can start that pool's update then
-    finished: queue.Queue | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +63,7 @@ def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, sp
     if schedule.asynchronous:
         pools = schedule.pool_of_agent or (0,) * len(workflow.agents)
 
-        for done in run_async(stages, cohorts, sample_fn, pools, schedule.host_workers, schedule.tracer,
-                              schedule.pool_names or None, schedule.stage_timeout_s):
+        for done in run_async(stages, cohorts, sample_fn, dataclasses.replace(schedule, pool_of_agent=pools)):
             if schedule.finished is not None and groups_of is not None:
                 agents = {a for a, q in enumerate(pools) if int(q) == done.pool}
                 mine = [dataclasses.replace(c, records=[r for r in list(c.records) if r.agent in agents])

@@ -4,8 +4,8 @@
 together and the groups shuffled (as verl's mini-batches); `pack` lays a mini-batch of them out
 in the update's `Packed` layout straight from the samples: each prompt once (found by the samples'
 prompt ids, not by comparing tokens), then the responses to it. `pack(..., slots=1,
-share_prompts=False)` is the one-sample-per-row layout (`as_rows` gives it the PyTorch baseline's
-form); `rows_packed` makes a Packed batch of hand-made rows (tests and benchmarks).
+share_prompts=False)` is the one-sample-per-row layout (bench/rows.py gives it the PyTorch baseline's
+form).
 """
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ import dataclasses
 import itertools
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from atgrpo_jax.rollout.samples import Samples
@@ -204,38 +202,3 @@ def pack(mb: PolicyBatch, shards: int = 1, share_prompts: bool = True, slots: in
         out["sample_row"] = np.full(len(mb.group), -1, np.int32)
         out["sample_row"][sample] = row_of
     return Minibatch(Packed(**out), sampler_logp, slot_of)
-
-
-def as_rows(mb: Minibatch) -> dict:
-    """A mini-batch packed one sample per row (`pack(..., slots=1, share_prompts=False)`) as the
-    PyTorch baseline's rows: tokens, valid, is_resp [R, W] and adv [R] (empty rows: all False)."""
-    segment = mb.packed.segment
-    if (segment > 1).any():
-        raise ValueError("as_rows: the mini-batch holds several samples in a row (pack it with slots=1)")
-    return dict(tokens=mb.packed.tokens, valid=segment >= 0, is_resp=segment > 0, adv=mb.packed.adv[:, 0])
-
-
-def rows_packed(tokens, valid, is_resp, old_logp, adv, ref_logp=None) -> Packed:
-    """Hand-made rows [N, L] (prompt then response, right-padded; log-probs at column j score token j,
-    old_logp None: none yet; adv [N] or [N, L]) as a Packed batch of one sample per row (column j + 1
-    scored from column j)."""
-    n, l = tokens.shape
-    scored_cols = lambda x: None if x is None else x[:, 1:]  # noqa: E731
-    adv = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, (n, l))
-    ones = jnp.ones((n, l - 1), jnp.float32)  # sampled at temperature 1, no top-p
-    return Packed(tokens, jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0), jnp.where(valid, 0, -1),
-                  jnp.broadcast_to(jnp.arange(l - 1, dtype=jnp.int32), (n, l - 1)), tokens[:, 1:],
-                  is_resp[:, 1:], jnp.broadcast_to(is_resp.sum(1, keepdims=True), (n, l - 1)),
-                  adv[:, 1:], ones, ones, scored_cols(old_logp), scored_cols(ref_logp))
-
-
-def rows_from_packed(x):
-    """[N, L - 1] scored values of `rows_packed` back to [N, L] (column 0 is 0)."""
-    return jnp.concatenate([jnp.zeros((x.shape[0], 1), x.dtype), x], axis=1)
-
-
-def rows_update(update_fn):
-    """update_fn over hand-made rows, packed inside the jitted step (tests and benchmarks compile the
-    update of rows this way): (state, (tokens, valid, is_resp, old_logp, adv[, ref_logp])) -> (state,
-    metrics), the state donated."""
-    return jax.jit(lambda state, rows: update_fn(state, rows_packed(*rows)), donate_argnums=0)

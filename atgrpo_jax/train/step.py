@@ -2,6 +2,9 @@
 
 Every random choice of step s derives from (train.seed, s), so a run resumed
 from the checkpoint of step s continues exactly as an uninterrupted one.
+
+Its public API (`__all__`) is what the loop, evaluation, export and the benchmarks use: a step, its
+rollout, and the update's parts (the benchmarks time them apart, against their baselines).
 """
 from __future__ import annotations
 
@@ -29,6 +32,9 @@ from atgrpo_jax.train.setup import Run
 from atgrpo_jax.trace import Tracer
 
 
+
+__all__ = ["TRAIN_TASK_STRIDE", "finish_update", "packed_minibatches", "policy_states", "rollout", "rollout_step",
+           "sample_fn_for", "set_policy_states", "start_update", "train_step"]
 
 def sample_fn_for(run: Run, temperature: float | None, max_prompts: int, evaluation: bool = False):
     """The rollout's sample function: each agent's sampling settings in training (or `evaluation`),

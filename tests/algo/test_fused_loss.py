@@ -9,7 +9,7 @@ from flax import nnx
 from atgrpo_jax.algo.logprobs import SampledFrom, fused_head_loss, token_logprobs
 from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, token_loss_terms, weighted_policy_loss
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.train.batch import rows_packed
+from atgrpo_jax.bench.rows import rows_packed
 from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns, sequence_logprobs
 from atgrpo_jax.train.config import base_config
 from jaxpr_walk import all_eqns

@@ -14,7 +14,8 @@ from atgrpo_jax.bench import e2e
 from atgrpo_jax.bench.torch_baseline import trim_padding
 from atgrpo_jax.models.tokenizer import encode_chat
 from atgrpo_jax.rollout.tree import tree_rollout
-from atgrpo_jax.train.batch import as_rows, pack, policy_batch
+from atgrpo_jax.bench.rows import as_rows
+from atgrpo_jax.train.batch import pack, policy_batch
 from atgrpo_jax.train.step import finish_update, start_update
 from atgrpo_jax.train.setup import build_run
 

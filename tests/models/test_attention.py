@@ -128,7 +128,7 @@ def _update_temp_bytes(backend, t, run=False):
     with `run`, the update also runs once on a real row and must give a finite loss."""
     from atgrpo_jax.algo.loss import LossConfig
     from atgrpo_jax.train.config import base_config
-    from atgrpo_jax.train.batch import rows_update
+    from atgrpo_jax.bench.rows import rows_update
     from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns
 
     cfg = get_preset("test-tiny").replace(attention=backend, max_position_embeddings=16384)

@@ -14,7 +14,7 @@ from atgrpo_jax.plan.devices import parse_device
 from atgrpo_jax.plan.memory import plan
 from atgrpo_jax.train.config import ConfigError, base_config
 from atgrpo_jax.train.policies import build_policies
-from atgrpo_jax.train.batch import rows_packed
+from atgrpo_jax.bench.rows import rows_packed
 from atgrpo_jax.train.update import make_optimizer
 from atgrpo_jax.train.validate import resolve
 

@@ -10,7 +10,8 @@ from tiers import FULL
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.rollout.samples import Samples
-from atgrpo_jax.train.batch import PolicyBatch, as_rows, fine_bucket, pack, rows_packed
+from atgrpo_jax.bench.rows import as_rows, rows_packed
+from atgrpo_jax.train.batch import PolicyBatch, fine_bucket, pack
 from atgrpo_jax.train.config import base_config
 from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns, sequence_logprobs
 

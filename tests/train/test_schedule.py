@@ -10,7 +10,7 @@ from flax import nnx
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.train.config import ConfigError, base_config
-from atgrpo_jax.train.batch import rows_packed
+from atgrpo_jax.bench.rows import rows_packed
 from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns, with_lr
 from atgrpo_jax.train.validate import validate
 
