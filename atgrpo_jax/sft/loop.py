@@ -30,7 +30,7 @@ from atgrpo_jax.train import checkpoint, compile_cache, guard, wandb_log
 from atgrpo_jax.train.config import RESUMABLE, SHARINGS, changed_keys, from_saved
 from atgrpo_jax.train.lock import WorkdirLock
 from atgrpo_jax.train.loop import check_init_from, open_outputs
-from atgrpo_jax.train.policies import Policy, build_policies, on_mesh
+from atgrpo_jax.train.policies import Policy, PolicySpec, build_policies, on_mesh
 from atgrpo_jax.train.progress import say
 from atgrpo_jax.train.resume import restore_or_start
 from atgrpo_jax.train.setup import make_tokenizer, starting_model
@@ -84,8 +84,8 @@ def build_sft(config, tokenizer, train: list, valid: list, *, init_from: bool = 
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
     tx, lr_at = make_optimizer(config.optim, config.sft.steps, config.reference.lr_schedule)
     local = local_mesh(mesh) if is_multiprocess() else None
-    policies = build_policies(SHARINGS["shared"], base, ["all"], tx, config.loss, config.loss.logprob_chunk,
-                              master_dtype=config.optim.master_dtype, meshes=lambda i: (mesh, local))
+    spec = PolicySpec(SHARINGS["shared"], config.loss, master_dtype=config.optim.master_dtype)
+    policies = build_policies(spec, base, ["all"], tx, meshes=lambda i: (mesh, local))
     p = policies[0]
     update, nll = make_sft_fns(p.graphdef, p.frozen, tx, config.loss.logprob_chunk)
     return SftRun(config, mesh, policies, lr_at, update, nll, train, valid)

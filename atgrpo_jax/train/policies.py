@@ -10,6 +10,7 @@ The router (`Sharing.route`) says which policy acts for, and learns from, each a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -139,26 +140,39 @@ def cast_floats(tree, dtype):
     return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
-def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: LossConfig, chunk: int,
-                   lora_rank: int = 16, lora_alpha: float = 32.0, seed: int = 0,
-                   model_copy: Callable[[int], Qwen3] | None = None,
-                   how: SampledFrom = SampledFrom(), master_dtype: str = "float32",
+@dataclasses.dataclass(frozen=True)
+class PolicySpec:
+    """What the policies of a run are, besides their starting weights: the sharing layout, the loss (and
+    its LM-head chunk), the adapters of LoRA layouts, the dtype full models train in, and the distribution
+    the update scores tokens under."""
+
+    sharing: Sharing
+    loss: LossConfig = LossConfig()
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    seed: int = 0  # of the adapters (one more per agent)
+    master_dtype: str = "float32"
+    how: SampledFrom = SampledFrom()
+
+
+def build_policies(spec: PolicySpec, base: Qwen3, agent_names, tx, model_copy: Callable[[int], Qwen3] | None = None,
                    meshes: Callable[[int], tuple] = lambda i: (None, None)) -> list[Policy]:
-    """The policies of a sharing layout, all starting from `base`'s weights.
+    """The policies of `spec`'s layout, all starting from `base`'s weights.
 
     One full model per agent calls `model_copy(i)` for every agent i after the
     first (a fresh load of the same weights, possibly on another device pool; or of the agent's own model,
     policy.role_models).
-    master_dtype: "float32" trains full models in float32 (AdamW's moments too) when the model's
+    spec.master_dtype: "float32" trains full models in float32 (AdamW's moments too) when the model's
     param_dtype is lower, the sampler running a copy in param_dtype; "param_dtype" trains in it.
     LoRA adapters are float32 whatever the base's dtype. meshes(i): (mesh, local mesh) of policy i.
     tx: the optimizer, or a function of the policy's index giving each its own (policy.role_optim).
     """
+    sharing, loss_cfg, chunk, how = spec.sharing, spec.loss, spec.loss.logprob_chunk, spec.how
     tx_of = tx if callable(tx) else (lambda i: tx)
 
     def plain(model, name, i):
         mesh, local = meshes(i)
-        lower = master_dtype == "float32" and model.cfg.param_dtype != "float32"  # (each model's own, role_models)
+        lower = spec.master_dtype == "float32" and model.cfg.param_dtype != "float32"  # (each model's own, role_models)
         # Over several data rows (hosts) the trained state is split over all of the pool's devices; the
         # sampler gathers a whole copy per row (Policy.regather).
         regather = isinstance(mesh, jax.sharding.Mesh) and mesh.shape["data"] > 1
@@ -177,7 +191,7 @@ def build_policies(sharing: Sharing, base: Qwen3, agent_names, tx, loss_cfg: Los
         mesh = getattr(base.embed[...].sharding, "mesh", None)  # the adapters live where the base does
         out = []
         for i, name in enumerate(agent_names if sharing.per_agent else [SHARED_ADAPTER]):
-            adapted = attach_lora(base, lora_rank, lora_alpha, seed + i)
+            adapted = attach_lora(base, spec.lora_rank, spec.lora_alpha, spec.seed + i)
             adapted = shard_model(adapted, mesh) if isinstance(mesh, jax.sharding.Mesh) else adapted
             graphdef, adapters, frozen = split_lora(adapted)
             fns = make_update_fns(graphdef, frozen, tx_of(i), loss_cfg, chunk, how)

@@ -24,7 +24,7 @@ from atgrpo_jax.sharding import make_mesh, platform_of, sub_meshes
 from atgrpo_jax.train import compile_cache
 from atgrpo_jax.train.config import AgentSampling, ConfigError
 from atgrpo_jax.train.init_from import load_weights
-from atgrpo_jax.train.policies import Policy, build_policies
+from atgrpo_jax.train.policies import Policy, PolicySpec, build_policies
 from atgrpo_jax.train.roles import role_config, role_optim, roles_problem
 from atgrpo_jax.train.update import make_optimizer
 from atgrpo_jax.train.validate import resolve
@@ -188,12 +188,10 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
     per_agent_pool = int(route.max()) + 1 == len(names)  # one policy per agent: each on its agent's pool
     optimizers = [make_optimizer(role_optim(config, names[i] if per_agent_pool else None), config.train.steps,
                                  config.reference.lr_schedule) for i in range(int(route.max()) + 1)]  # verl's way
-    policies = build_policies(layout, base, names, lambda i: optimizers[i][0], config.loss,
-                              config.loss.logprob_chunk,
-                              config.lora.rank, config.lora.alpha, config.model.init_seed,
+    spec = PolicySpec(layout, config.loss, config.lora.rank, config.lora.alpha, config.model.init_seed,
+                      config.optim.master_dtype, how)
+    policies = build_policies(spec, base, names, lambda i: optimizers[i][0],
                               model_copy=lambda i: role_model(config, names, i, pools[i], init_from, base),
-                              how=how,
-                              master_dtype=config.optim.master_dtype,
                               meshes=lambda i: (pools[i], local_meshes[i]) if per_agent_pool else
                               (mesh, local_meshes[0]))
     stops = tuple(sorted({tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}))

@@ -13,7 +13,7 @@ from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.plan.devices import parse_device
 from atgrpo_jax.plan.memory import plan
 from atgrpo_jax.train.config import ConfigError, base_config
-from atgrpo_jax.train.policies import build_policies
+from atgrpo_jax.train.policies import PolicySpec, build_policies
 from atgrpo_jax.bench.rows import rows_packed
 from atgrpo_jax.train.update import make_optimizer
 from atgrpo_jax.train.validate import resolve
@@ -27,7 +27,8 @@ def one_policy(master_dtype: str, lr: float = 1e-6):
     tx, _ = make_optimizer(c.optim, 10)
     base = Qwen3(CFG, rngs=nnx.Rngs(0))
     layout = resolve(_tiny(c)).policy.routing
-    return build_policies(layout, base, ["a"], tx, LossConfig(), 64, master_dtype=master_dtype)[0]
+    spec = PolicySpec(layout, LossConfig(logprob_chunk=64), master_dtype=master_dtype)
+    return build_policies(spec, base, ["a"], tx)[0]
 
 
 def _tiny(c):
