@@ -7,7 +7,7 @@ a second process reading the compilation cache, every part of `bench device --ti
 PyTorch baselines, and the fault cases a sibling covers (a disk full at save time, no readable
 checkpoint, max_skipped_updates=0, the launch preflight compiling for a TPU, a hung environment step
 stopping a CLI run, a tiny search run with the real tokenizer, a mixture's training run, the role-phase
-resume run)."""
+resume run, the "your own task" guide's workflow example run through its two commands)."""
 import os
 
 FULL = os.environ.get("ATGRPO_FULL_SUITE") == "1"
