@@ -50,15 +50,14 @@ class PoolGroups:
     samples: Samples
 
 
-def _run(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids, split: str, k: int, max_turns: int,
-         alpha: float, key: jax.Array, streams: np.ndarray, schedule: Schedule | None = None,
+def _run(stages: Stages, sample_fn: SampleFn, task_ids, split: str, schedule: Schedule | None = None,
          groups_of: Callable | None = None):
     """The loop both modes share: (one record per stage over all tasks, success [B], turns [B]).
-    streams [B]: the random stream of each task (see cohort.prompt_keys). groups_of(records): the Samples
-    of a pool's records, put on schedule.finished as soon as they are complete (asynchronous runs)."""
+    groups_of(records): the Samples of a pool's records, put on schedule.finished as soon as they are
+    complete (asynchronous runs)."""
     schedule = schedule or Schedule()
     task_ids = np.asarray(task_ids)
-    stages = Stages(workflow, encode, k, max_turns, alpha, key, np.asarray(streams))
+    workflow, k = stages.workflow, stages.k
     cohorts = [stages.start(task_ids, split, rows) for rows in split_cohorts(len(task_ids), schedule.cohorts)]
     if schedule.asynchronous:
         pools = schedule.pool_of_agent or (0,) * len(workflow.agents)
@@ -107,8 +106,9 @@ def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task
     as_samples = lambda records: concat([_record_samples(r, k, streams) for r in records]) \
         if records else Samples.empty(k)  # noqa: E731
     # (a pool's early samples in the order merge_rollouts gives the whole step's)
-    records, success, turns = _run(workflow, sample_fn, encode, task_ids, split, k, max_turns, alpha, key, streams,
-                                   schedule, lambda records: canonical(as_samples(records)))
+    stages = Stages(workflow, encode, k, max_turns, alpha, key, streams)  # streams: see cohort.prompt_keys
+    records, success, turns = _run(stages, sample_fn, task_ids, split, schedule,
+                                   lambda records: canonical(as_samples(records)))
     samples = as_samples(records)
     return samples, Episodes(success, turns, _agent_reward(samples, len(workflow.agents)), success[:, None], samples)
 
@@ -125,8 +125,8 @@ def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, tas
     b, num_agents = len(task_ids), len(workflow.agents)
     episode_tasks = np.repeat(np.asarray(task_ids), k)  # episode e = task e // k, branch e % k
     streams = first_task * k + np.arange(b * k)
-    records, success, turns = _run(workflow, sample_fn, encode, episode_tasks, split, 1, max_turns, alpha, key,
-                                   streams, schedule)
+    stages = Stages(workflow, encode, 1, max_turns, alpha, key, streams)
+    records, success, turns = _run(stages, sample_fn, episode_tasks, split, schedule)
     one = concat([_record_samples(r, 1, streams) for r in records]) if records else None  # [R * B*K] of 1
     samples = Samples.empty(k if grouping == "task_agent" else k * num_agents)
     if records:
