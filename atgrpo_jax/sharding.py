@@ -74,11 +74,7 @@ class MeshConfig(Section):
                          f"must be > 0 or -1{' (or 0: one row per host)' if name == 'data' else ''}, got {v!r}")
 
     def resolve(self, num_devices: int, hosts: int = 1) -> dict[str, int]:
-        sizes = {"data": self.data or hosts, "fsdp": self.fsdp, "tensor": self.tensor}
-        for name, size in sizes.items():
-            if not isinstance(size, (int, np.integer)) or (size <= 0 and size != -1):
-                raise ValueError(f"mesh.{name} must be a positive integer or -1"
-                                 f"{' (data: or 0, one row per host)' if name == 'data' else ''}, got {size!r}")
+        sizes = {"data": self.data or hosts, "fsdp": self.fsdp, "tensor": self.tensor}  # each checked in `check`
         fill = [n for n, s in sizes.items() if s == -1]
         if len(fill) > 1:
             raise ValueError(f"only one mesh axis may be -1, got {fill}")
