@@ -6,6 +6,7 @@ prefill and decode (also give `batch_buckets` if the number of prompts varies).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple, Sequence
 
 import jax
@@ -131,14 +132,56 @@ def _keys_of_rows(key, row_keys, n: int, n_padded: int):
     return keys
 
 
-def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, temperature: float = 1.0,
-             top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, stop_ids=(),
-             num_branches: int = 1, pad_id: int = 0,
-             buckets: Sequence[int] = DEFAULT_BUCKETS, batch_buckets: Sequence[int] | None = None,
-             prompt_lengths=None, raw_logprobs: bool = False, cache_dtype: str | None = None,
-             top_p_cap: int = 256, vocab_limit: int | None = None, segment: int = 16,
-             slots: int | None = None, grow_own: bool = True) -> Generation:
-    """Sample `num_branches` continuations of each prompt.
+@dataclasses.dataclass(frozen=True)
+class GenerateSettings:
+    """How `generate` samples: the distribution, the branches and the shapes it compiles for.
+
+    temperature 0 is greedy. repetition_penalty (1 = off): vLLM's, the logits of ids in the prompt
+    or the response so far divided by it where positive, multiplied where not, before temperature.
+    vocab_limit: only ids < vocab_limit are ever sampled (pass the tokenizer's size when the LM head
+    has more rows than it has ids, as Qwen3's 151,936 vs 151,669); None or >= the head's size: all.
+    raw_logprobs adds temperature-1 log-probs over the whole head. Changing temperature or a penalty
+    other than 1 reuses the compiled sampler; the penalty on or off, top_k, top_p, vocab_limit and
+    the shapes (bucketed prompt length, batch, max_new_tokens, K) select one.
+
+    segment: steps between drops of finished rows (the live rows move to a smaller batch; see
+    segments.py); 0 decodes the whole batch to the end. slots: decode at most this many rows at
+    once (continuous batching: the B*K rows start in order as slots free up, every `segment` steps);
+    it bounds the cache of new tokens to slots x max_new_tokens and keeps the batch full while long
+    rows finish. None: all rows at once. grow_own: the rows' own caches start at 128 slots and
+    double as the steps need them (segments.py); False: max_new_tokens slots from the start. The
+    result depends on none of these three.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    num_branches: int = 1  # K continuations of each prompt
+    pad_id: int = 0
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS  # prompt lengths compiled for (left-padded up to one)
+    batch_buckets: tuple[int, ...] | None = None  # numbers of prompts compiled for (None: the exact number)
+    raw_logprobs: bool = False
+    cache_dtype: str | None = None  # None: the model's compute dtype
+    top_p_cap: int = 256  # tokens sorted per row at the end of the exact top-p search
+    vocab_limit: int | None = None
+    segment: int = 16
+    slots: int | None = None
+    grow_own: bool = True
+
+    def __post_init__(self):
+        for name in ("buckets", "batch_buckets"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(int(b) for b in getattr(self, name)))
+        if self.segment < 0:
+            raise ValueError(f"segment must be >= 0, got {self.segment}")
+        if self.slots is not None and self.slots < 1:
+            raise ValueError(f"slots must be >= 1 or None, got {self.slots}")
+
+
+def generate(model, prompts, settings: GenerateSettings | None = None, *, max_new_tokens, key=None, row_keys=None,
+             stop_ids=(), prompt_lengths=None, **changes) -> Generation:
+    """Sample `settings.num_branches` continuations of each prompt.
 
     prompts: B sequences of token ids (ragged), or a [B, P] array whose row b
     holds its prompt in the first `prompt_lengths[b]` entries. stop_ids: one
@@ -147,51 +190,33 @@ def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, tempera
     one per prompt (each row of prompt b produces at most max_new_tokens[b]
     tokens; the outputs have max(max_new_tokens) columns). key: one PRNG key, row r uses
     fold_in(key, r); or row_keys: [B*K] keys, one per output row.
-    temperature 0 is greedy. repetition_penalty (1 = off): vLLM's, the
-    logits of ids in the prompt or the response so far divided by it where
-    positive, multiplied where not, before temperature. vocab_limit: only ids < vocab_limit are ever
-    sampled (pass the tokenizer's size when the LM head has more rows than it
-    has ids, as Qwen3's 151,936 vs 151,669); None or >= the head's size: all.
-    Log-probs are under the distribution sampled from (after the limit,
-    temperature, top-k, top-p); raw_logprobs adds temperature-1 ones over the
-    whole head. Changing temperature or a penalty other than 1 reuses the
-    compiled sampler; the penalty on or off, top_k, top_p,
-    vocab_limit and the shapes (bucketed prompt length, batch, max_new_tokens,
-    K) select one. segment: steps between drops of finished rows (the live
-    rows move to a smaller batch; see segments.py); 0 decodes the whole batch
-    to the end. slots: decode at most this many rows at once (continuous
-    batching: the B*K rows start in order as slots free up, every `segment`
-    steps); it bounds the cache of new tokens to slots x max_new_tokens and
-    keeps the batch full while long rows finish. None: all rows at once.
-    grow_own: the rows' own caches start at 128 slots and double as the steps
-    need them (segments.py); False: max_new_tokens slots from the start.
-    The result depends on none of these.
+    settings: a `GenerateSettings` (default: its defaults); `changes` replace its fields by name,
+    so `generate(model, ids, max_new_tokens=64, key=key, temperature=0.7)` works without one.
+    Log-probs are under the distribution sampled from (after the limit, temperature, top-k, top-p).
     """
+    s = _with_changes(settings or GenerateSettings(), changes)
     prompt_list = _checked_prompts(_as_prompt_list(prompts, prompt_lengths), model.cfg.vocab_size)
-    b = len(prompt_list)
-    vocab = model.cfg.vocab_size
-    if vocab_limit is not None:  # >= the head's size: nothing to drop, the same sampler as without a limit
-        vocab_limit = int(vocab_limit) if vocab_limit < vocab else None
+    b, k = len(prompt_list), s.num_branches
+    if s.slots is not None and s.segment == 0 and s.slots < b * k:
+        raise ValueError(f"slots={s.slots} < {b * k} rows needs segment >= 1 to refill")
+    vocab_limit = s.vocab_limit  # >= the head's size: nothing to drop, the same sampler as without a limit
+    vocab_limit = int(vocab_limit) if vocab_limit is not None and vocab_limit < model.cfg.vocab_size else None
     budget = budgets_for(max_new_tokens, b)
-    if segment < 0:
-        raise ValueError(f"segment must be >= 0, got {segment}")
-    if slots is not None and (slots < 1 or (segment == 0 and slots < b * num_branches)):
-        raise ValueError(f"slots must be >= 1 and needs segment >= 1 to refill, got slots={slots}, segment={segment}")
     max_new_tokens = int(budget.max())
-    settings = DecodeSettings(max_new_tokens, num_branches, top_k, top_p, top_p_cap, pad_id, cache_dtype,
-                              raw_logprobs, vocab_limit, repetition_penalty != 1.0)
-    params = sampling_params(temperature, repetition_penalty)
-    b_padded = b if batch_buckets is None else bucket_for(b, batch_buckets)
-    n, n_padded = b * num_branches, b_padded * num_branches
+    static = DecodeSettings(max_new_tokens, k, s.top_k, s.top_p, s.top_p_cap, s.pad_id, s.cache_dtype,
+                            s.raw_logprobs, vocab_limit, s.repetition_penalty != 1.0)
+    params = sampling_params(s.temperature, s.repetition_penalty)
+    b_padded = b if s.batch_buckets is None else bucket_for(b, s.batch_buckets)
+    n, n_padded = b * k, b_padded * k
     keys = _keys_of_rows(key, row_keys, n, n_padded)
-    length = bucket_for(max(map(len, prompt_list)), buckets)
-    filler = [[pad_id]] * (b_padded - b)
-    ids, mask = left_pad(prompt_list + filler, length, pad_id)
+    length = bucket_for(max(map(len, prompt_list)), s.buckets)
+    filler = [[s.pad_id]] * (b_padded - b)
+    ids, mask = left_pad(prompt_list + filler, length, s.pad_id)
     stops = stop_array(stop_ids, b)
     stops = np.concatenate([stops, np.full((b_padded - b, stops.shape[1]), -1, np.int32)])
     budget = np.concatenate([budget, np.ones(b_padded - b, np.int32)])  # filler prompts: one token
-    decoded, row_steps = run(model, ids, mask, stops, keys, params, settings, budget, segment, slots=slots,
-                             grow_own=grow_own)
+    decoded, row_steps = run(model, ids, mask, stops, keys, params, static, budget, s.segment, slots=s.slots,
+                             grow_own=s.grow_own)
     out = jax.device_get({"tokens": decoded.tokens, "lengths": decoded.lengths, "logprobs": decoded.logprobs,
                           "raw": decoded.raw_logprobs, "stopped": decoded.stopped})
     lengths = out["lengths"][:n]
@@ -200,10 +225,18 @@ def generate(model, prompts, *, max_new_tokens, key=None, row_keys=None, tempera
         mask=np.arange(max_new_tokens)[None, :] < lengths[:, None],
         lengths=lengths,
         logprobs=out["logprobs"][:n],
-        raw_logprobs=out["raw"][:n] if raw_logprobs else None,
+        raw_logprobs=out["raw"][:n] if s.raw_logprobs else None,
         stopped=out["stopped"][:n],
-        prompt_ids=np.repeat(ids[:b], num_branches, axis=0),
-        prompt_mask=np.repeat(mask[:b], num_branches, axis=0),
-        num_branches=num_branches,
+        prompt_ids=np.repeat(ids[:b], k, axis=0),
+        prompt_mask=np.repeat(mask[:b], k, axis=0),
+        num_branches=k,
         row_steps=row_steps,
     )
+
+
+def _with_changes(settings: GenerateSettings, changes: dict) -> GenerateSettings:
+    unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(GenerateSettings)})
+    if unknown:
+        raise TypeError(f"generate() got {unknown}, which are neither its arguments nor GenerateSettings' fields "
+                        f"({', '.join(f.name for f in dataclasses.fields(GenerateSettings))})")
+    return dataclasses.replace(settings, **changes) if changes else settings

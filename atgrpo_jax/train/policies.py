@@ -86,11 +86,11 @@ class Policy:
         adapters merged; masters cast to the model's param_dtype)."""
         return self._runnable(self._state.params)
 
-    def generate(self, prompts, **kw):
+    def generate(self, prompts, settings=None, **kw):
         """sampling.generate on the sampler's model, where this process samples (its part of the pool)."""
         model = local_model(self.sampler_model(), self.local_mesh)
         with on_mesh(self.local_mesh or self.mesh):
-            return generate(model, prompts, **kw)
+            return generate(model, prompts, settings, **kw)
 
     def logprobs(self, batch: Packed, params=None) -> jax.Array:
         """log p [R, M] of a packed batch's scored tokens under `params` (default: the current ones)."""

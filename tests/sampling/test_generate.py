@@ -3,6 +3,8 @@
 Most calls share one shape (3 prompts in the 16 bucket, 12 new tokens, raw
 log-probs on), so the file compiles the sampler only a few times.
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +14,7 @@ from flax import nnx
 
 from atgrpo_jax.models import Qwen3
 from atgrpo_jax.models.hf_io import load_pretrained
-from atgrpo_jax.sampling import decode, generate, row_keys_for, segments
+from atgrpo_jax.sampling import GenerateSettings, decode, generate, row_keys_for, segments
 from hf_fixtures import make_hf_checkpoint
 
 VOCAB, NEW = 256, 12
@@ -94,6 +96,19 @@ def test_fixed_key_is_deterministic(models):
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_array_equal(a.logprobs, b.logprobs)
     assert (gen(ours, ps, key=jax.random.key(6)).tokens != a.tokens).any()
+
+
+def test_a_settings_object_samples_as_its_fields_given_by_name(models):
+    """GenerateSettings is the static part of a call; fields given by name replace its own."""
+    _, ours = models
+    ps = prompts(2)
+    by_name = gen(ours, ps, temperature=0.7, top_k=5)
+    settings = GenerateSettings(temperature=0.7, top_k=5, raw_logprobs=True)
+    np.testing.assert_array_equal(gen(ours, ps, settings=settings).tokens, by_name.tokens)
+    np.testing.assert_array_equal(gen(ours, ps, settings=dataclasses.replace(settings, top_k=9), top_k=5).logprobs,
+                                  by_name.logprobs)
+    with pytest.raises(TypeError, match="tempreature"):
+        gen(ours, ps, tempreature=0.7)
 
 
 def test_bfloat16_cache_is_close_to_float32(models):
@@ -249,6 +264,7 @@ def test_batch_buckets_and_padded_array_input_give_the_same_rows(models):
     (dict(row_keys=jax.random.split(jax.random.key(0), 2), key=None), "row_keys"),
     (dict(num_branches=0), "num_branches"),
     (dict(vocab_limit=0), "vocab_limit"),
+    (dict(slots=0), "slots"),
 ])
 def test_bad_input_is_a_clear_error(models, kwargs, message):
     _, ours = models
