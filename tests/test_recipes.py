@@ -285,8 +285,8 @@ def test_row_15_mini_batches_keep_the_collected_order_under_the_reference():
                               sample_agent=np.zeros((g, k), int), prompt_len=np.ones(g, int),
                               prompt_of=np.repeat(np.arange(g)[:, None], k, 1),
                               sample_prompt_len=lambda: np.ones((g, k), int))
-    batch = lambda shuffle: policy_batch(samples, np.zeros((g, k)), np.ones(g, bool), np.zeros(1, int), 0,  # noqa
-                                         4, np.random.default_rng(0), shuffle=shuffle).group
+    batch = lambda shuffle: policy_batch(samples, np.zeros((g, k)), np.ones(g, bool), np.ones(1, bool), 4,  # noqa
+                                         np.random.default_rng(0) if shuffle else None).group
     assert batch(False).tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
     assert batch(True)[::2].tolist() != list(range(g))  # the paper recipe shuffles the groups
     assert resolve(small("reference")).reference.unshuffled_minibatches

@@ -160,7 +160,7 @@ def run_step(run: Run, side: Side, step: int) -> dict:
     keep = np.asarray(group_filter(rewards, mask, c.algo.drop_low_mean_frac, c.algo.drop_zero_variance,
                                    run.policy_of_agent[np.maximum(samples.agent, 0)]))
     rng = np.random.default_rng([c.train.seed, step])
-    batches = [policy_batch(samples, adv, keep, run.policy_of_agent, p, c.optim.mini_batch_size, rng)
+    batches = [policy_batch(samples, adv, keep, run.policy_of_agent == p, c.optim.mini_batch_size, rng)
                for p in range(len(run.policies))]
     model_s, metrics = 0.0, {}
     for p, batch in enumerate(batches):

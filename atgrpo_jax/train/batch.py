@@ -68,19 +68,32 @@ class PolicyBatch:
                                     penalty=cut(self.penalty, i)) for i in range(0, len(self.group), size)]
 
 
-def policy_batch(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_of_agent: np.ndarray, policy: int,
-                 mini_batch: int, rng: np.random.Generator, inv_temp_of_agent: np.ndarray | None = None,
-                 top_p_of_agent: np.ndarray | None = None,
-                 penalty_of_agent: np.ndarray | None = None, shuffle: bool = True) -> PolicyBatch | None:
-    """Policy `policy`'s kept samples (keep: [G] groups or [G, K] samples) with a response, in a
-    shuffled group order (`rng`), each group's samples together (so a mini-batch holds whole groups,
-    as verl's, and `pack` can share their prompt); each sample's agent's inverse temperature and top-p
-    (default 1) and, if penalty_of_agent is given, repetition penalty. None: no such sample.
-    shuffle=False: the groups in the samples' order (the reference's unshuffled mini-batches)."""
+class Scoring(NamedTuple):
+    """Per agent ([A] float32), the distribution the update scores its tokens under."""
+
+    inv_temp: np.ndarray  # 1 / temperature
+    top_p: np.ndarray  # 1: no top-p
+    penalty: np.ndarray | None = None  # repetition penalty; None: no agent has one
+
+    @classmethod
+    def of(cls, scored_as) -> "Scoring":
+        """From each agent's AgentSampling (Run.scored_as)."""
+        penalty = np.array([s.repetition_penalty for s in scored_as], np.float32)
+        return cls(np.array([s.inv_temp for s in scored_as], np.float32),
+                   np.array([s.top_p for s in scored_as], np.float32), penalty if (penalty != 1).any() else None)
+
+
+def policy_batch(samples: Samples, adv: np.ndarray, keep: np.ndarray, agents: np.ndarray, mini_batch: int,
+                 rng: np.random.Generator | None, scoring: Scoring | None = None) -> PolicyBatch | None:
+    """One policy's kept samples (keep: [G] groups or [G, K] samples; agents: [A] bool, the agents it
+    trains) with a response, in a shuffled group order (`rng`; None: the samples' order, as the
+    reference's unshuffled mini-batches), each group's samples together (so a mini-batch holds whole
+    groups, as verl's, and `pack` can share their prompt), with each sample's agent's `scoring`
+    (default: temperature 1, no top-p, no penalty). None: no such sample."""
     keep = keep[:, None] if keep.ndim == 1 else keep  # groups kept, or samples kept
-    mine = samples.mask & (samples.response_len > 0) & keep & (policy_of_agent[samples.sample_agent] == policy)
+    mine = samples.mask & (samples.response_len > 0) & keep & np.asarray(agents, bool)[samples.sample_agent]
     groups = np.flatnonzero(mine.any(1))
-    groups = groups[rng.permutation(len(groups))] if shuffle else groups
+    groups = groups[rng.permutation(len(groups))] if rng is not None else groups
     g, k = np.nonzero(mine[groups])  # group-major: a group's samples together
     g = groups[g]
     if not len(g):
@@ -89,10 +102,10 @@ def policy_batch(samples: Samples, adv: np.ndarray, keep: np.ndarray, policy_of_
     pad = lambda x, fill=0: np.concatenate([x, np.full((n - len(x),) + x.shape[1:], fill, x.dtype)])  # noqa: E731
     per_agent = lambda values: pad(np.ones(len(g), np.float32) if values is None else  # noqa: E731
                                    np.asarray(values, np.float32)[samples.sample_agent[g, k]], 1.0)
+    scoring = scoring or Scoring(None, None)
     width = length_bucket(int((samples.sample_prompt_len()[g, k] + samples.response_len[g, k]).max()))
-    return PolicyBatch(samples, pad(g, -1), pad(k), pad(adv[g, k].astype(np.float32)), per_agent(inv_temp_of_agent),
-                       per_agent(top_p_of_agent), None if penalty_of_agent is None else per_agent(penalty_of_agent),
-                       width)
+    return PolicyBatch(samples, pad(g, -1), pad(k), pad(adv[g, k].astype(np.float32)), per_agent(scoring.inv_temp),
+                       per_agent(scoring.top_p), None if scoring.penalty is None else per_agent(scoring.penalty), width)
 
 
 def _rows_of_shared_prompts(share: np.ndarray, start: np.ndarray, end: np.ndarray, slots: int | None,

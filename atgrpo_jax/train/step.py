@@ -25,7 +25,7 @@ from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE
 from atgrpo_jax.rollout.router import make_sample_fn
 from atgrpo_jax.rollout.tree import PlainRollout, Schedule, TreeRollout, merge_rollouts
 from atgrpo_jax.sharding import batch_shards
-from atgrpo_jax.train.batch import Minibatch, PolicyBatch, length_bucket, pack, policy_batch
+from atgrpo_jax.train.batch import Minibatch, PolicyBatch, Scoring, length_bucket, pack, policy_batch
 from atgrpo_jax.train.guard import StepAbandoned
 from atgrpo_jax.train.roles import trained_agents
 from atgrpo_jax.train.setup import Run
@@ -271,10 +271,8 @@ def batch_of(run: Run, step: int, samples, groups: Groups, policy: int) -> Polic
     (seed, step, policy) alone, so it is the same whether built with the others or on its own."""
     c = run.config
     rng = np.random.default_rng([c.train.seed, step] + ([policy] if policy else []))
-    return policy_batch(samples, groups.adv, groups.trained, run.policy_of_agent, policy, c.optim.mini_batch_size,
-                        rng, np.array([s.inv_temp for s in run.scored_as], np.float32),
-                        np.array([s.top_p for s in run.scored_as], np.float32), penalties(run),
-                        shuffle=not c.reference.unshuffled_minibatches)
+    return policy_batch(samples, groups.adv, groups.trained, run.policy_of_agent == policy, c.optim.mini_batch_size,
+                        None if c.reference.unshuffled_minibatches else rng, Scoring.of(run.scored_as))
 
 
 def updates_may_start_early(run: Run) -> bool:
@@ -389,12 +387,6 @@ def rollout_metrics(run: Run, ro: Rollout, groups: Groups) -> dict:
     if ro.stale:
         metrics["lag_updates"] = float(np.mean([int(p.state.step) - n for p, n in zip(run.policies, ro.sampled_at)]))
     return metrics
-
-
-def penalties(run: Run) -> np.ndarray | None:
-    """Each agent's repetition penalty as the update scores it, or None when no agent has one."""
-    values = np.array([s.repetition_penalty for s in run.scored_as], np.float32)
-    return values if (values != 1).any() else None
 
 
 def policy_states(run: Run) -> dict:

@@ -89,7 +89,7 @@ def test_torch_update_matches_the_trainers_update_on_one_batch(run):
                               max_turns=2, alpha=1.0, key=jax.random.key(5))
     adv = np.random.RandomState(0).randn(*samples.reward.shape).astype(np.float32)  # a signal for the loss
     keep = np.arange(len(adv)) < 5  # 10 samples: one mini-batch of 16 with 6 empty rows
-    batch = policy_batch(samples, adv, keep, run.policy_of_agent, 0, 16, np.random.default_rng(0))
+    batch = policy_batch(samples, adv, keep, run.policy_of_agent == 0, 16, np.random.default_rng(0))
     assert batch.num_samples == 10 and len(batch.adv) == 16
     trimmed = trim_padding(as_rows(pack(batch, slots=1, share_prompts=False)))
     assert len(trimmed["adv"]) == 10 and trimmed["valid"][:, -1].any() and trimmed["valid"].all(1).any()

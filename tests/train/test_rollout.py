@@ -236,18 +236,19 @@ def test_old_logprobs_include_the_repetition_penalty():
     temperature 1 without top-p (as once), they do not."""
     from atgrpo_jax.rollout.tree import tree_rollout
     from atgrpo_jax.train import batch as batch_mod
-    from atgrpo_jax.train.step import finish_update, packed_minibatches, penalties, sample_fn_for, start_update
+    from atgrpo_jax.train.step import finish_update, packed_minibatches, sample_fn_for, start_update
 
     config = tiny_config()
     config.rollout.update(temperature=1.5, top_p=0.9, top_k=20, repetition_penalty=1.2, max_new_tokens=8)
     config.rollout.agents = {"executor": {"repetition_penalty": 1.5, "temperature": 1.3}}
     run = build_run(config)
-    assert list(penalties(run)) == [np.float32(1.2), 1.5] and [s.temperature for s in run.sampling] == [1.5, 1.3]
+    assert list(batch_mod.Scoring.of(run.scored_as).penalty) == [np.float32(1.2), 1.5]
+    assert [s.temperature for s in run.sampling] == [1.5, 1.3]
     samples, _ = tree_rollout(run.workflow, sample_fn_for(run, None, 3), run.encode, [11, 12, 13], "train", k=K,
                               max_turns=2, alpha=1.0, key=jax.random.key(7))
     batch = batch_mod.policy_batch(samples, np.zeros(samples.reward.shape, np.float32), samples.mask.any(1),
-                                   run.policy_of_agent, 0, config.optim.mini_batch_size, np.random.default_rng(0),
-                                   np.array([1 / 1.5, 1 / 1.3], np.float32), np.full(2, 0.9, np.float32), penalties(run))
+                                   run.policy_of_agent == 0, config.optim.mini_batch_size, np.random.default_rng(0),
+                                   batch_mod.Scoring.of(run.scored_as))
     policy = run.policies[0]
     shared = 0
     for mb in packed_minibatches(run, policy, batch):
