@@ -31,7 +31,6 @@ from flax import nnx
 from optax.tree_utils import tree_map_params
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from atgrpo_jax.algo.logprobs import SampledFrom
 from atgrpo_jax.distributed import local_mesh
 from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.models import Qwen3

@@ -10,7 +10,6 @@ change on a resume (--allow_config_change: any, the old config.json kept as conf
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -21,22 +20,21 @@ import jax
 import numpy as np
 
 from atgrpo_jax import workdir as wd
-from atgrpo_jax.distributed import global_array, init_distributed, is_multiprocess, local_mesh
+from atgrpo_jax.distributed import global_array, is_multiprocess, local_mesh
 from atgrpo_jax.errors import ConfigError
 from atgrpo_jax.sft import data
 from atgrpo_jax.sft.update import make_sft_fns
 from atgrpo_jax.sharding import batch_shards, make_mesh
-from atgrpo_jax.train import checkpoint, compile_cache, guard, wandb_log
-from atgrpo_jax.train.config import RESUMABLE, SHARINGS, changed_keys, from_saved
-from atgrpo_jax.train.lock import WorkdirLock
-from atgrpo_jax.train.loop import check_init_from, open_outputs
+from atgrpo_jax.train import checkpoint, compile_cache
+from atgrpo_jax.train.config import RESUMABLE, SHARINGS
 from atgrpo_jax.train.policies import Policy, PolicySpec, build_policies, on_mesh
 from atgrpo_jax.train.progress import say
 from atgrpo_jax.train.resume import restore_or_start
 from atgrpo_jax.train.setup import make_tokenizer, starting_model
+from atgrpo_jax.train.start import check_before_writing, check_resume, held, open_outputs
 from atgrpo_jax.train.stops import Saver, diverged_stop, ending_in_one_line
 from atgrpo_jax.train.update import make_optimizer
-from atgrpo_jax.train.validate import resolve, validate_sft
+from atgrpo_jax.train.validate import validate_sft
 
 # How long, how often and where (train's RESUMABLE, whose "sft." says a train run ignores these keys),
 # and the sft keys that do not change what is trained.
@@ -116,41 +114,18 @@ def sft_step(run: SftRun, step: int, cursor: data.Cursor) -> tuple[dict, data.Cu
     return dict(metrics, lr=run.lr_schedule(step), epoch=after.epoch + after.index / len(run.train), **counts), after
 
 
-def check_resume(config, workdir: str, allow_config_change: bool) -> dict:
-    """train.loop.check_resume with the sft run's resumable keys."""
-    saved = wd.saved_config(workdir)
-    if saved is None:
-        return {}
-    changed = changed_keys(resolve(from_saved(saved), weights=False), config)
-    fixed = {k: v for k, v in changed.items() if not k.startswith(SFT_RESUMABLE)}
-    if fixed and not allow_config_change:
-        shown = "; ".join(f"config.{k}: {a!r} in the run, {b!r} now" for k, (a, b) in fixed.items())
-        raise ConfigError(f"{workdir} holds a run with another config ({shown}). Resume with the run's config, "
-                          "use a new --workdir, or pass --allow_config_change to continue with this one")
-    return changed
-
-
 def run_sft(config, workdir: str, *, allow_config_change: bool = False, fresh_if_unreadable: bool = False) -> dict:
     """Train on config.sft.train_path (resuming from workdir's newest checkpoint); returns the last metrics.
     Every error in the config or the data is raised before the workdir is touched."""
     config = validate_sft(config)
-    wd.require_support(workdir, checkpoints=True)
-    wd.check_workdir(workdir)
-    wd.check_writable(workdir, "--workdir")
-    if "wandb" in config.train.loggers and wandb_log.missing():
-        raise ConfigError(f"config.train.loggers: 'wandb' needs {wandb_log.missing()}")
-    check_init_from(config, workdir)
-    init_distributed(config.distributed)
+    check_before_writing(config, workdir)
     lead = jax.process_index() == 0
     say(f"reading and tokenizing {config.sft.train_path}", lead)
     tokenizer = make_tokenizer(config.tokenizer, config.model.hf_path, config.char_alphabet)
     thinking = config.rollout.thinking
     train = data.load_examples(config.sft.train_path, tokenizer, thinking)
     valid = data.load_examples(config.sft.valid_path, tokenizer, thinking) if config.sft.valid_path else []
-    lock = WorkdirLock(workdir) if lead else contextlib.nullcontext()
-    with guard.StopSignals() as stop, lock:
-        if getattr(lock, "notice", ""):
-            print(f"note: {lock.notice}", flush=True)
+    with held(workdir) as stop:
         return _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if_unreadable, stop)
 
 
@@ -159,7 +134,7 @@ def _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if
     lead = jax.process_index() == 0
     ckpt_dir = wd.checkpoint_dir(workdir)
     resumed = bool(wd.exists(ckpt_dir))
-    changed = check_resume(config, workdir, allow_config_change) if resumed else {}
+    changed = check_resume(config, workdir, allow_config_change, SFT_RESUMABLE) if resumed else {}
     compile_cache.enable(t.compile_cache, workdir)
     say(f"building the model: {len(train)} training sequences, {len(valid)} held out", lead)
     run = build_sft(config, tokenizer, train, valid, init_from=not resumed)

@@ -105,7 +105,7 @@ def test_bad_per_agent_sampling_names_the_agent(key, value):
 
 
 def test_a_resume_that_changes_the_length_of_a_cosine_says_what_the_rate_becomes():
-    from atgrpo_jax.train.loop import horizon_note
+    from atgrpo_jax.train.start import horizon_note
 
     optim = base_config().optim
     optim.update(lr=1e-3, schedule="cosine", warmup_steps=0, min_lr_ratio=0.0)

@@ -81,12 +81,12 @@ def test_nan_loss_skips_the_update():
 
 
 def test_resume_checks_the_config_logs_every_n_and_knows_its_start(tmp_path, monkeypatch):
-    from atgrpo_jax.train import loop
+    from atgrpo_jax.train import loop, start
     from atgrpo_jax.train.checkpoint import Checkpointer
 
     starts = []
-    real_bar = loop.ProgressBar
-    monkeypatch.setattr(loop, "ProgressBar", lambda *a, **kw: starts.append(kw["start_step"]) or real_bar(*a, **kw))
+    real_bar = start.ProgressBar
+    monkeypatch.setattr(start, "ProgressBar", lambda *a, **kw: starts.append(kw["start_step"]) or real_bar(*a, **kw))
     workdir = str(tmp_path / "run")
     loop.run_training(tiny(**{"train.steps": 3, "train.eval_every": 0, "train.log_every": 2}), workdir)
     assert [r["step"] for r in read_metrics(workdir)] == [2, 3]  # every 2nd step, and the last
