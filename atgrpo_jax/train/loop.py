@@ -11,7 +11,6 @@ checkpoint cannot be saved (checkpoint.SaveError) and when a stage hangs (system
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -21,16 +20,15 @@ import jax
 from atgrpo_jax import cli, workdir as wd
 from atgrpo_jax.envs.workflow import episodes_per_problem
 from atgrpo_jax.trace import Tracer
-from atgrpo_jax.train import checkpoint, guard, setup
+from atgrpo_jax.train import guard
 from atgrpo_jax.train.episodes import as_markdown, training_records
-from atgrpo_jax.train.heldout import evaluation, evaluation_splits
+from atgrpo_jax.train.heldout import evaluation
 from atgrpo_jax.train.hooks import Hook, StepInfo, run_hooks
-from atgrpo_jax.train.metrics import EPISODES_FILE, MetricsWriter
+from atgrpo_jax.train.metrics import EPISODES_FILE
 from atgrpo_jax.train.prefetch import Prefetch
-from atgrpo_jax.train.progress import ProgressBar, say
-from atgrpo_jax.train.resume import restore_or_start
-from atgrpo_jax.train.start import check_before_writing, check_resume, held, open_outputs
-from atgrpo_jax.train.step import policy_states, set_policy_states, train_step
+from atgrpo_jax.train.progress import say
+from atgrpo_jax.train.start import Opened, check_before_writing, held, open_run
+from atgrpo_jax.train.step import policy_states, train_step
 from atgrpo_jax.train.stops import Saver, diverged_stop, ending_in_one_line
 from atgrpo_jax.train.validate import resolve
 
@@ -52,43 +50,6 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False,
     check_before_writing(config, workdir)
     with held(workdir) as stop:
         return _train(config, workdir, allow_config_change, fresh_if_unreadable, stop)
-
-
-@dataclasses.dataclass
-class Opened:
-    """A run built and resumed (or started), with its outputs open: what the loop works on."""
-
-    run: setup.Run
-    start: int  # the last step done (0: a fresh run)
-    states: dict | None  # the restored policy states (None: a fresh start)
-    meta: dict
-    splits: list[str]  # what it evaluates
-    ckpt: checkpoint.Checkpointer
-    writer: MetricsWriter
-    bar: ProgressBar
-
-
-def open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, lead: bool) -> Opened:
-    """Build the run, restore its newest checkpoint that restores (or start fresh), then open its outputs:
-    nothing in the workdir changes before a state is in hand (its compilation cache aside)."""
-    t = config.train
-    resumed = bool(wd.exists(wd.checkpoint_dir(workdir)))
-    changed = check_resume(config, workdir, allow_config_change) if resumed else {}
-    say("building the run: tokenizer, model, workflow", lead)
-    run = setup.build_run(config, workdir, init_from=not resumed)
-    say(run_summary(run), lead)
-    stop.install()  # after jax.distributed.initialize, which takes SIGTERM for itself
-    splits = evaluation_splits(run)
-    best = "valid_success" if "valid" in splits else "eval_success"  # choose on validation, report test
-    start, states, meta = restore_or_start(config, run, workdir, fresh_if_unreadable, changed)
-    if states is not None:
-        set_policy_states(run, states)
-    elif resumed and config.model.init_from:  # no checkpoint restored after all: a fresh start, from model.init_from
-        run = setup.build_run(config, workdir, init_from=True)
-    ckpt = checkpoint.Checkpointer(wd.checkpoint_dir(workdir), keep_last=t.keep_last, best_metric=best)
-    writer, bar = open_outputs(config, workdir, lead, start, changed, changed, states is not None, t.steps,
-                               ("success", "reward", "loss", "grad_norm", "skipped"))
-    return Opened(run, start, states, meta, splits, ckpt, writer, bar)
 
 
 def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> dict:
@@ -200,16 +161,6 @@ def step_hooks(o: Opened, saver: Saver, health: guard.Health, began: float, lead
         Hook(lambda i: saver.save(i.step, i.metrics), t.checkpoint_every,  # (healthy: guard.Health.healthy)
              when=lambda i: i.healthy and bool(t.checkpoint_every)),
     ]
-
-
-def run_summary(run) -> str:
-    """One line of what a run is: model, policies, devices, workflow."""
-    cfg = run.policies[0].model().cfg
-    devices = run.mesh.devices
-    return (f"{cfg.num_params() / 1e6:,.1f}M-parameter model, {len(run.policies)} "
-            f"polic{'y' if len(run.policies) == 1 else 'ies'} on {devices.size} {devices.flat[0].platform} "
-            f"device{'s' if devices.size > 1 else ''}; {run.workflow.name} with agents "
-            f"{', '.join(a.name for a in run.workflow.agents)}")
 
 
 def report_skipped(kept: int | None, skipped: int, step: int, checkpointing: bool, lead: bool) -> None:

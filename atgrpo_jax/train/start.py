@@ -1,20 +1,25 @@
-"""What a run (train or sft) does before its first step: the checks made before the workdir is
-touched, the lock, the resume check against the run's own config.json, and the outputs it opens."""
+"""What a run does before its first step: the checks made before the workdir is touched, the lock,
+the resume check against the run's own config.json and the outputs it opens (train and sft both),
+and for train, `open_run`: the run built, restored or started, its outputs open."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import jax
 
 from atgrpo_jax import workdir as wd
 from atgrpo_jax.distributed import init_distributed
 from atgrpo_jax.errors import ConfigError
-from atgrpo_jax.train import guard, wandb_log
+from atgrpo_jax.train import checkpoint, guard, setup, wandb_log
 from atgrpo_jax.train.config import RESUMABLE, changed_keys, flat, from_saved
+from atgrpo_jax.train.heldout import evaluation_splits
 from atgrpo_jax.train.init_from import source_checkpoint
 from atgrpo_jax.train.lock import WorkdirLock
 from atgrpo_jax.train.metrics import MetricsWriter
-from atgrpo_jax.train.progress import ProgressBar
+from atgrpo_jax.train.progress import ProgressBar, say
+from atgrpo_jax.train.resume import restore_or_start
+from atgrpo_jax.train.step import set_policy_states
 from atgrpo_jax.train.update import lr_factor
 from atgrpo_jax.train.validate import resolve
 
@@ -87,3 +92,50 @@ def open_outputs(config, workdir: str, lead: bool, start: int, changed: dict, sc
     writer = MetricsWriter(workdir, enabled=lead, resume_step=start if resumed else -1,
                            tensorboard="tensorboard" in t.loggers, jsonl="jsonl" in t.loggers, extra=extra)
     return writer, ProgressBar(steps, enabled=lead and "console" in t.loggers, start_step=start, keys=keys)
+
+
+@dataclasses.dataclass
+class Opened:
+    """A run built and resumed (or started), with its outputs open: what the loop works on."""
+
+    run: setup.Run
+    start: int  # the last step done (0: a fresh run)
+    states: dict | None  # the restored policy states (None: a fresh start)
+    meta: dict
+    splits: list[str]  # what it evaluates
+    ckpt: checkpoint.Checkpointer
+    writer: MetricsWriter
+    bar: ProgressBar
+
+
+def open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, lead: bool) -> Opened:
+    """Build the run, restore its newest checkpoint that restores (or start fresh), then open its outputs:
+    nothing in the workdir changes before a state is in hand (its compilation cache aside)."""
+    t = config.train
+    resumed = bool(wd.exists(wd.checkpoint_dir(workdir)))
+    changed = check_resume(config, workdir, allow_config_change) if resumed else {}
+    say("building the run: tokenizer, model, workflow", lead)
+    run = setup.build_run(config, workdir, init_from=not resumed)
+    say(run_summary(run), lead)
+    stop.install()  # after jax.distributed.initialize, which takes SIGTERM for itself
+    splits = evaluation_splits(run)
+    best = "valid_success" if "valid" in splits else "eval_success"  # choose on validation, report test
+    start, states, meta = restore_or_start(config, run, workdir, fresh_if_unreadable, changed)
+    if states is not None:
+        set_policy_states(run, states)
+    elif resumed and config.model.init_from:  # no checkpoint restored after all: a fresh start, from model.init_from
+        run = setup.build_run(config, workdir, init_from=True)
+    ckpt = checkpoint.Checkpointer(wd.checkpoint_dir(workdir), keep_last=t.keep_last, best_metric=best)
+    writer, bar = open_outputs(config, workdir, lead, start, changed, changed, states is not None, t.steps,
+                               ("success", "reward", "loss", "grad_norm", "skipped"))
+    return Opened(run, start, states, meta, splits, ckpt, writer, bar)
+
+
+def run_summary(run) -> str:
+    """One line of what a run is: model, policies, devices, workflow."""
+    cfg = run.policies[0].model().cfg
+    devices = run.mesh.devices
+    return (f"{cfg.num_params() / 1e6:,.1f}M-parameter model, {len(run.policies)} "
+            f"polic{'y' if len(run.policies) == 1 else 'ies'} on {devices.size} {devices.flat[0].platform} "
+            f"device{'s' if devices.size > 1 else ''}; {run.workflow.name} with agents "
+            f"{', '.join(a.name for a in run.workflow.agents)}")
