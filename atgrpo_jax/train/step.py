@@ -1,4 +1,4 @@
-"""One training step: rollout -> advantages -> filters -> per-policy update.
+"""One training step: rollout -> advantages -> filters (groups.py) -> per-policy update.
 
 Every random choice of step s derives from (train.seed, s), so a run resumed
 from the checkpoint of step s continues exactly as an uninterrupted one.
@@ -15,19 +15,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from atgrpo_jax.algo.advantages import first_informative, group_advantages, group_filter, overlong_penalty
+from atgrpo_jax.algo.advantages import first_informative, group_filter
 from atgrpo_jax.algo.loss import is_weights
 from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_host
 from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE
 from atgrpo_jax.rollout.router import make_sample_fn
 from atgrpo_jax.rollout.tree import PlainRollout, Schedule, TreeRollout, merge_rollouts
 from atgrpo_jax.sharding import batch_shards
-from atgrpo_jax.train.batch import Minibatch, PolicyBatch, Scoring, length_bucket, pack, policy_batch
+from atgrpo_jax.train.batch import Minibatch, PolicyBatch, length_bucket, pack
+from atgrpo_jax.train.groups import Groups, batch_of, group_policies, score_groups, step_rewards
 from atgrpo_jax.train.guard import StepAbandoned
-from atgrpo_jax.train.roles import trained_agents
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.trace import Tracer
 
@@ -184,14 +183,6 @@ def rollout_step(run: Run, step: int, tracer: Tracer | None = None, sampled_at: 
     return Rollout(step, samples, episodes, time.perf_counter() - t0, sampled_at)
 
 
-def group_policies(run: Run, samples, step: int) -> np.ndarray:
-    """[G] the policy each group trains at `step` (-1: none, its agent is not trained then; plain GRPO's
-    mixed groups: 0)."""
-    trained = np.array(trained_agents(run.config, [a.name for a in run.workflow.agents], step))
-    agent = np.maximum(samples.agent, 0)
-    return np.where(samples.agent < 0, 0, np.where(trained[agent], run.policy_of_agent[agent], -1))
-
-
 def dynamic_sampling(run: Run, ro: Rollout, tracer: Tracer | None) -> tuple[Rollout, np.ndarray, dict]:
     """DAPO's dynamic sampling (algo.dynamic_sampling = N): while a policy has fewer groups with reward
     variance than its first rollout had groups, roll out rollout.num_tasks more tasks (at most N more
@@ -215,64 +206,6 @@ def dynamic_sampling(run: Run, ro: Rollout, tracer: Tracer | None) -> tuple[Roll
     chosen = first_informative(scope, informative, ro.samples.task, want)  # task ids grow with the round
     return ro, chosen, {"sampling_rounds": float(rounds + 1), "groups_wanted": float(want.sum()),
                         "groups_informative": float(informative.sum())}
-
-
-@dataclasses.dataclass
-class Groups:
-    """A step's samples made ready for the update: advantages, the groups the filters keep, and
-    the samples each policy is trained on."""
-
-    adv: np.ndarray  # [G, K]
-    keep: np.ndarray  # [G]
-    trained: np.ndarray  # [G, K]
-
-
-def budgets(run: Run, samples) -> np.ndarray:
-    """[G, K] the max_new_tokens of each sample's agent."""
-    return np.array([s.max_new_tokens for s in run.sampling])[samples.sample_agent]
-
-
-def step_rewards(run: Run, samples) -> tuple[jax.Array, jax.Array]:
-    """([G, K] the rewards advantages and filters see: with the soft overlong penalty, [G, K] live)."""
-    c = run.config
-    penalty = overlong_penalty(samples.response_len, budgets(run, samples), c.algo.overlong_buffer,
-                               c.algo.overlong_penalty)
-    return jnp.asarray(samples.reward) + penalty, jnp.asarray(samples.mask)
-
-
-def score_groups(run: Run, samples, step: int, chosen: np.ndarray | None = None) -> Groups:
-    """Advantages and filters of step `step`'s `samples` (all of them, or those of some policies alone:
-    each group's figures, and the filters ranking within a policy or an agent, depend on its own scope
-    only); the agents the step does not train (`roles.trained_agents`) are left out of `trained`.
-    chosen [G] bool: the groups dynamic sampling picked; the others are neither kept nor ranked."""
-    c = run.config
-    rewards, mask = step_rewards(run, samples)
-    adv = np.array(group_advantages(rewards, mask, c.algo.advantage))  # (a copy: written below)
-    for name, estimator in c.algo.role_advantage.items():  # a group of one agent: that agent's estimator
-        mine = samples.agent == [a.name for a in run.workflow.agents].index(name)
-        if estimator != c.algo.advantage and mine.any():
-            adv[mine] = np.asarray(group_advantages(rewards[mine], mask[mine], estimator))
-    mixed = samples.agent < 0  # a group of several agents' samples (plain GRPO by task): a scope of its own
-    scope = {"policy": np.where(mixed, len(run.policies), run.policy_of_agent[samples.agent]),
-             "agent": np.where(mixed, len(run.workflow.agents), samples.agent), "batch": None}[c.algo.filter_scope]
-    filtering = c.rollout.tree or c.algo.filter_plain  # plain GRPO keeps every group unless asked (as the reference)
-    low_mean, zero_var = (c.algo.drop_low_mean_frac, c.algo.drop_zero_variance) if filtering else (0.0, False)
-    live = mask if chosen is None else mask & jnp.asarray(chosen)[:, None]
-    keep = np.asarray(group_filter(rewards, live, low_mean, zero_var, scope))
-    trains = np.array(trained_agents(c, [a.name for a in run.workflow.agents], step))
-    trained = keep[:, None] & trains[samples.sample_agent]
-    if c.algo.drop_overlong:
-        trained &= samples.response_len < budgets(run, samples)
-    return Groups(adv, keep, trained)
-
-
-def batch_of(run: Run, step: int, samples, groups: Groups, policy: int) -> PolicyBatch | None:
-    """One policy's batch of the step (None: nothing of it kept). Its mini-batch order comes from
-    (seed, step, policy) alone, so it is the same whether built with the others or on its own."""
-    c = run.config
-    rng = np.random.default_rng([c.train.seed, step] + ([policy] if policy else []))
-    return policy_batch(samples, groups.adv, groups.trained, run.policy_of_agent == policy, c.optim.mini_batch_size,
-                        None if c.reference.unshuffled_minibatches else rng, Scoring.of(run.scored_as))
 
 
 def updates_may_start_early(run: Run) -> bool:

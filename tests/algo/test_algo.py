@@ -261,7 +261,7 @@ def test_score_groups_punishes_and_drops_overlong_responses():
 
     from atgrpo_jax.algo.advantages import overlong_penalty
     from atgrpo_jax.train.config import base_config
-    from atgrpo_jax.train.step import score_groups
+    from atgrpo_jax.train.groups import score_groups
 
     c = base_config()
     c.algo.update(overlong_buffer=4, drop_overlong=True, drop_low_mean_frac=0.0)
