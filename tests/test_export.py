@@ -1,6 +1,5 @@
 """Export: a run's policy as a Hugging Face directory that transformers (and PEFT, for adapters) load
 with the trained weights: logits equal to the trainer's model within 1e-4."""
-import importlib.util
 import json
 import os
 
@@ -13,21 +12,17 @@ import transformers
 from atgrpo_jax import cli
 from atgrpo_jax.export import export_policy
 from hf_fixtures import left_padded_batch, make_hf_checkpoint, torch_logits
+from tiny_config import tiny
 
-CONFIG = os.path.join(os.path.dirname(__file__), "train", "tiny_config.py")
 HF = dict(vocab=128, hidden=48, inter=64, layers=2, heads=4, kv_heads=2, head_dim=16)
 
 
-def tiny(base: str, sharing: str):
-    spec = importlib.util.spec_from_file_location("tiny_config", CONFIG)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
-    c.model.update(preset="", hf_path=base)  # the run starts from a Hugging Face checkpoint
-    c.policy.sharing = sharing
-    c.optim.update(lr=3e-2, warmup_steps=0)  # one step moves the weights (and LoRA's B off zero) measurably
-    c.train.update(steps=1, eval_every=0, checkpoint_every=1, log_episodes_every=0)
-    return c
+def tiny_run(base: str, sharing: str):
+    """The tests' tiny run, started from the Hugging Face checkpoint `base`, one step whose update moves the
+    weights (and LoRA's B off zero) measurably."""
+    return tiny(**{"model.preset": "", "model.hf_path": base, "policy.sharing": sharing, "optim.lr": 3e-2,
+                   "optim.warmup_steps": 0, "train.steps": 1, "train.eval_every": 0, "train.checkpoint_every": 1,
+                   "train.log_episodes_every": 0})
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +35,7 @@ def runs(tmp_path_factory):
     out = {"base": base}
     for sharing in ("shared", "per_role", "lora"):
         out[sharing] = str(root / sharing)
-        run_training(tiny(base, sharing), out[sharing])
+        run_training(tiny_run(base, sharing), out[sharing])
     return out
 
 

@@ -25,6 +25,7 @@ from atgrpo_jax.train.config import base_config
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.bench.rows import rows_update
 from atgrpo_jax.train.update import TrainState, make_optimizer, make_update_fns
+from tiny_config import tiny
 
 TOLERANCE = 0.25
 
@@ -58,16 +59,10 @@ def config_file(tmp_path):
 
 
 def small_config(changes: dict | None = None, **model):
-    """A tiny planned config: model keys, then `changes` ({dotted key: value})."""
-    c = base_config()
-    c.model.update({"preset": "test-tiny", **model})
-    c.rollout.update(num_tasks=4, k=2, max_prompt_len=64, prompt_buckets=(64,), max_new_tokens=32)
-    c.optim.mini_batch_size = 8
-    c.mesh.update(data=1, fsdp=-1, tensor=1)
-    for key, value in (changes or {}).items():
-        section, leaf = key.split(".")
-        c[section][leaf] = value
-    return resolve(c, weights=False)
+    """The tests' tiny config, planned: model keys, then `changes` ({dotted key: value})."""
+    model = {f"model.{k}": v for k, v in {"preset": "test-tiny", "vocab_size": 0, **model}.items()}
+    return resolve(tiny(**model, **{"rollout.num_tasks": 4, "rollout.k": 2, "rollout.max_new_tokens": 32,
+                                    "optim.mini_batch_size": 8, "mesh.fsdp": -1, **(changes or {})}), weights=False)
 
 
 # --- sizes against real arrays -------------------------------------------------------------

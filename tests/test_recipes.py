@@ -14,23 +14,19 @@ from atgrpo_jax.envs.math_workflow import MathWorkflow
 from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.envs.sandbox import Limits, RunResult
 from atgrpo_jax.envs.workflow import episodes_per_problem, take_branch
-from atgrpo_jax.train.config import ConfigError, base_config
+from atgrpo_jax.train.config import ConfigError
 from atgrpo_jax.train.paper import paper_config
 from atgrpo_jax.train.setup import scored_as, scoring_of
 from atgrpo_jax.train.update import make_optimizer
 from atgrpo_jax.train.validate import resolve
+from tiny_config import tiny
 
 RECIPES = ("paper", "reference")
 
 
 def small(recipe: str = "paper", **changes):
-    c = base_config()
-    c.model.preset = "test-tiny"
-    c.recipe = recipe
-    for key, value in changes.items():
-        section, leaf = key.split(".")
-        c[section][leaf] = value
-    return c
+    """The tests' tiny config under `recipe`."""
+    return tiny(recipe=recipe, **changes)
 
 
 # ---------------------------------------------------------------- run settings

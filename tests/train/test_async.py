@@ -13,22 +13,18 @@ from atgrpo_jax.train.metrics import is_wall_clock
 from atgrpo_jax.train.setup import build_run
 from atgrpo_jax.train.step import train_step
 from tiers import FULL
+from tiny_config import tiny
 
 
 
 def config(sharing="shared", pools=False, schedule="sync", **system):
-    from atgrpo_jax.train.config import base_config
-    c = base_config()
-    c.model.update(preset="demo-tiny", init_seed=0)
-    c.tokenizer = "char"
-    c.env.workflow = "plan_path_demo"
-    c.rollout.update(num_tasks=6, k=3, max_turns=2, max_prompt_len=128, prompt_buckets=(128,), max_new_tokens=4)
-    c.algo.drop_low_mean_frac = 0.0
-    c.optim.update(lr=1e-2, mini_batch_size=16)
-    c.policy.update(sharing=sharing, pools=pools)
-    c.mesh = dict(data=1, fsdp=2, tensor=1) if pools else dict(data=1, fsdp=1, tensor=1)  # pools: one device each
-    c.system.update(schedule=schedule, cohorts=3, host_workers=2, **system)
-    return c
+    """The tests' tiny config with six tasks of three branches, a fast optimizer and the given system."""
+    return tiny(**{"model.init_seed": 0, "rollout.num_tasks": 6, "rollout.k": 3, "rollout.max_new_tokens": 4,
+                   "optim.lr": 1e-2, "optim.schedule": "constant", "optim.warmup_steps": 0,
+                   "optim.mini_batch_size": 16, "policy.sharing": sharing, "policy.pools": pools,
+                   "mesh": dict(data=1, fsdp=2 if pools else 1, tensor=1),  # pools: one device each
+                   "system.schedule": schedule, "system.cohorts": 3, "system.host_workers": 2,
+                   **{f"system.{k}": v for k, v in system.items()}})
 
 
 def two_steps(c, tracers=None):

@@ -17,6 +17,7 @@ from atgrpo_jax.train.policies import PolicySpec, build_policies
 from atgrpo_jax.bench.rows import rows_packed
 from atgrpo_jax.train.update import make_optimizer
 from atgrpo_jax.train.validate import resolve
+from tiny_config import tiny
 
 CFG = get_preset("test-tiny", num_layers=1, param_dtype="bfloat16", compute_dtype="bfloat16")
 
@@ -26,14 +27,9 @@ def one_policy(master_dtype: str, lr: float = 1e-6):
     c.optim.lr = lr
     tx, _ = make_optimizer(c.optim, 10)
     base = Qwen3(CFG, rngs=nnx.Rngs(0))
-    layout = resolve(_tiny(c)).policy.routing
+    layout = resolve(tiny()).policy.routing
     spec = PolicySpec(layout, LossConfig(logprob_chunk=64), master_dtype=master_dtype)
     return build_policies(spec, base, ["a"], tx)[0]
-
-
-def _tiny(c):
-    c.model.preset = "test-tiny"
-    return c
 
 
 def batch():
@@ -80,8 +76,7 @@ def test_param_dtype_masters_train_in_bf16():
 
 
 def test_master_dtype_is_validated():
-    c = _tiny(base_config())
-    c.optim.master_dtype = "float64"
+    c = tiny(**{"optim.master_dtype": "float64"})
     with pytest.raises(ConfigError, match=r"config\.optim\.master_dtype"):
         resolve(c)
 

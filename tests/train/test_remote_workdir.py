@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from atgrpo_jax.evaluate import write_eval_outputs
 from atgrpo_jax import workdir as wd
 from atgrpo_jax.train.metrics import MetricsWriter, read_metrics, read_tb_scalars
+from tiny_config import tiny
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FSSPEC_REGISTRY = importlib.import_module("fsspec.registry")  # `fsspec.registry` is a read-only view
@@ -247,10 +248,6 @@ def test_training_run_on_the_store_uploads_each_checkpointed_step_before_saving(
     from atgrpo_jax.train import checkpoint
     from atgrpo_jax.train.loop import run_training
 
-    path = os.path.join(os.path.dirname(__file__), "tiny_config.py")
-    spec = importlib.util.spec_from_file_location("tiny_config", path)
-    tiny_config = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny_config)
     _write("gs://bucket/run", [(s, {"loss": 100.0 + s}) for s in (1, 2, 3)], tensorboard=False).close()
     saves, dirs = [], []
 
@@ -278,7 +275,7 @@ def test_training_run_on_the_store_uploads_each_checkpointed_step_before_saving(
 
     monkeypatch.setattr(checkpoint, "Checkpointer", RecordingCheckpointer)
     monkeypatch.setattr(wd, "_module_available", lambda name: name == "google.cloud.storage")
-    config = tiny_config.get_config()
+    config = tiny()
     config.train.update(steps=3, eval_every=0, checkpoint_every=1)
     run_training(config, "gs://bucket/run")
 

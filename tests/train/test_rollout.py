@@ -7,7 +7,7 @@ from flax import nnx
 from atgrpo_jax.envs.workflow import take_branch
 from atgrpo_jax.models.lora import LoRAParam
 from atgrpo_jax.rollout.tree import plain_rollout, tree_rollout
-from atgrpo_jax.train.config import base_config
+from tiny_config import tiny
 from atgrpo_jax.train.step import train_step
 from atgrpo_jax.train.setup import build_run
 
@@ -15,18 +15,11 @@ K = 4
 
 
 def tiny_config(regime="shared"):
-    c = base_config()
-    c.model.update(preset="demo-tiny", init_seed=0)
-    c.tokenizer = "char"
-    c.mesh = dict(data=1, fsdp=1, tensor=1)
-    c.env.workflow = "plan_path_demo"
-    c.regime = regime
-    c.rollout.update(num_tasks=3, k=K, max_turns=2, max_prompt_len=128, prompt_buckets=(128,),
-                     max_new_tokens=4)
-    c.algo.drop_low_mean_frac = 0.0
-    c.optim.update(lr=1e-2, mini_batch_size=32)
-    c.lora.update(rank=2, alpha=4.0)
-    return c
+    """The tests' tiny config with three tasks of K branches, longer answers and a fast optimizer."""
+    return tiny(**{"regime": regime, "model.init_seed": 0, "rollout.num_tasks": 3, "rollout.k": K,
+                   "rollout.max_new_tokens": 4, "optim.lr": 1e-2, "optim.schedule": "constant",
+                   "optim.warmup_steps": 0, "optim.mini_batch_size": 32,
+                   "lora.rank": 2, "lora.alpha": 4.0})
 
 
 class Spy:
@@ -158,16 +151,16 @@ def test_per_role_router_updates_each_policy_from_its_own_agent_only(pools):
     from atgrpo_jax.train import batch as batch_mod
     real = batch_mod.policy_batch
 
-    def only_executor(samples, adv, keep, policy_of_agent, *a, **kw):
+    def only_executor(samples, adv, keep, agents, *a, **kw):
         keep = keep & (samples.agent == 1)[:, None]
-        return real(samples, adv, keep, policy_of_agent, *a, **kw)
+        return real(samples, adv, keep, agents, *a, **kw)
 
-    import atgrpo_jax.train.step as loop
-    loop.policy_batch = only_executor
+    import atgrpo_jax.train.groups as groups
+    groups.policy_batch = only_executor
     try:
         train_step(run, 1)
     finally:
-        loop.policy_batch = real
+        groups.policy_batch = real
         run.policy_of_agent[:] = orig
     after = [param_leaves(p) for p in run.policies]
     if pools:  # the update ran on the pool: the state never left it

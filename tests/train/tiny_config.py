@@ -16,9 +16,13 @@ def get_config():
 
 
 def tiny(**changes):
-    """get_config() with dotted changes, e.g. tiny(**{"train.steps": 2, "policy.sharing": "per_role"})."""
+    """The tests' one tiny config: get_config() with dotted changes at any depth, e.g.
+    tiny(**{"train.steps": 2, "policy.sharing": "per_role", "recipe": "reference"})."""
     c = get_config()
     for key, value in changes.items():
-        section, leaf = key.split(".")
-        c[section][leaf] = value
+        *path, leaf = key.split(".")
+        node = c
+        for name in path:
+            node = node[name]
+        node[leaf] = value
     return c
