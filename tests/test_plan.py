@@ -343,8 +343,8 @@ def test_advice_lowers_the_peak_and_the_combination_fits(config_file, capsys):
     assert any(a["overrides"] == {"model.remat": True} for a in out["advice"])
     combined = out["combined"]
     assert combined["fits"]
-    config = resolve(plan_cli.with_overrides(base_config(), {"model.preset": "qwen3-1.7b"} | {
-        k: v for k, v in combined["overrides"].items() if k != "num_devices"}), weights=False)
+    config = plan_cli.with_overrides(resolve(base_config(), weights=False), {"model.preset": "qwen3-1.7b"} | {
+        k: v for k, v in combined["overrides"].items() if k != "num_devices"})
     replanned = plan(config, TPUS["v5p"], combined["overrides"].get("num_devices", 4))
     assert replanned.fits and replanned.peak == combined["peak"]
 

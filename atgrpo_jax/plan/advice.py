@@ -2,31 +2,19 @@
 greedy combination of them that fits (`python -m atgrpo_jax.plan` prints both)."""
 from __future__ import annotations
 
-import copy
-
 from atgrpo_jax.models.qwen3 import decodes_per_layer
 from atgrpo_jax.plan.devices import Device, device_platform, hosts_of
 from atgrpo_jax.plan.architecture import model_config
 from atgrpo_jax.plan.memory import Advice, Plan, plan
-from atgrpo_jax.sections import Section
-from atgrpo_jax.train.config import ConfigError
+from atgrpo_jax.train.config import Config, ConfigError
 from atgrpo_jax.train.validate import validate
 
 
-def with_overrides(config, overrides: dict):
-    """A copy of `config` (a Config, or a ConfigDict) with dotted keys set (`{"optim.mini_batch_size": 8}`)."""
-    if isinstance(config, Section):
-        for key, value in overrides.items():
-            config = config.replace_at(key, value)
-        return config
-    c = copy.deepcopy(config)
+def with_overrides(config: Config, overrides: dict) -> Config:
+    """`config` with dotted keys set (`{"optim.mini_batch_size": 8}`), each section checked anew."""
     for key, value in overrides.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for name in parents:
-            node = node[name]
-        node[leaf] = value
-    return c
+        config = config.replace_at(key, value)
+    return config
 
 
 def _halvings(value: int, floor: int) -> list[int]:

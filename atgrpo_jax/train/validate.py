@@ -79,11 +79,8 @@ def _check_weights(m, where: str) -> None:
                  f"{where}.init='random' to train from random weights on purpose")
 
 
-def validate(c, *, weights: bool = True) -> Config:
-    """The rules between sections (each section checked its own keys when it was built); a ConfigDict
-    (resolved: no regime shorthand left) is converted first."""
-    if not isinstance(c, Config):
-        c = Config.from_mapping(c)
+def validate(c: Config, *, weights: bool = True) -> Config:
+    """The rules between sections (each section checked its own keys when it was built)."""
     roles = list(c.policy.role_models)
     models = [(c.model, "model")] + [(role_config(c, r).model, f"policy.role_models.{r}") for r in roles]
     for r in c.policy.role_optim:  # each role's optimizer, as it will be built
