@@ -14,7 +14,7 @@ import pytest
 from atgrpo_jax import cli
 from atgrpo_jax.train.config import ConfigError, base_config
 from atgrpo_jax.train.metrics import MetricsWriter, read_metrics
-from atgrpo_jax.train.validate import validate
+from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.wandb_log import RUN_ID_FILE, WandbLogger
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -47,7 +47,7 @@ def test_unknown_loggers_are_one_line(loggers, message):
     c.model.preset = "demo-tiny"
     c.train.loggers = loggers
     with pytest.raises(ConfigError, match=message) as e:
-        validate(c)
+        resolve(c)
     assert "\n" not in str(e.value)
 
 

@@ -12,7 +12,7 @@ from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.train.config import ConfigError, base_config
 from atgrpo_jax.bench.rows import rows_packed
 from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns, with_lr
-from atgrpo_jax.train.validate import validate
+from atgrpo_jax.train.validate import resolve
 
 
 def verl_multiplier(scheduler_steps, warmup, total, floor, waves=0.5):
@@ -91,7 +91,7 @@ def test_bad_new_settings_name_their_key(key, value):
     section, leaf = key.split(".")
     c[section][leaf] = value
     with pytest.raises(ConfigError, match=f"config.{key}:"):
-        validate(c, weights=False)
+        resolve(c, weights=False)
 
 
 @pytest.mark.parametrize("key, value", [("repetition_penalty", 0.0), ("eval_top_p", 1.5),
@@ -101,7 +101,7 @@ def test_bad_per_agent_sampling_names_the_agent(key, value):
     c.model.preset = "demo-tiny"
     c.rollout.agents = {"planner": {key: value}}
     with pytest.raises(ConfigError, match="config.rollout.agents.planner:"):
-        validate(c, weights=False)
+        resolve(c, weights=False)
 
 
 def test_a_resume_that_changes_the_length_of_a_cosine_says_what_the_rate_becomes():
