@@ -31,14 +31,16 @@ def step_dirs(directory: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
 
 
-def fixed_changes(workdir: str, config) -> dict[str, tuple]:
+def changes_from_saved(workdir: str, config) -> dict[str, tuple]:
     """{key: (the run's value, `config`'s)} of the keys in which `config` (resolved) differs from the run's
-    config.json in `workdir` and that a resume may not change (RESUMABLE ones left out); {} without one."""
+    config.json in `workdir`; {} without one."""
     saved = wd.saved_config(workdir)
-    if saved is None:
-        return {}
-    before = resolve(from_saved(saved), weights=False)
-    return {k: v for k, v in changed_keys(before, config).items() if not k.startswith(RESUMABLE)}
+    return {} if saved is None else changed_keys(resolve(from_saved(saved), weights=False), config)
+
+
+def fixed_changes(workdir: str, config) -> dict[str, tuple]:
+    """`changes_from_saved` of the keys a resume may not change (RESUMABLE ones left out)."""
+    return {k: v for k, v in changes_from_saved(workdir, config).items() if not k.startswith(RESUMABLE)}
 
 
 def restore_given(ckpt: checkpoint.Checkpointer, step: int | None, target, how: str, config=None,

@@ -12,16 +12,15 @@ from atgrpo_jax import workdir as wd
 from atgrpo_jax.distributed import init_distributed
 from atgrpo_jax.errors import ConfigError
 from atgrpo_jax.train import checkpoint, guard, setup, wandb_log
-from atgrpo_jax.train.config import RESUMABLE, changed_keys, flat, from_saved
+from atgrpo_jax.train.config import RESUMABLE, flat
 from atgrpo_jax.train.heldout import evaluation_splits
 from atgrpo_jax.train.init_from import source_checkpoint
 from atgrpo_jax.train.lock import WorkdirLock
 from atgrpo_jax.train.metrics import MetricsWriter
 from atgrpo_jax.train.progress import ProgressBar, say
-from atgrpo_jax.train.resume import restore_or_start
+from atgrpo_jax.train.resume import changes_from_saved, restore_or_start
 from atgrpo_jax.train.step import set_policy_states
 from atgrpo_jax.train.update import lr_factor
-from atgrpo_jax.train.validate import resolve
 
 
 def check_before_writing(config, workdir: str) -> None:
@@ -52,10 +51,7 @@ def held(workdir: str):
 def check_resume(config, workdir: str, allow_config_change: bool, resumable: tuple = RESUMABLE) -> dict:
     """{key: (the run's value, now)} of the keys in which `config` (resolved) differs from the run's
     config.json; an error if any of them may not change on a resume (not under `resumable`)."""
-    saved = wd.saved_config(workdir)
-    if saved is None:
-        return {}
-    changed = changed_keys(resolve(from_saved(saved), weights=False), config)
+    changed = changes_from_saved(workdir, config)
     fixed = {k: v for k, v in changed.items() if not k.startswith(resumable)}
     if fixed and not allow_config_change:
         shown = "; ".join(f"config.{k}: {a!r} in the run, {b!r} now" for k, (a, b) in fixed.items())
