@@ -45,7 +45,7 @@ def test_the_recipe_settles_every_switch_left_at_none_and_keeps_the_ones_set():
 @pytest.mark.parametrize("changes,message", [
     ({"recipe": "referense"}, "config.recipe: unknown 'referense' (did you mean 'reference'?)"),
     ({"reference.lr_schedule": "yes"}, "config.reference.lr_schedule: must be True, False or None"),
-    ({"recipe": "reference", "system.staleness": 1}, "config.system.staleness: 1 takes the importance ratio"),
+    ({"recipe": "reference", "system.staleness": 1}, "config.system.staleness: N >= 1 takes the importance ratio"),
 ])
 def test_bad_recipe_settings_are_named(changes, message):
     c = small()

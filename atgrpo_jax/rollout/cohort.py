@@ -51,6 +51,7 @@ class Record:
     parsed_as: np.ndarray  # [B, K] object
     mask: np.ndarray  # [B, K]
     best: np.ndarray  # [B]
+    version: int = -1  # the optimizer step of the weights that sampled it (-1: not known)
 
 
 @dataclasses.dataclass
@@ -89,6 +90,9 @@ class Stages:
     alpha: float
     key: jax.Array
     streams: np.ndarray  # the random stream of each of the step's tasks
+    # per agent: the optimizer step of the weights its policy samples with (recorded with each stage;
+    # empty: not known). A rollout run in parts (InFlight) changes it between parts.
+    versions: tuple[int, ...] = ()
 
     def start(self, task_ids: np.ndarray, split: str, rows: np.ndarray) -> Cohort:
         return Cohort(rows, self.workflow.reset(task_ids[rows], split), np.zeros(len(rows), np.int32))
@@ -123,7 +127,7 @@ class Stages:
         c.state = _where_live(live, take_branch(step.state, best), c.state)
         parsed_as = step.parsed_as if step.parsed_as is not None else np.full((b, k), "", object)
         c.records.append(Record(req.turn, req.agent, *right_padded(req.prompts), out, reward, local, team,
-                                parsed_as, mask, best))
+                                parsed_as, mask, best, self.versions[req.agent] if self.versions else -1))
         c.agent += 1
         if c.agent == len(self.workflow.agents):
             c.turn, c.agent = c.turn + 1, 0
@@ -228,5 +232,5 @@ def combine(cohorts: list[Cohort], n: int, k: int) -> list[Record]:
                 arrays[name][rows] = getattr(r, name)
             parsed_as[rows], mask[rows], best[rows] = r.parsed_as, r.mask, r.best
         out.append(Record(turn, agent, prompt, plen, SampleOut(tokens, lengths, logps, texts), arrays["reward"],
-                          arrays["local"], arrays["team"], parsed_as, mask, best))
+                          arrays["local"], arrays["team"], parsed_as, mask, best, parts[0][1].version))
     return out

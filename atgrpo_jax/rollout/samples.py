@@ -66,13 +66,16 @@ class Samples:
     text: np.ndarray  # [G, K] object: the decoded responses
     parsed_as: np.ndarray  # [G, K] object: what the environment read from each response (or why nothing)
     selected: np.ndarray  # [G] the branch the episode continued from (-1: none, plain GRPO)
+    # [G, K] int: the optimizer step of the weights that sampled each sample (-1: not known). With
+    # system.staleness >= 2 one episode's turns may come from different weights (a partial rollout).
+    version: np.ndarray
 
     @classmethod
     def empty(cls, k: int) -> "Samples":
         z = lambda *shape, dtype=np.int32: np.zeros(shape, dtype)
         f = lambda: z(0, k, dtype=np.float32)
         return cls(z(0, 0), z(0), z(0, k), z(0, k, 0), z(0, k), z(0, k, 0, dtype=np.float32), f(), f(), f(),
-                   z(0, k, dtype=bool), z(0), z(0), z(0, k), z(0), z(0, k, dtype=object), z(0, k, dtype=object), z(0))
+                   z(0, k, dtype=bool), z(0), z(0), z(0, k), z(0), z(0, k, dtype=object), z(0, k, dtype=object), z(0), z(0, k))
 
     @property
     def num_groups(self) -> int:
@@ -131,4 +134,4 @@ def concat(parts: Sequence[Samples]) -> Samples:
     return Samples(cat("prompt", p), cat("prompt_len"), prompt_of, cat("response", r), cat("response_len"),
                    cat("sampler_logp", r), cat("reward"), cat("local_reward"), cat("team_reward"), cat("mask"),
                    cat("task"), cat("agent"), cat("sample_agent"), cat("turn"), cat("text"), cat("parsed_as"),
-                   cat("selected"))
+                   cat("selected"), cat("version"))

@@ -115,9 +115,11 @@ class SystemSettings(Section):
                        check=positive, resumable=True)
     host_workers: int = key(4, "async: threads for environment steps (sandbox runs, grading, parsing)",
                             check=positive, resumable=True)
-    staleness: int = key(0, "1: step n+1's rollout runs on the weights from before step n's update while it runs "
-                         "(the importance ratio is then taken against the sampler's log-probs); 0: exactly on-policy",
-                         choices=(0, 1))
+    staleness: int = key(0, "N >= 1: the rollouts of the next N steps are made while a step's update runs, with the "
+                         "weights from before it; each rollout in N parts by turns, so an episode's later turns sample "
+                         "with newer weights (partial rollouts, Samples.version records which) and the oldest are N "
+                         "updates behind; the importance ratio is then taken against the sampler's log-probs. "
+                         "0: exactly on-policy", check=non_negative)
     trace_every: int = key(0, "write trace/step_N.json (Chrome/Perfetto timeline) every this many steps",
                            check=non_negative, resumable=True)
     stage_timeout_s: float = key(1800.0, "stop the run when one stage (a sampling call, an environment step) runs "

@@ -50,35 +50,54 @@ class PoolGroups:
     samples: Samples
 
 
-def _run(stages: Stages, sample_fn: SampleFn, task_ids, split: str, schedule: Schedule | None = None,
-         groups_of: Callable | None = None):
-    """The loop both modes share: (one record per stage over all tasks, success [B], turns [B]).
-    groups_of(records): the Samples of a pool's records, put on schedule.finished as soon as they are
-    complete (asynchronous runs)."""
-    schedule = schedule or Schedule()
-    task_ids = np.asarray(task_ids)
-    workflow, k = stages.workflow, stages.k
-    cohorts = [stages.start(task_ids, split, rows) for rows in split_cohorts(len(task_ids), schedule.cohorts)]
-    if schedule.asynchronous:
-        pools = schedule.pool_of_agent or (0,) * len(workflow.agents)
+class InFlight:
+    """A rollout under way: its cohorts, advanced turn by turn (`advance`), then `result`. A rollout
+    made in one go advances once, to its last turn; with system.staleness >= 2 it advances in parts,
+    each under the weights current then (a partial rollout: an episode's later turns sample with newer
+    weights, and every stage records the version it sampled with: Samples.version)."""
 
-        for done in run_async(stages, cohorts, sample_fn, dataclasses.replace(schedule, pool_of_agent=pools)):
-            if schedule.finished is not None and groups_of is not None:
-                agents = {a for a, q in enumerate(pools) if int(q) == done.pool}
-                mine = [dataclasses.replace(c, records=[r for r in list(c.records) if r.agent in agents])
-                        for c in cohorts]
-                schedule.finished.put(PoolGroups(done.pool, groups_of(combine(mine, len(task_ids), k))))
-    else:
+    def __init__(self, stages: Stages, sample_fn: SampleFn, task_ids, split: str, schedule: Schedule | None,
+                 post: Callable, groups_of: Callable | None = None):
+        self.stages, self.sample_fn, self.schedule = stages, sample_fn, schedule or Schedule()
+        self.task_ids, self.post, self.groups_of = np.asarray(task_ids), post, groups_of
+        self.cohorts = [stages.start(self.task_ids, split, rows)
+                        for rows in split_cohorts(len(self.task_ids), self.schedule.cohorts)]
+
+    def advance(self, end: int | None = None, versions: tuple[int, ...] = ()) -> None:
+        """Every stage of the turns before `end` (None: all) not yet run, recording `versions` (per agent:
+        the optimizer step of the weights its policy samples with now). groups_of(records): the Samples
+        of a pool's records, put on schedule.finished as soon as they are complete (asynchronous runs)."""
+        stages = dataclasses.replace(self.stages, versions=versions or self.stages.versions,
+                                     max_turns=self.stages.max_turns if end is None else min(end, self.stages.max_turns))
+        schedule, cohorts, n = self.schedule, self.cohorts, len(self.task_ids)
+        if schedule.asynchronous:
+            pools = schedule.pool_of_agent or (0,) * len(stages.workflow.agents)
+            for done in run_async(stages, cohorts, self.sample_fn, dataclasses.replace(schedule, pool_of_agent=pools)):
+                if schedule.finished is not None and self.groups_of is not None:
+                    agents = {a for a, q in enumerate(pools) if int(q) == done.pool}
+                    mine = [dataclasses.replace(c, records=[r for r in list(c.records) if r.agent in agents])
+                            for c in cohorts]
+                    schedule.finished.put(PoolGroups(done.pool, self.groups_of(combine(mine, n, stages.k))))
+            return
         names = schedule.pool_names
         label = (lambda agent: f"pool {names[schedule.pool_of_agent[agent]]}") if names else None  # noqa: E731
         running = Running()  # a hung stage is named after system.stage_timeout_s, as the dispatcher's are
         for i, c in enumerate(cohorts):
-            run_watched(lambda: run_sync(stages, c, sample_fn, schedule.tracer, label, running, i), running,
+            run_watched(lambda: run_sync(stages, c, self.sample_fn, schedule.tracer, label, running, i), running,
                         schedule.stage_timeout_s)
-    success, turns = np.zeros(len(task_ids), bool), np.zeros(len(task_ids), np.int32)
-    for c in cohorts:
-        success[c.rows], turns[c.rows] = np.asarray(workflow.success(c.state)), c.turns
-    return combine(cohorts, len(task_ids), k), success, turns
+
+    def result(self):
+        """The finished rollout (what its strategy returns: samples and episodes)."""
+        workflow, n = self.stages.workflow, len(self.task_ids)
+        success, turns = np.zeros(n, bool), np.zeros(n, np.int32)
+        for c in self.cohorts:
+            success[c.rows], turns[c.rows] = np.asarray(workflow.success(c.state)), c.turns
+        return self.post(combine(self.cohorts, n, self.stages.k), success, turns)
+
+    def run(self):
+        """Every stage, then the result: the rollout made in one go."""
+        self.advance()
+        return self.result()
 
 
 def _record_samples(r: Record, k: int, streams: np.ndarray) -> Samples:
@@ -92,7 +111,7 @@ def _record_samples(r: Record, k: int, streams: np.ndarray) -> Samples:
         team_reward=r.team, mask=r.mask, task=np.asarray(streams), agent=np.full(b, r.agent),
         sample_agent=np.full((b, k), r.agent), turn=np.full(b, r.turn),
         text=obj_array(r.out.texts).reshape(b, k), parsed_as=r.parsed_as,
-        selected=np.where(r.mask[:, 0], r.best, -1))
+        selected=np.where(r.mask[:, 0], r.best, -1), version=np.full((b, k), r.version))
 
 
 def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
@@ -102,15 +121,26 @@ def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task
 
     Samples.task is a task's position in the step's task list: `first_task` + i
     for task_ids[i] (a process rolling out a slice passes where it starts)."""
+    return begin_tree(workflow, sample_fn, encode, task_ids, split, k=k, max_turns=max_turns, alpha=alpha, key=key,
+                      first_task=first_task, schedule=schedule).run()
+
+
+def begin_tree(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int], split: str, *,
+               k: int, max_turns: int, alpha: float, key: jax.Array, first_task: int = 0,
+               schedule: Schedule | None = None) -> InFlight:
+    """`tree_rollout`, not yet run (InFlight.run, or advance in parts, then result)."""
     streams = first_task + np.arange(len(task_ids))
     as_samples = lambda records: concat([_record_samples(r, k, streams) for r in records]) \
         if records else Samples.empty(k)  # noqa: E731
     # (a pool's early samples in the order merge_rollouts gives the whole step's)
     stages = Stages(workflow, encode, k, max_turns, alpha, key, streams)  # streams: see cohort.prompt_keys
-    records, success, turns = _run(stages, sample_fn, task_ids, split, schedule,
-                                   lambda records: canonical(as_samples(records)))
-    samples = as_samples(records)
-    return samples, Episodes(success, turns, _agent_reward(samples, len(workflow.agents)), success[:, None], samples)
+
+    def post(records, success, turns):
+        samples = as_samples(records)
+        return samples, Episodes(success, turns, _agent_reward(samples, len(workflow.agents)), success[:, None],
+                                 samples)
+
+    return InFlight(stages, sample_fn, task_ids, split, schedule, post, lambda records: canonical(as_samples(records)))
 
 
 def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
@@ -120,45 +150,54 @@ def plain_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, tas
     system's): one group per task, every agent's sample at the task's maximum turn (the last turn
     any of its K episodes reached; an episode that ended earlier has none), K * agents wide;
     "task_agent": one group per (task, agent) with the last sample of each of the K episodes."""
+    return begin_plain(workflow, sample_fn, encode, task_ids, split, k=k, max_turns=max_turns, alpha=alpha, key=key,
+                       first_task=first_task, grouping=grouping, schedule=schedule).run()
+
+
+def begin_plain(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int], split: str, *,
+                k: int, max_turns: int, alpha: float, key: jax.Array, first_task: int = 0, grouping: str = "task",
+                schedule: Schedule | None = None) -> InFlight:
+    """`plain_rollout`, not yet run (InFlight.run, or advance in parts, then result)."""
     if grouping not in PLAIN_GROUPINGS:
         raise ValueError(f"grouping must be one of {PLAIN_GROUPINGS}, got {grouping!r}")
     b, num_agents = len(task_ids), len(workflow.agents)
     episode_tasks = np.repeat(np.asarray(task_ids), k)  # episode e = task e // k, branch e % k
     streams = first_task * k + np.arange(b * k)
     stages = Stages(workflow, encode, 1, max_turns, alpha, key, streams)
-    records, success, turns = _run(stages, sample_fn, episode_tasks, split, schedule)
-    one = concat([_record_samples(r, 1, streams) for r in records]) if records else None  # [R * B*K] of 1
-    samples = Samples.empty(k if grouping == "task_agent" else k * num_agents)
-    if records:
-        n = b * k
-        live = one.mask[:, 0].reshape(len(records), n)  # [R, B*K]: episode e took part in record r
-        rec_agent = np.array([r.agent for r in records])
-        rec_turn = np.array([r.turn for r in records])
-        tasks = first_task + np.arange(b)
-        if grouping == "task_agent":
-            parts = []
-            for a in np.unique(rec_agent):
-                mine = np.flatnonzero(rec_agent == a)
-                last = mine[len(mine) - 1 - np.argmax(live[mine][::-1], axis=0)]  # [B*K] its last record
-                has = live[mine].any(0)
-                parts.append(_gather(one, (last * n + np.arange(n)).reshape(b, k), has.reshape(b, k),
-                                     task=tasks, agent=np.full(b, a), turn=np.full(b, -1)))
-            samples = concat(parts)
-        else:
-            last_turn = np.max(np.where(live, rec_turn[:, None], -1), axis=0)  # [B*K]
-            top = last_turn.reshape(b, k).max(1)  # each task's maximum turn
-            at = {(t, a): i for i, (t, a) in enumerate(zip(rec_turn, rec_agent))}
-            cols = [(j, a) for j in range(k) for a in range(num_agents)]  # column j * A + a: episode j, agent a
-            rec = np.array([[at.get((top[i], a), -1) for _, a in cols] for i in range(b)])
-            ep = np.arange(b)[:, None] * k + np.array([j for j, _ in cols])[None]
-            has = (rec >= 0) & live[np.maximum(rec, 0), ep]
-            rec = np.maximum(rec, 0)
-            samples = _gather(one, rec * n + ep, has, task=tasks, agent=np.full(b, -1), turn=top)
-    success = success.reshape(b, k)
-    return samples, Episodes(success.mean(1), turns.reshape(b, k).mean(1), _agent_reward(samples, num_agents),
-                             success, one)
 
+    def post(records, success, turns):
+        one = concat([_record_samples(r, 1, streams) for r in records]) if records else None  # [R * B*K] of 1
+        samples = Samples.empty(k if grouping == "task_agent" else k * num_agents)
+        if records:
+            n = b * k
+            live = one.mask[:, 0].reshape(len(records), n)  # [R, B*K]: episode e took part in record r
+            rec_agent = np.array([r.agent for r in records])
+            rec_turn = np.array([r.turn for r in records])
+            tasks = first_task + np.arange(b)
+            if grouping == "task_agent":
+                parts = []
+                for a in np.unique(rec_agent):
+                    mine = np.flatnonzero(rec_agent == a)
+                    last = mine[len(mine) - 1 - np.argmax(live[mine][::-1], axis=0)]  # [B*K] its last record
+                    has = live[mine].any(0)
+                    parts.append(_gather(one, (last * n + np.arange(n)).reshape(b, k), has.reshape(b, k),
+                                         task=tasks, agent=np.full(b, a), turn=np.full(b, -1)))
+                samples = concat(parts)
+            else:
+                last_turn = np.max(np.where(live, rec_turn[:, None], -1), axis=0)  # [B*K]
+                top = last_turn.reshape(b, k).max(1)  # each task's maximum turn
+                at = {(t, a): i for i, (t, a) in enumerate(zip(rec_turn, rec_agent))}
+                cols = [(j, a) for j in range(k) for a in range(num_agents)]  # column j * A + a: episode j, agent a
+                rec = np.array([[at.get((top[i], a), -1) for _, a in cols] for i in range(b)])
+                ep = np.arange(b)[:, None] * k + np.array([j for j, _ in cols])[None]
+                has = (rec >= 0) & live[np.maximum(rec, 0), ep]
+                rec = np.maximum(rec, 0)
+                samples = _gather(one, rec * n + ep, has, task=tasks, agent=np.full(b, -1), turn=top)
+        success = success.reshape(b, k)
+        return samples, Episodes(success.mean(1), turns.reshape(b, k).mean(1), _agent_reward(samples, num_agents),
+                                 success, one)
 
+    return InFlight(stages, sample_fn, episode_tasks, split, schedule, post)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +214,10 @@ class TreeRollout:
                  split: str, **kw):
         return tree_rollout(workflow, sample_fn, encode, task_ids, split, k=self.k, **kw)
 
+    def begin(self, workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int], split: str,
+              **kw) -> InFlight:
+        return begin_tree(workflow, sample_fn, encode, task_ids, split, k=self.k, **kw)
+
 
 @dataclasses.dataclass(frozen=True)
 class PlainRollout:
@@ -190,6 +233,10 @@ class PlainRollout:
                  split: str, **kw):
         return plain_rollout(workflow, sample_fn, encode, task_ids, split, k=self.k, grouping=self.grouping, **kw)
 
+    def begin(self, workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int], split: str,
+              **kw) -> InFlight:
+        return begin_plain(workflow, sample_fn, encode, task_ids, split, k=self.k, grouping=self.grouping, **kw)
+
 
 def _gather(one: Samples, idx: np.ndarray, has: np.ndarray, **group) -> Samples:
     """Groups [G, W] made of `one`'s one-sample groups idx[g, w] (samples where `has`)."""
@@ -202,7 +249,7 @@ def _gather(one: Samples, idx: np.ndarray, has: np.ndarray, **group) -> Samples:
                    response_len=zero(flat.response_len), sampler_logp=shaped(flat.sampler_logp),
                    reward=zero(flat.reward), local_reward=zero(flat.local_reward), team_reward=zero(flat.team_reward),
                    mask=has, sample_agent=shaped(flat.sample_agent), text=shaped(flat.text),
-                   parsed_as=shaped(flat.parsed_as), selected=np.full(g, -1), **group)
+                   parsed_as=shaped(flat.parsed_as), selected=np.full(g, -1), version=shaped(flat.version), **group)
 
 
 def _agent_reward(samples: Samples, num_agents: int) -> np.ndarray:

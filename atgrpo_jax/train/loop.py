@@ -61,11 +61,12 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
     last: dict = {}
     step = start
     health = guard.Health([p.name for p in run.policies], t.max_skipped_updates)
-    prefetch = Prefetch(run, t.steps) if config.system.staleness else None  # the next rollout during an update
+    # the next rollouts, made during an update
+    prefetch = Prefetch(run, t.steps, config.system.staleness) if config.system.staleness else None
     if prefetch is not None and o.states is not None:
         prefetch.restore(ckpt, start, o.meta)
 
-    def contents(step):  # with staleness, the weights that sample step + 1: a resume redoes that rollout exactly
+    def contents(step):  # with staleness, the weights the rollouts in flight sampled with: a resume redoes them
         extra, behind = prefetch.checkpoint_extra() if prefetch is not None else (None, {})
         return policy_states(run), {"step": step, **behind}, extra
 

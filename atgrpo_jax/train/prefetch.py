@@ -1,72 +1,132 @@
-"""system.staleness = 1: step s + 1's rollout is made while step s's update runs, with the weights
-from before that update. Everything about it lives here: which weights sample, the rollout made
-ahead, what a checkpoint keeps so that a resume makes the same rollout again.
+"""system.staleness = N >= 1: the rollouts of the next N steps are made while a step's update runs,
+with the weights from before that update. Everything about it lives here: which weights sample which
+part of which rollout, the rollouts in flight, what a checkpoint keeps so that a resume makes them again.
 
-In a step: `take(s)` (the rollout made ahead for s, if any), `start(s + 1)` (keep the weights as
-they are, before the update replaces them), then, once the update is dispatched, `make(tracer)`.
+Rollout r's turns are cut into N parts (part j: turns [j*T//N, (j+1)*T//N)); part j runs during the
+update of step r - N + j (or the first update after that, if the run began or resumed later), with the
+weights from before that update. So rollout r's first turns sample with weights N updates behind
+those its own update starts from, its last turns with weights one update behind: a partial rollout,
+whose episodes continue under newer weights, each stage recording the optimizer step of the weights
+that sampled it (Samples.version). Each update works on as much rollout as a synchronous step's; its
+importance ratio is taken against the sampler's log-probs (the behaviour policy). N = 1 is a whole
+rollout made during the previous step's update.
+
+In a step: `take(s)` (the rollout finished ahead for s, if any), `start(s)` once the step is sure to
+update (keep the weights as they are, before the update replaces them), then, once the update is
+dispatched, `make(tracer)`.
 """
 from __future__ import annotations
 
 import contextlib
+import time
 
 from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train.policies import Snapshot
-from atgrpo_jax.train.step import Rollout, rollout_step
+from atgrpo_jax.train.step import Rollout, begin_step_rollout, end_rollout, sampling_versions
 
 
 class Prefetch:
-    def __init__(self, run, last_step: int):
-        self.run, self.last_step = run, last_step
-        # {policy name: Snapshot} that sample (or sampled) the rollout of step `_step`; a checkpoint keeps them
-        self.held: dict[str, Snapshot] = {}
-        self._step: int | None = None
-        self._ahead: Rollout | None = None
+    def __init__(self, run, last_step: int, staleness: int = 1):
+        self.run, self.last_step, self.n = run, last_step, staleness
+        turns = run.config.rollout.max_turns
+        self.ends = [(j + 1) * turns // staleness for j in range(staleness)]  # part j: turns before ends[j]
+        # {step s: {policy name: Snapshot}}: the weights from before step s's update, while a rollout in
+        # flight has a part made with them (a checkpoint keeps them)
+        self.held: dict[int, dict[str, Snapshot]] = {}
+        # {rollout step r: (its InFlight, [the step during whose update each part done so far ran], seconds)}
+        self.flight: dict[int, list] = {}
+        self._step: int | None = None  # the step whose update the next `make` runs beside
 
     def covers(self, step: int) -> bool:
         """Whether step `step`'s rollout is made ahead (not for the first step, nor after the last)."""
         return step <= self.last_step
 
     def take(self, step: int) -> Rollout | None:
-        """The rollout made ahead for `step` (None: none was, the step samples with its own weights)."""
-        ahead, self._ahead = self._ahead, None
-        return ahead if ahead is not None and ahead.step == step else None
+        """The rollout finished ahead for `step` (None: none was, the step samples with its own weights).
+        It stays in flight (a checkpoint of the step before keeps it) until `start(step)`."""
+        entry = self.flight.get(step)
+        if entry is None or len(entry[1]) < self.n:
+            return None
+        inflight, _, seconds = entry
+        t0 = time.perf_counter()
+        samples, episodes = end_rollout(self.run, inflight)
+        return Rollout(step, samples, episodes, seconds + time.perf_counter() - t0, stale=True)
 
     def start(self, step: int) -> None:
-        """Keep every policy's current weights for step `step`'s rollout (before the update that
-        replaces them is dispatched); past the last step, keep nothing."""
-        self._step = step if self.covers(step) else None
-        self.held = {p.name: p.snapshot() for p in self.run.policies} if self._step is not None else {}
+        """Step `step` goes ahead with its update: its own rollout leaves the flight, and every policy's
+        current weights are kept, those from before the update, which the parts made during it sample
+        with (past the last step nothing is made: nothing is kept)."""
+        self.flight.pop(step, None)
+        self._step = step if self.covers(step + 1) else None
+        self._prune()
+        if self._step is not None:
+            self.held[step] = {p.name: p.snapshot() for p in self.run.policies}
 
     def make(self, tracer: Tracer | None = None) -> None:
-        """Make the started rollout with the kept weights (while the update runs on the devices)."""
-        if self._step is not None:
-            self._ahead = self._sample(self._step, tracer)
+        """Run every part due by now of the rollouts of the next N steps, with the kept weights (while
+        the update runs on the devices)."""
+        s = self._step
+        if s is None:
+            return
+        for r in range(s + 1, min(s + self.n, self.last_step) + 1):
+            while (done := self.parts_done(r)) < self.n and r - self.n + done <= s:
+                self._part(r, s, tracer)
+        self._prune()
 
-    def _sample(self, step: int, tracer: Tracer | None) -> Rollout:
-        with contextlib.ExitStack() as stack:
-            for p in self.run.policies:
-                stack.enter_context(p.sampling_with(self.held[p.name]))
-            return rollout_step(self.run, step, tracer, sampled_at=tuple(self.held[p.name].step
-                                                                         for p in self.run.policies))
+    def parts_done(self, r: int) -> int:
+        return len(self.flight[r][1]) if r in self.flight else 0
+
+    def _part(self, r: int, during: int, tracer: Tracer | None) -> None:
+        """Rollout r's next part, with the weights kept from before step `during`'s update."""
+        t0 = time.perf_counter()
+        if r not in self.flight:
+            self.flight[r] = [begin_step_rollout(self.run, r, tracer), [], 0.0]
+        entry = self.flight[r]
+        held = self.held[during]
+        j = len(entry[1])
+        if j == 0 or self.ends[j] > self.ends[j - 1]:  # (more parts than turns: some are empty)
+            with contextlib.ExitStack() as stack:
+                for p in self.run.policies:
+                    stack.enter_context(p.sampling_with(held[p.name]))
+                entry[0].advance(self.ends[j], sampling_versions(self.run, held))
+        entry[1].append(during)
+        entry[2] += time.perf_counter() - t0
+
+    def _prune(self) -> None:
+        """Let go of kept weights no rollout in flight was made with."""
+        used = {s for _, parts, _ in self.flight.values() for s in parts} | ({self._step} - {None})
+        for s in set(self.held) - used:
+            del self.held[s]
 
     def checkpoint_extra(self) -> tuple[dict | None, dict]:
-        """(params, meta) a checkpoint keeps so that a resume makes the rollout ahead again: the kept
-        weights and their optimizer steps; (None, {}) when no rollout is made ahead."""
-        if not self.held:
+        """(params, meta) a checkpoint keeps so that a resume makes the rollouts in flight again: the kept
+        weights, their optimizer steps and which part ran with which; (None, {}) when nothing is ahead."""
+        if not self.flight:
             return None, {}
-        return ({name: s.params for name, s in self.held.items()},
-                {"behavior_steps": {name: s.step for name, s in self.held.items()}})
+        params = {f"{name}@{s}": snap.params for s, snaps in self.held.items() for name, snap in snaps.items()}
+        steps = {f"{name}@{s}": snap.step for s, snaps in self.held.items() for name, snap in snaps.items()}
+        parts = {str(r): list(entry[1]) for r, entry in self.flight.items()}
+        return params, {"ahead": {"parts": parts, "steps": steps}}
 
     def restore(self, ckpt, start: int, meta: dict) -> None:
-        """On resume at `start`: step start + 1's rollout ran on the weights from before step start's
-        update; the checkpoint keeps them, so the same rollout is made again and the resumed run equals
-        an uninterrupted one. Without them (saved at a run's last step) step start + 1 samples on-policy."""
+        """On resume at `start`: the rollouts in flight then were made (in part) with weights the
+        checkpoint keeps, so the same parts are made again and the resumed run equals an uninterrupted
+        one. Without them (saved at a run's last step, or by a run of another staleness) step start + 1
+        samples on-policy."""
         if not self.covers(start + 1):
             return
-        saved = ckpt.restore_extra(start, {p.name: p.state.params for p in self.run.policies})
-        steps = meta.get("behavior_steps") or {}
-        if saved is None or set(saved) != set(steps):
+        ahead = meta.get("ahead")
+        if not ahead:
             return
-        self.held = {name: Snapshot(params, int(steps[name])) for name, params in saved.items()}
-        self._step = start + 1
-        self.make(Tracer())
+        by_name = {p.name: p for p in self.run.policies}
+        template = {key: by_name[key.split("@")[0]].state.params for key in ahead["steps"]}  # "name@step"
+        saved = ckpt.restore_extra(start, template)
+        if saved is None or set(saved) != set(template):
+            return
+        for key, params in saved.items():
+            name, s = key.split("@")
+            self.held.setdefault(int(s), {})[name] = Snapshot(params, int(ahead["steps"][key]))
+        self._step = None
+        for r, parts in sorted((int(r), parts) for r, parts in ahead["parts"].items()):
+            for during in parts:
+                self._part(r, during, Tracer())

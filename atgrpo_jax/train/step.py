@@ -22,7 +22,7 @@ from atgrpo_jax.algo.loss import is_weights
 from atgrpo_jax.distributed import gather_objects, global_array, task_slice, to_host
 from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE
 from atgrpo_jax.rollout.router import make_sample_fn
-from atgrpo_jax.rollout.tree import PlainRollout, Schedule, TreeRollout, merge_rollouts
+from atgrpo_jax.rollout.tree import InFlight, PlainRollout, Schedule, TreeRollout, merge_rollouts
 from atgrpo_jax.sharding import batch_shards
 from atgrpo_jax.train.batch import Minibatch, PolicyBatch, length_bucket, pack
 from atgrpo_jax.train.groups import Groups, batch_of, group_policies, score_groups, step_rewards
@@ -32,8 +32,9 @@ from atgrpo_jax.trace import Tracer
 
 
 
-__all__ = ["TRAIN_TASK_STRIDE", "finish_update", "packed_minibatches", "policy_states", "rollout", "rollout_step",
-           "sample_fn_for", "set_policy_states", "start_update", "train_step"]
+__all__ = ["TRAIN_TASK_STRIDE", "begin_step_rollout", "end_rollout", "finish_update", "packed_minibatches",
+           "policy_states", "rollout", "rollout_step", "sample_fn_for", "sampling_versions", "set_policy_states",
+           "start_update", "train_step"]
 
 def sample_fn_for(run: Run, temperature: float | None, max_prompts: int, evaluation: bool = False):
     """The rollout's sample function: each agent's sampling settings in training (or `evaluation`),
@@ -54,18 +55,38 @@ def schedule_for(run: Run, tracer: Tracer | None, finished: queue.Queue | None =
                     finished=finished)
 
 
-def rollout(run: Run, strategy, task_ids: np.ndarray, split: str, temperature: float | None, key, tracer=None,
-            evaluation: bool = False, finished: queue.Queue | None = None):
+def begin_rollout(run: Run, strategy, task_ids: np.ndarray, split: str, temperature: float | None, key,
+                  tracer=None, evaluation: bool = False, finished: queue.Queue | None = None) -> InFlight:
     """`strategy` (rollout.tree.TreeRollout or PlainRollout) over this process's slice of task_ids, with
-    the agents' training (or `evaluation`) sampling, then the slices of all processes merged (every
-    process gets the whole step). finished: where each policy's complete groups go early (`early_updates`)."""
+    the agents' training (or `evaluation`) sampling, not yet run (`end_rollout` after it has advanced).
+    finished: where each policy's complete groups go early (`early_updates`)."""
     mine = task_slice(len(task_ids))
     r = run.config.rollout
-    part = strategy(run.workflow, sample_fn_for(run, temperature, strategy.prompts(mine.stop - mine.start),
-                                                evaluation),
-                    run.encode, task_ids[mine], split, max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key,
-                    first_task=mine.start, schedule=schedule_for(run, tracer, finished))
-    return merge_rollouts(gather_objects(part), len(run.workflow.agents))
+    return strategy.begin(run.workflow, sample_fn_for(run, temperature, strategy.prompts(mine.stop - mine.start),
+                                                      evaluation),
+                          run.encode, task_ids[mine], split, max_turns=r.max_turns, alpha=run.config.algo.alpha,
+                          key=key, first_task=mine.start, schedule=schedule_for(run, tracer, finished))
+
+
+def end_rollout(run: Run, inflight: InFlight):
+    """(samples, episodes) of a finished rollout, the slices of all processes merged (every process gets
+    the whole step)."""
+    return merge_rollouts(gather_objects(inflight.result()), len(run.workflow.agents))
+
+
+def sampling_versions(run: Run, held: dict | None = None) -> tuple[int, ...]:
+    """Per agent: the optimizer step of the weights its policy samples with (`held`: {policy name:
+    train.policies.Snapshot} that sample instead of the current weights)."""
+    steps = [held[p.name].step if held else int(p.state.step) for p in run.policies]
+    return tuple(steps[int(p)] for p in run.policy_of_agent)
+
+
+def rollout(run: Run, strategy, task_ids: np.ndarray, split: str, temperature: float | None, key, tracer=None,
+            evaluation: bool = False, finished: queue.Queue | None = None):
+    """`begin_rollout`, run in one go with the current weights, then `end_rollout`."""
+    inflight = begin_rollout(run, strategy, task_ids, split, temperature, key, tracer, evaluation, finished)
+    inflight.advance(versions=() if evaluation else sampling_versions(run))
+    return end_rollout(run, inflight)
 
 
 def packed_minibatches(run: Run, policy, batch: PolicyBatch) -> list[Minibatch]:
@@ -89,11 +110,14 @@ class PendingUpdate:
     tokens: int  # response tokens trained on (per epoch)
 
 
-def start_update(run: Run, policy, batch: PolicyBatch, behavior_logprobs: bool = False) -> PendingUpdate:
+def start_update(run: Run, policy, batch: PolicyBatch, behavior_logprobs: bool = False,
+                 paced: bool = False) -> PendingUpdate:
     """Old log-probs, then epochs x mini-batches of clipped updates, all dispatched to the policy's
     devices without waiting (so the updates of policies on other devices run at the same time).
     behavior_logprobs: the importance ratio is taken against the sampler's log-probs (a rollout
-    made with older weights, system.staleness = 1) instead of recomputed ones."""
+    made with older weights, system.staleness >= 1) instead of recomputed ones. paced: each
+    mini-batch is dispatched once the one before has run, so that sampling calls dispatched
+    meanwhile (the rollouts made beside the update) run between them, not after all of them."""
     o = run.config.optim
     # Each mini-batch is packed (a group's prompt once) and placed on the policy's mesh
     # once (every process holds the same batch); old and reference log-probs stay there.
@@ -113,6 +137,8 @@ def start_update(run: Run, policy, batch: PolicyBatch, behavior_logprobs: bool =
     for _ in range(o.epochs):
         for mb, old_mb, ref_mb, is_mb in zip(placed, old, ref_logp, weights):
             metrics.append(policy.update(mb._replace(old_logp=old_mb, ref_logp=ref_mb, is_weight=is_mb)))
+            if paced:
+                jax.block_until_ready(metrics[-1])
     return PendingUpdate(policy, metrics, recomputed, packed, batch.num_samples, int(batch.lengths()[1].sum()))
 
 
@@ -159,28 +185,32 @@ class Rollout:
     samples: Any
     episodes: Any
     seconds: float
-    # system.staleness: sampled with the weights from before the previous step's update, at these
-    # optimizer steps (one per policy); None: with the step's own weights
-    sampled_at: tuple[int, ...] | None = None
-
-    @property
-    def stale(self) -> bool:
-        return self.sampled_at is not None
+    # system.staleness: made (in part) with weights from before earlier updates (Samples.version says
+    # which); the importance ratio is then taken against the sampler's log-probs
+    stale: bool = False
 
 
-def rollout_step(run: Run, step: int, tracer: Tracer | None = None, sampled_at: tuple[int, ...] | None = None,
-                 finished: queue.Queue | None = None, round_: int = 0) -> Rollout:
-    """The step's tree (or plain) rollout of its training tasks, with each agent's sampling settings;
-    round_ r > 0: the r-th extra rollout of dynamic sampling, of the next rollout.num_tasks tasks."""
+def begin_step_rollout(run: Run, step: int, tracer: Tracer | None = None, finished: queue.Queue | None = None,
+                       round_: int = 0) -> InFlight:
+    """The step's tree (or plain) rollout of its training tasks, with each agent's sampling settings, not
+    yet run; round_ r > 0: the r-th extra rollout of dynamic sampling, of the next rollout.num_tasks tasks."""
     c, r = run.config, run.config.rollout
     key = jax.random.fold_in(jax.random.key(c.train.seed), step)
     if round_:
         key = jax.random.fold_in(key, round_)
-    t0 = time.perf_counter()
     strategy = TreeRollout(r.k) if r.tree else PlainRollout(r.k, r.plain_grouping)
     tasks = step * TRAIN_TASK_STRIDE + round_ * r.num_tasks + np.arange(r.num_tasks)
-    samples, episodes = rollout(run, strategy, tasks, "train", None, key, tracer, finished=finished)
-    return Rollout(step, samples, episodes, time.perf_counter() - t0, sampled_at)
+    return begin_rollout(run, strategy, tasks, "train", None, key, tracer, finished=finished)
+
+
+def rollout_step(run: Run, step: int, tracer: Tracer | None = None, finished: queue.Queue | None = None,
+                 round_: int = 0) -> Rollout:
+    """`begin_step_rollout` run in one go with the current weights."""
+    t0 = time.perf_counter()
+    inflight = begin_step_rollout(run, step, tracer, finished, round_)
+    inflight.advance(versions=sampling_versions(run))
+    samples, episodes = end_rollout(run, inflight)
+    return Rollout(step, samples, episodes, time.perf_counter() - t0)
 
 
 def dynamic_sampling(run: Run, ro: Rollout, tracer: Tracer | None) -> tuple[Rollout, np.ndarray, dict]:
@@ -198,10 +228,10 @@ def dynamic_sampling(run: Run, ro: Rollout, tracer: Tracer | None) -> tuple[Roll
         if (have >= want).all() or rounds == c.algo.dynamic_sampling:
             break
         rounds += 1
-        extra = rollout_step(run, ro.step, tracer, ro.sampled_at, round_=rounds)
+        extra = rollout_step(run, ro.step, tracer, round_=rounds)
         samples, episodes = merge_rollouts([(ro.samples, ro.episodes), (extra.samples, extra.episodes)],
                                            len(run.workflow.agents))
-        ro = Rollout(ro.step, samples, episodes, ro.seconds + extra.seconds, ro.sampled_at)
+        ro = Rollout(ro.step, samples, episodes, ro.seconds + extra.seconds, ro.stale)
         scope = group_policies(run, ro.samples, ro.step)
     chosen = first_informative(scope, informative, ro.samples.task, want)  # task ids grow with the round
     return ro, chosen, {"sampling_rounds": float(rounds + 1), "groups_wanted": float(want.sum()),
@@ -240,9 +270,9 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
                abandon=None) -> dict:
     """One AT-GRPO step on every policy: rollout -> advantages and filters -> each policy's update;
     returns scalar metrics. on_rollout(samples, episodes, adv), if given, sees the step's rollout
-    (episode logs). prefetch (train.prefetch.Prefetch, system.staleness = 1): the step's rollout may
-    have been made ahead, and the next step's is made while this step's updates are on the devices,
-    with the weights from before them. abandon(), if given, is asked once the rollout is done: True
+    (episode logs). prefetch (train.prefetch.Prefetch, system.staleness = N): the step's rollout may
+    have been made ahead, and parts of the next N steps' are made while this step's updates are on the
+    devices, with the weights from before them. abandon(), if given, is asked once the rollout is done: True
     raises StepAbandoned and leaves every policy as it was (unless a policy's update began during the
     rollout: then the step is finished, the next safe point)."""
     tracer = tracer or Tracer()
@@ -263,16 +293,15 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
         on_rollout(samples, episodes, groups.adv)
     metrics = dict(rollout_metrics(run, ro, groups), **refill)
     if prefetch is not None:
-        prefetch.start(step + 1)  # the weights the next rollout samples with, before this update
+        prefetch.start(step)  # the weights the rollouts made during this update sample with
     lrs = [float(lr_at(step)) for lr_at in run.lr_schedules]
     for i, p in enumerate(run.policies):  # the schedule moves once per training step (verl's), whatever the
         if i not in started:  # optimizer steps (an early update set it before it started)
             p.set_lr(lrs[i])
-    pending = [started[i] if i in started else start_update(run, p, b, behavior_logprobs=ro.stale)
-               for i, (p, b) in enumerate(zip(run.policies, batches)) if started.get(i) is not None or b is not None]
+    todo = {i: b for i, b in enumerate(batches) if i not in started and b is not None}
+    beside = (lambda: prefetch.make(tracer)) if ahead else None  # noqa: E731
+    pending = [p for p in dispatch_updates(run, todo, ro.stale, beside, started) if p is not None]
     tokens = sum(p.tokens for p in pending)
-    if prefetch is not None:
-        prefetch.make(tracer)
     for p, out in zip(pending, finish_updates(pending, tracer)):
         for k, v in out.items():
             metrics[f"{p.policy.name}/{k}" if len(run.policies) > 1 else k] = v
@@ -284,6 +313,23 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
                    lr=lrs[0], tokens_per_s=tokens / max(t2 - t1, 1e-9),
                    rollout_tokens_per_s=float(samples.response_len[samples.mask].sum()) / max(ro.seconds, 1e-9))
     return metrics
+
+
+def dispatch_updates(run: Run, batches: dict, stale: bool, beside=None, started: dict | None = None) -> list:
+    """Every policy's PendingUpdate (None: nothing to train), policy by policy: those `started` early,
+    the others' `batches` {policy: PolicyBatch} dispatched now. beside(), if given, runs while the
+    updates do (the rollouts made ahead, train.prefetch): the updates are then paced a mini-batch at a
+    time from threads, so that its sampling calls get onto the devices between their mini-batches."""
+    started = started or {}
+    if beside is None:
+        out = {i: start_update(run, run.policies[i], b, behavior_logprobs=stale) for i, b in batches.items()}
+    else:
+        with ThreadPoolExecutor(max_workers=max(1, len(batches)), thread_name_prefix="update") as threads:
+            futures = {i: threads.submit(start_update, run, run.policies[i], b, stale, True)
+                       for i, b in batches.items()}
+            beside()
+            out = {i: f.result() for i, f in futures.items()}
+    return [started.get(i) if i in started else out.get(i) for i in range(len(run.policies))]
 
 
 def rollout_with_early_updates(run: Run, step: int, tracer: Tracer, abandon, early: bool):
@@ -318,8 +364,19 @@ def rollout_metrics(run: Run, ro: Rollout, groups: Groups) -> dict:
             if (kind == i).any():
                 metrics[f"success/{name}"] = float(np.mean(episodes.success[kind == i]))
     if ro.stale:
-        metrics["lag_updates"] = float(np.mean([int(p.state.step) - n for p, n in zip(run.policies, ro.sampled_at)]))
+        metrics.update(staleness(run, samples))
     return metrics
+
+
+def staleness(run: Run, samples) -> dict:
+    """How many optimizer steps the weights that sampled the live samples are behind those their update
+    starts from: the mean and the most (system.staleness N: up to N training steps' updates)."""
+    live = samples.mask
+    if not live.any():
+        return {}
+    now = np.array([int(p.state.step) for p in run.policies])[np.asarray(run.policy_of_agent)[samples.sample_agent]]
+    lag = (now - samples.version)[live]
+    return {"lag_updates": float(lag.mean()), "lag_updates_max": float(lag.max())}
 
 
 def policy_states(run: Run) -> dict:

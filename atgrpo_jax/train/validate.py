@@ -93,10 +93,10 @@ def validate(c: Config, *, weights: bool = True) -> Config:
              "prompt: set optim.share_prompts=False with it")
     _require(not c.regime, "regime", "call resolve() first: it expands the shorthand")
     _require(not (c.algo.dynamic_sampling and c.system.staleness), "algo.dynamic_sampling",
-             "rolls out more tasks after a step's rollout, with the step's weights; system.staleness = 1 made "
+             "rolls out more tasks after a step's rollout, with the step's weights; system.staleness >= 1 made "
              "that rollout with older ones; set one of them to 0")
     _require(not (c.system.staleness and c.reference.logprobs_at_t1), "system.staleness",
-             "1 takes the importance ratio against the sampler's log-probs, which reference.logprobs_at_t1 "
+             "N >= 1 takes the importance ratio against the sampler's log-probs, which reference.logprobs_at_t1 "
              "(on under recipe='reference') does not score under; set one of them to 0 / False")
     return c
 

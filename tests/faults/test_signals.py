@@ -32,11 +32,13 @@ def start_and_signal(workdir, sig, after_step: int, *extra):
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-# (tiers.py) staleness 1 is the harder case; 0 adds little to test_kill's Ctrl-C at staleness 0
-@pytest.mark.parametrize("staleness", [0, 1] if FULL else [1])
+# (tiers.py) staleness 2 is the hardest case (rollouts in flight, made in parts with older weights); 0 adds
+# little to test_kill's Ctrl-C at staleness 0
+@pytest.mark.parametrize("staleness", [0, 1, 2] if FULL else [2])
 def test_sigterm_saves_the_last_step_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, staleness):
-    """staleness 1: the next step's rollout ran on the weights before this step's update; the
-    checkpoint keeps those weights so that a resume makes the same rollout again."""
+    """staleness N: the next N steps' rollouts were made (in parts) during this and earlier updates,
+    with the weights from before each; the checkpoint keeps those weights so that a resume makes the
+    same rollouts again."""
     work = tmp_path / "stopped"
     mode = f"--config.system.staleness={staleness}"
     proc = start_and_signal(work, signal.SIGTERM, 2, mode)

@@ -1,5 +1,6 @@
 """The asynchronous schedule: the same samples, metrics and parameters as the synchronous one;
-pools and host workers really overlap; staleness 1 samples with the weights from before the update."""
+pools and host workers really overlap; staleness N samples with the weights from before the last N updates,
+an episode's later turns with newer ones (partial rollouts)."""
 import threading
 import time
 
@@ -127,17 +128,20 @@ def test_pools_and_host_workers_overlap_on_the_timeline():
     assert {e["args"]["name"] for e in out if e["ph"] == "M"} == {"pool A", "pool B", "host"}
 
 
-def test_staleness_1_samples_with_the_weights_before_the_update(tmp_path):
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_staleness_n_samples_with_weights_up_to_n_updates_old(tmp_path, staleness):
     from atgrpo_jax.train.loop import run_training
     from atgrpo_jax.train.metrics import read_metrics
 
     c = config()
-    c.system.staleness = 1
-    c.train.update(steps=3, eval_every=0, checkpoint_every=0, log_episodes_every=0)
+    c.system.staleness = staleness
+    c.train.update(steps=4, eval_every=0, checkpoint_every=0, log_episodes_every=0)
     run_training(c, str(tmp_path))
     rows = read_metrics(str(tmp_path))
+    per_step = rows[0]["updates"]  # optimizer steps per training step (mini-batches)
     assert "lag_updates" not in rows[0]  # the first step samples with its own weights
-    assert all(r["lag_updates"] >= 1 for r in rows[1:])  # later ones with those before the last update
+    assert all(r["lag_updates_max"] == min(staleness, r["step"] - 1) * per_step for r in rows[1:])
+    assert all(r["lag_updates"] >= per_step for r in rows[1:])  # none is on-policy
     assert all("logprob_gap" not in r for r in rows[1:])  # the ratio is against the sampler's log-probs
 
 
@@ -150,12 +154,41 @@ def test_the_stale_rollout_is_the_one_of_the_weights_before_the_update():
     prefetch = Prefetch(run, last_step=2)
     train_step(run, 1, prefetch=prefetch)
     ahead = prefetch.take(2)
-    assert ahead.sampled_at == (0,) * len(run.policies) and prefetch.take(2) is None  # taken once
+    assert (ahead.samples.version[ahead.samples.mask] == 0).all()  # sampled at optimizer step 0
     before, after = rollout_step(fresh, 2), rollout_step(run, 2)  # step 2 at the initial / updated weights
     np.testing.assert_array_equal(ahead.samples.response, before.samples.response)
     np.testing.assert_allclose(ahead.samples.sampler_logp, before.samples.sampler_logp, rtol=1e-6, atol=1e-6)
     gap = np.abs(after.samples.sampler_logp - before.samples.sampler_logp)[before.samples.mask].max()
     assert gap > 1e-3  # at the updated weights the distribution is another one
+
+
+def test_staleness_2_continues_each_episode_under_the_newer_weights():
+    """A partial rollout: step 3's first turn samples during step 1's update (the initial weights), its
+    second during step 2's (the weights after step 1), from the state the first turn left; as made by
+    hand from the same weights, and each sample records which weights made it."""
+    from atgrpo_jax.train.prefetch import Prefetch
+    from atgrpo_jax.train.step import begin_step_rollout, end_rollout, policy_states, sampling_versions, \
+        set_policy_states
+
+    c = config()
+    run, by_hand = build_run(c), build_run(c)
+    prefetch = Prefetch(run, last_step=3, staleness=2)
+    train_step(run, 1, prefetch=prefetch)  # during it: rollout 2 whole, rollout 3's first turn
+    after_1 = jax.tree.map(jax.numpy.copy, policy_states(run))
+    train_step(run, 2, prefetch=prefetch)  # during it: rollout 3's second turn
+    three = prefetch.take(3).samples
+    inflight = begin_step_rollout(by_hand, 3)
+    inflight.advance(1, sampling_versions(by_hand))  # turn 0 at the initial weights
+    set_policy_states(by_hand, after_1)
+    inflight.advance(None, sampling_versions(by_hand))  # turn 1 at those after step 1
+    want, _ = end_rollout(by_hand, inflight)
+    np.testing.assert_array_equal(three.response, want.response)
+    np.testing.assert_array_equal(three.version, want.version)
+    np.testing.assert_allclose(three.sampler_logp, want.sampler_logp, rtol=1e-6, atol=1e-6)
+    step_1 = int(after_1[run.policies[0].name].step)
+    live = three.mask
+    assert set(three.version[live & (three.turn[:, None] == 0)]) == {0}
+    assert step_1 > 0 and set(three.version[live & (three.turn[:, None] == 1)]) == {step_1}
 
 
 def test_timeline_arithmetic_against_a_fine_time_grid():
