@@ -283,6 +283,15 @@ def test_per_role_pools_halve_the_devices_per_policy():
     assert c.kv_cache == a.kv_cache
 
 
+def test_staleness_keeps_n_copies_of_the_trained_weights():
+    """train/prefetch.py holds the weights each rollout in flight was made with: N copies at most."""
+    on_policy = plan(small_config(), TPUS["v5p"], 1)
+    for n in (1, 2):
+        ahead = plan(small_config({"system.staleness": n}), TPUS["v5p"], 1)
+        assert ahead.params == (1 + n) * on_policy.params and ahead.optimizer == on_policy.optimizer
+        assert any("system.staleness" in note for note in ahead.notes)
+
+
 def test_kl_reference_and_lora_change_what_is_resident():
     p = plan(small_config({"loss.kl_coef": 0.001}), TPUS["v5p"], 1)
     assert p.reference == p.params

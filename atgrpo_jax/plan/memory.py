@@ -330,6 +330,10 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
                      f"sampler's copy is whole on each of its {sizes['data']} data rows (hosts)")
     p_bytes = models * (param_bytes(trainable, mesh, rules=rules) + copies * param_bytes(adapters, mesh)
                         + (param_bytes(base, mesh) if lower or regather or lora else 0))
+    if config.system.staleness:  # train/prefetch.py: the weights the rollouts in flight were made with
+        p_bytes += models * copies * config.system.staleness * param_bytes(trainable, mesh, rules=rules)
+        notes.append(f"system.staleness={config.system.staleness}: as many copies of each policy's trained "
+                     "weights are kept for the rollouts in flight (counted in params)")
     optimizer = models * copies * 2 * param_bytes(trainable, mesh, rules=rules)  # adamw: mu and nu as the params
     reference = models * copies * param_bytes(trainable, mesh, rules=rules) if lo.kl_coef else 0  # the start
     if models > 1:
