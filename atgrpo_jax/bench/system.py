@@ -39,6 +39,7 @@ import jax
 import numpy as np
 
 from atgrpo_jax.bench.common import machine_notes, print_json_last
+from atgrpo_jax.bench.system_ahead import run_pipeline
 from atgrpo_jax.envs.registry import make_workflow as make
 from atgrpo_jax.models.config import get_preset
 from atgrpo_jax.models.tokenizer import encode_chat, qwen3_tokenizer
@@ -102,14 +103,19 @@ CANNED = {  # workflow -> agent -> answer (the tool agent's program runs in the 
 }
 
 
+def canned_out(answer: str, rows: int, new_tokens: int) -> SampleOut:
+    """`rows` responses of `new_tokens` tokens, each the canned `answer`."""
+    ids = np.ones((rows, new_tokens), np.int32)
+    return SampleOut.from_rows(ids, np.full(rows, new_tokens), np.zeros((rows, new_tokens)), [answer] * rows,
+                               new_tokens)
+
+
 def model_sample_fn(model: LatencyModel, answers, new_tokens: int):
     """A pool's sampling as its modeled device time, then the canned answer of the agent, K times."""
     def sample(agent, prompts, k, keys):
         rows = len(prompts) * k
         time.sleep(model.sample_s(sum(len(p) for p in prompts), rows, new_tokens))
-        ids = np.ones((rows, new_tokens), np.int32)
-        return SampleOut.from_rows(ids, np.full(rows, new_tokens), np.zeros((rows, new_tokens)), [answers[agent]] * rows,
-                                   new_tokens)
+        return canned_out(answers[agent], rows, new_tokens)
     return sample
 
 
@@ -223,14 +229,24 @@ def main(argv=None) -> int:
     ap.add_argument("--host-workers", type=int, default=4)
     ap.add_argument("--sandbox-workers", type=int, default=8, help="programs run at once, on both sides")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--staleness", type=int, default=0,
+                    help="the async side's system.staleness: N >= 1 pipelines the steps as the trainer does "
+                         "(system_ahead.py): the next N steps' rollouts, in parts, during each update")
+    ap.add_argument("--mini-batches", type=int, default=4, help="an update's mini-batches (staleness >= 1: the "
+                    "rollout's sampling runs between them)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
     tokenizer = qwen3_tokenizer()
     encode = lambda messages, agent: encode_chat(tokenizer, messages)  # noqa: E731
     model = LatencyModel(get_preset(args.preset).num_params(), *CHIPS[args.chip], chips=args.chips)
+    if args.staleness < 0 or args.mini_batches < 1:
+        ap.error("--staleness must be >= 0 and --mini-batches >= 1")
     sides = {}
     for name, asynchronous in (("sync", False), ("async", True)):
+        if asynchronous and args.staleness:
+            sides[name] = pipelined_side(args, model, encode)
+            continue
         run_step(args, model, asynchronous, encode)  # warm-up: compiles, sandbox start-up
         steps = [run_step(args, model, asynchronous, encode) for _ in range(args.steps)]
         best = min(steps, key=lambda x: x["total"])
@@ -239,24 +255,40 @@ def main(argv=None) -> int:
                        "device_only": device_only(best["stages"], update_s, early=asynchronous),
                        "bound": schedule_bound(best["stages"], update_s)}
     ratio = sides["async"]["best"] / sides["sync"]["best"]
-    device_ratio = sides["async"]["device_only"] / sides["sync"]["device_only"]
+    median_ratio = sides["async"]["median"] / sides["sync"]["median"]
     print(f"{args.workflow}, per_role on 2 pools of {args.chips} x {args.chip}, {args.preset}: B={args.tasks} "
-          f"K={args.k} T={args.turns}, {args.new_tokens} tokens per response")
+          f"K={args.k} T={args.turns}, {args.new_tokens} tokens per response; async at staleness {args.staleness}")
     for name, side in sides.items():
         s = min(side["steps"], key=lambda x: x["total"])
-        print(f"  {name:5s} step {side['best']:.2f} s best ({side['median']:.2f} median): rollout {s['rollout']:.2f} s, "
-              f"update {s['update']:.2f} s; pools busy {s['pool_busy_A']:.0%} / {s['pool_busy_B']:.0%}; host "
-              f"{s['host_s']:.2f} s, {s['host_overlapped']:.0%} of it during device work")
-    print(f"  async / sync = {ratio:.2f} (target <= {TARGET_RATIO}); device work alone (host instant): "
-          f"{sides['async']['device_only']:.2f} / {sides['sync']['device_only']:.2f} s = {device_ratio:.2f}")
-    bound = min(side["bound"] for side in sides.values()) / sides["sync"]["device_only"]
-    print(f"  no schedule with the synchronous loop's samples and parameters beats {bound:.2f} of the synchronous "
-          f"device-only step (each pool: its own sampling, then its update)")
-    print_json_last({"benchmark": "system", "config": vars(args), "ratio": ratio, "device_only_ratio": device_ratio,
-                     "bound_ratio": bound,
+        rollout = f"rollout {s['rollout']:.2f} s, update {s['update']:.2f} s; " if "rollout" in s else ""
+        overlapped = f", {s['host_overlapped']:.0%} of it during device work" if "host_overlapped" in s else ""
+        print(f"  {name:5s} step {side['best']:.2f} s best ({side['median']:.2f} median): {rollout}pools busy "
+              f"{s['pool_busy_A']:.0%} / {s['pool_busy_B']:.0%}; host {s['host_s']:.2f} s{overlapped}")
+    print(f"  async / sync = {ratio:.2f} best, {median_ratio:.2f} median (target <= {TARGET_RATIO} at staleness 2)")
+    device_ratio = bound = None
+    if not args.staleness:
+        device_ratio = sides["async"]["device_only"] / sides["sync"]["device_only"]
+        print(f"  device work alone (host instant): {sides['async']['device_only']:.2f} / "
+              f"{sides['sync']['device_only']:.2f} s = {device_ratio:.2f}")
+        bound = min(side["bound"] for side in sides.values()) / sides["sync"]["device_only"]
+        print(f"  no schedule with the synchronous loop's samples and parameters beats {bound:.2f} of the "
+              "synchronous device-only step (each pool: its own sampling, then its update)")
+    print_json_last({"benchmark": "system", "config": vars(args), "ratio": ratio, "median_ratio": median_ratio,
+                     "device_only_ratio": device_ratio, "bound_ratio": bound,
                      "sides": sides,
                      "latency_model": dataclasses.asdict(model), "machine": machine_notes()}, args.json)
     return 0
+
+
+def pipelined_side(args, model: LatencyModel, encode) -> dict:
+    """The async side at system.staleness >= 1: the trainer's pipeline of steps (system_ahead.py)."""
+    # the rollouts in flight (N at most) step at once, each on host-workers threads: the same
+    # sandbox-workers programs at most at once as the other side
+    per_step = max(1, args.sandbox_workers // (args.host_workers * args.staleness))
+    workflow = make_workflow(args.workflow, args.turns, per_step)
+    steps = run_pipeline(args, model, encode, workflow, CANNED[args.workflow], pool_tokens)
+    return {"steps": steps, "best": min(s["total"] for s in steps),
+            "median": float(np.median([s["total"] for s in steps]))}
 
 
 if __name__ == "__main__":

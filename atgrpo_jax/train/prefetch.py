@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train.policies import Snapshot
@@ -64,32 +65,42 @@ class Prefetch:
 
     def make(self, tracer: Tracer | None = None) -> None:
         """Run every part due by now of the rollouts of the next N steps, with the kept weights (while
-        the update runs on the devices)."""
+        the update runs on the devices): each rollout's parts in order, the rollouts at once (a thread
+        each), so one's environments are stepped while another samples."""
         s = self._step
         if s is None:
             return
-        for r in range(s + 1, min(s + self.n, self.last_step) + 1):
-            while (done := self.parts_done(r)) < self.n and r - self.n + done <= s:
-                self._part(r, s, tracer)
+        due = {r: [j for j in range(self.parts_done(r), self.n) if r - self.n + j <= s]
+               for r in range(s + 1, min(s + self.n, self.last_step) + 1)}
+        due = {r: parts for r, parts in due.items() if parts}
+        with self._sampling(s), ThreadPoolExecutor(max(1, len(due)), thread_name_prefix="ahead") as threads:
+            for done in [threads.submit(self._parts, r, len(parts), s, tracer) for r, parts in due.items()]:
+                done.result()
         self._prune()
 
     def parts_done(self, r: int) -> int:
         return len(self.flight[r][1]) if r in self.flight else 0
 
-    def _part(self, r: int, during: int, tracer: Tracer | None) -> None:
-        """Rollout r's next part, with the weights kept from before step `during`'s update."""
+    @contextlib.contextmanager
+    def _sampling(self, during: int):
+        """Inside: every policy samples with the weights kept from before step `during`'s update."""
+        with contextlib.ExitStack() as stack:
+            for p in self.run.policies:
+                stack.enter_context(p.sampling_with(self.held[during][p.name]))
+            yield
+
+    def _parts(self, r: int, count: int, during: int, tracer: Tracer | None) -> None:
+        """Rollout r's next `count` parts, with the weights kept from before step `during`'s update (set
+        by the caller: `_sampling`)."""
         t0 = time.perf_counter()
         if r not in self.flight:
             self.flight[r] = [begin_step_rollout(self.run, r, tracer), [], 0.0]
         entry = self.flight[r]
-        held = self.held[during]
-        j = len(entry[1])
-        if j == 0 or self.ends[j] > self.ends[j - 1]:  # (more parts than turns: some are empty)
-            with contextlib.ExitStack() as stack:
-                for p in self.run.policies:
-                    stack.enter_context(p.sampling_with(held[p.name]))
-                entry[0].advance(self.ends[j], sampling_versions(self.run, held))
-        entry[1].append(during)
+        for _ in range(count):
+            j = len(entry[1])
+            if j == 0 or self.ends[j] > self.ends[j - 1]:  # (more parts than turns: some are empty)
+                entry[0].advance(self.ends[j], sampling_versions(self.run, self.held[during]))
+            entry[1].append(during)
         entry[2] += time.perf_counter() - t0
 
     def _prune(self) -> None:
@@ -129,4 +140,5 @@ class Prefetch:
         self._step = None
         for r, parts in sorted((int(r), parts) for r, parts in ahead["parts"].items()):
             for during in parts:
-                self._part(r, during, Tracer())
+                with self._sampling(during):
+                    self._parts(r, 1, during, Tracer())

@@ -68,3 +68,27 @@ def test_stage_times_reads_each_sampling_call_with_its_cohorts_and_pool():
     stages = system.stage_times(tracer)
     assert [(c, p) for c, p, _ in stages] == [((0,), "A"), ((0, 1), "B")]
     assert all(s >= 0 for _, _, s in stages)
+
+
+def test_due_parts_follow_the_trainers_cut():
+    """Rollout r's part j runs during step r - N + j's update (the first step's, for those before it);
+    a part already done is not run again."""
+    from atgrpo_jax.bench.system_ahead import due_parts, part_ends
+
+    assert part_ends(2, 2) == [1, 2] and part_ends(3, 2) == [1, 3] and part_ends(1, 2) == [0, 1]
+    assert due_parts(1, 2, 10, {}) == [(2, 0), (2, 1), (3, 0)]  # rollout 2 whole, rollout 3's first part
+    assert due_parts(2, 2, 10, {3: 1}) == [(3, 1), (4, 0)]
+    assert due_parts(9, 2, 10, {10: 1}) == [(10, 1)]  # nothing past the last step
+    assert due_parts(1, 1, 10, {}) == [(2, 0)]  # staleness 1: the next rollout whole
+
+
+def test_a_small_pipelined_run_reports_its_steps(capsys):
+    assert system.main(["--tasks", "4", "-k", "2", "--turns", "2", "--steps", "2", "--new-tokens", "8",
+                        "--cohorts", "2", "--host-workers", "2", "--staleness", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    side = report["sides"]["async"]
+    assert len(side["steps"]) == 2 and report["config"]["staleness"] == 2
+    assert report["ratio"] == pytest.approx(side["best"] / report["sides"]["sync"]["best"])
+    for step in side["steps"]:
+        assert step["host_s"] > 0  # every measured step makes parts of later rollouts
+        assert all(0 < step[f"pool_busy_{p}"] <= 1 for p in "AB")
