@@ -62,7 +62,8 @@ class LossConfig(Section):
     entropy_coef: float = key(0.0, "weight of the entropy bonus")
     is_correction: str = key("none", '"truncated" (TIS) / "masked" (MIS): weigh tokens by pi_trainer / '
                              "pi_sampler, capped at loss.is_cap or dropped above it, for a sampler that runs in "
-                             "another precision (logprob_gap > 0)", choices=IS_CORRECTIONS)
+                             "another precision (logprob_gap > 0) or older weights (system.staleness: the ratio is "
+                             "then clipped around the recomputed old log-probs, decoupled PPO)", choices=IS_CORRECTIONS)
     is_cap: float = key(2.0, "C of loss.is_correction (>= 1)", check=at_least(1))
     ratio_level: str = key("token", "\"sequence\": GSPO's ratio and clip per sample (its mean token log-ratio); "
                            "GSPO's paper clips at eps_low 3e-4, eps_high 4e-4 and takes seq-mean-token-mean",

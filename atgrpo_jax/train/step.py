@@ -300,7 +300,10 @@ def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = Non
             p.set_lr(lrs[i])
     todo = {i: b for i, b in enumerate(batches) if i not in started and b is not None}
     beside = (lambda: prefetch.make(tracer)) if ahead else None  # noqa: E731
-    pending = [p for p in dispatch_updates(run, todo, ro.stale, beside, started) if p is not None]
+    # a stale rollout: the ratio is taken against the sampler's log-probs, unless loss.is_correction asks
+    # for the decoupled form (recomputed old log-probs, weighted by their importance over the sampler's)
+    behavior = ro.stale and run.config.loss.is_correction == "none"
+    pending = [p for p in dispatch_updates(run, todo, behavior, beside, started) if p is not None]
     tokens = sum(p.tokens for p in pending)
     for p, out in zip(pending, finish_updates(pending, tracer)):
         for k, v in out.items():

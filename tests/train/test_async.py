@@ -145,6 +145,23 @@ def test_staleness_n_samples_with_weights_up_to_n_updates_old(tmp_path, stalenes
     assert all("logprob_gap" not in r for r in rows[1:])  # the ratio is against the sampler's log-probs
 
 
+def test_staleness_with_an_is_correction_weighs_the_sampler_against_the_recomputed_old_policy(tmp_path):
+    """loss.is_correction with staleness: the ratio is clipped around recomputed old log-probs and each
+    token weighted by pi_old / pi_sampler (decoupled PPO), not a correction of 1 against itself."""
+    from atgrpo_jax.train.loop import run_training
+    from atgrpo_jax.train.metrics import read_metrics
+
+    c = config()
+    c.system.staleness = 2
+    c.loss.update(is_correction="truncated", is_cap=1.5)
+    c.train.update(steps=3, eval_every=0, checkpoint_every=0, log_episodes_every=0)
+    run_training(c, str(tmp_path))
+    rows = read_metrics(str(tmp_path))
+    assert all(r["logprob_gap"] > 1e-4 for r in rows[1:])  # the sampler's weights are older ones
+    assert all(r["is_weight_mean"] != 1.0 for r in rows[1:])
+    assert rows[0]["logprob_gap"] < 1e-5  # the first step samples with its own weights
+
+
 def test_the_stale_rollout_is_the_one_of_the_weights_before_the_update():
     from atgrpo_jax.train.prefetch import Prefetch
     from atgrpo_jax.train.step import rollout_step
