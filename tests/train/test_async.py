@@ -128,38 +128,33 @@ def test_pools_and_host_workers_overlap_on_the_timeline():
     assert {e["args"]["name"] for e in out if e["ph"] == "M"} == {"pool A", "pool B", "host"}
 
 
-@pytest.mark.parametrize("staleness", [1, 2])
-def test_staleness_n_samples_with_weights_up_to_n_updates_old(tmp_path, staleness):
+@pytest.mark.parametrize("staleness,correction,sharing", [(1, "none", "shared"), (2, "truncated", "per_role")])
+def test_staleness_n_samples_with_weights_up_to_n_updates_old(tmp_path, staleness, correction, sharing):
+    """The lag of each step's samples; the ratio against the sampler's log-probs, or with
+    loss.is_correction the decoupled form: clipped around recomputed old log-probs, each token weighted
+    by pi_old / pi_sampler (not a correction of 1 against itself). per_role: two policies on two pools,
+    their updates paced from threads beside the rollouts in flight."""
     from atgrpo_jax.train.loop import run_training
     from atgrpo_jax.train.metrics import read_metrics
 
-    c = config()
+    c = config(sharing, pools=sharing == "per_role")
     c.system.staleness = staleness
+    c.loss.update(is_correction=correction, is_cap=1.5)
     c.train.update(steps=4, eval_every=0, checkpoint_every=0, log_episodes_every=0)
     run_training(c, str(tmp_path))
     rows = read_metrics(str(tmp_path))
-    per_step = rows[0]["updates"]  # optimizer steps per training step (mini-batches)
+    prefixes = [""] if sharing == "shared" else [f"{name}/" for name in ("policy_planner", "policy_executor")]
+    updates = {p: [r[f"{p}updates"] for r in rows] for p in prefixes}  # optimizer steps per training step
     assert "lag_updates" not in rows[0]  # the first step samples with its own weights
-    assert all(r["lag_updates_max"] == min(staleness, r["step"] - 1) * per_step for r in rows[1:])
-    assert all(r["lag_updates"] >= per_step for r in rows[1:])  # none is on-policy
-    assert all("logprob_gap" not in r for r in rows[1:])  # the ratio is against the sampler's log-probs
-
-
-def test_staleness_with_an_is_correction_weighs_the_sampler_against_the_recomputed_old_policy(tmp_path):
-    """loss.is_correction with staleness: the ratio is clipped around recomputed old log-probs and each
-    token weighted by pi_old / pi_sampler (decoupled PPO), not a correction of 1 against itself."""
-    from atgrpo_jax.train.loop import run_training
-    from atgrpo_jax.train.metrics import read_metrics
-
-    c = config()
-    c.system.staleness = 2
-    c.loss.update(is_correction="truncated", is_cap=1.5)
-    c.train.update(steps=3, eval_every=0, checkpoint_every=0, log_episodes_every=0)
-    run_training(c, str(tmp_path))
-    rows = read_metrics(str(tmp_path))
-    assert all(r["logprob_gap"] > 1e-4 for r in rows[1:])  # the sampler's weights are older ones
-    assert all(r["is_weight_mean"] != 1.0 for r in rows[1:])
-    assert rows[0]["logprob_gap"] < 1e-5  # the first step samples with its own weights
+    for i, r in enumerate(rows[1:], start=1):  # the oldest samples: the updates of the last N steps behind
+        assert r["lag_updates_max"] == max(sum(u[max(0, i - staleness):i]) for u in updates.values())
+        assert r["lag_updates"] >= min(u[i - 1] for u in updates.values()) > 0  # none is on-policy
+    if correction == "none":
+        assert all("logprob_gap" not in r for r in rows[1:])  # the ratio is against the sampler's log-probs
+    else:
+        for p in prefixes:
+            assert rows[0][f"{p}logprob_gap"] < 1e-5  # the first step samples with its own weights
+            assert all(r[f"{p}logprob_gap"] > 1e-4 and r[f"{p}is_weight_mean"] != 1.0 for r in rows[1:])
 
 
 def test_the_stale_rollout_is_the_one_of_the_weights_before_the_update():
