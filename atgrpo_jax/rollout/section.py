@@ -117,7 +117,7 @@ class SystemSettings(Section):
                             check=positive, resumable=True)
     staleness: int = key(0, "N >= 1: the rollouts of the next N steps are made while a step's update runs, with the "
                          "weights from before it; each rollout in N parts by turns, so an episode's later turns sample "
-                         "with newer weights (partial rollouts, Samples.version records which) and the oldest are N "
+                         "with newer weights (partial rollouts, Samples.version records which), the oldest up to N "
                          "updates behind; the importance ratio is then taken against the sampler's log-probs. "
                          "0: exactly on-policy", check=non_negative)
     trace_every: int = key(0, "write trace/step_N.json (Chrome/Perfetto timeline) every this many steps",
