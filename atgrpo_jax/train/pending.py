@@ -111,10 +111,14 @@ def dispatch_updates(run: Run, batches: dict, stale: bool, beside=None, started:
     """Every policy's PendingUpdate (None: nothing to train), policy by policy: those `started` early,
     the others' `batches` {policy: PolicyBatch} dispatched now. beside(), if given, runs while the
     updates do (the rollouts made ahead, train.prefetch): the updates are then paced a mini-batch at a
-    time from threads, so that its sampling calls get onto the devices between their mini-batches."""
+    time from threads, so that its sampling calls get onto the devices between their mini-batches (with
+    one process: with several, the updates' collectives must be dispatched in one order everywhere, so
+    they are dispatched at once, as without `beside`)."""
     started = started or {}
-    if beside is None:
+    if beside is None or jax.process_count() > 1:  # several processes: every one dispatches in the same order
         out = {i: start_update(run, run.policies[i], b, behavior_logprobs=stale) for i, b in batches.items()}
+        if beside is not None:
+            beside()
     else:
         with ThreadPoolExecutor(max_workers=max(1, len(batches)), thread_name_prefix="update") as threads:
             futures = {i: threads.submit(start_update, run, run.policies[i], b, stale, True)
