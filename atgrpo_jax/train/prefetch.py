@@ -21,6 +21,8 @@ import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import jax
+
 from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train.policies import Snapshot
 from atgrpo_jax.train.step import Rollout, begin_step_rollout, end_rollout, sampling_versions
@@ -66,14 +68,16 @@ class Prefetch:
     def make(self, tracer: Tracer | None = None) -> None:
         """Run every part due by now of the rollouts of the next N steps, with the kept weights (while
         the update runs on the devices): each rollout's parts in order, the rollouts at once (a thread
-        each), so one's environments are stepped while another samples."""
+        each, with one process), so one's environments are stepped while another samples."""
         s = self._step
         if s is None:
             return
         due = {r: [j for j in range(self.parts_done(r), self.n) if r - self.n + j <= s]
                for r in range(s + 1, min(s + self.n, self.last_step) + 1)}
         due = {r: parts for r, parts in due.items() if parts}
-        with self._sampling(s), ThreadPoolExecutor(max(1, len(due)), thread_name_prefix="ahead") as threads:
+        # (several processes: one after another, so that every process reaches any collective in one order)
+        at_once = len(due) if jax.process_count() == 1 else 1
+        with self._sampling(s), ThreadPoolExecutor(max(1, at_once), thread_name_prefix="ahead") as threads:
             for done in [threads.submit(self._parts, r, len(parts), s, tracer) for r, parts in due.items()]:
                 done.result()
         self._prune()
