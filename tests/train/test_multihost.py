@@ -9,6 +9,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from atgrpo_jax import launch
 from atgrpo_jax.distributed import CPU_COLLECTIVES_FLAG, ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
@@ -66,11 +67,14 @@ def _params(workdir, config):
     return [np.asarray(x) for x in jax.tree.leaves(states)]
 
 
-def test_two_processes_train_like_one_and_their_checkpoint_resumes_in_one(tmp_path):
+# staleness 2 (full tier): the rollouts in flight sample with gathered copies of older weights on each
+# process, one after another, and the updates are dispatched in one order on both
+@pytest.mark.parametrize("staleness", [0, 2] if FULL else [0])
+def test_two_processes_train_like_one_and_their_checkpoint_resumes_in_one(tmp_path, staleness):
     from atgrpo_jax.train.loop import run_training
     assert jax.device_count() == 8
     two, one = str(tmp_path / "two"), str(tmp_path / "one")
-    flags = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+    flags = [f"--config.{k}={v}" for k, v in {**OVERRIDES, "system.staleness": staleness}.items()]
     cmd = [sys.executable, "-m", "atgrpo_jax.train", f"--config={DEMO}", f"--workdir={two}", *flags]
     proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.launch", "--processes=2", "--devices=4", "--", *cmd],
                           capture_output=True, text=True, timeout=600)
@@ -78,7 +82,7 @@ def test_two_processes_train_like_one_and_their_checkpoint_resumes_in_one(tmp_pa
     lines = [l for l in proc.stdout.splitlines() if "step 2/2" in l or '"steps": 2' in l]
     assert lines and all(l.startswith("[p0]") for l in lines), "only process 0 writes the console"
 
-    run_training(demo_config(), one)  # this process: 8 devices, one process
+    run_training(demo_config(**{"system.staleness": staleness}), one)  # this process: 8 devices, one process
     m1, m2 = read_metrics(os.path.join(one, "metrics.jsonl")), read_metrics(os.path.join(two, "metrics.jsonl"))
     assert [r["step"] for r in m2] == [1, 2]
     for a, b in zip(m1, m2):
@@ -94,6 +98,7 @@ def test_two_processes_train_like_one_and_their_checkpoint_resumes_in_one(tmp_pa
         return
     resumed = str(tmp_path / "resumed")
     shutil.copytree(two, resumed)
-    last = run_training(demo_config(**{"train.steps": 3, "train.checkpoint_every": 0}), resumed)
+    last = run_training(demo_config(**{"train.steps": 3, "train.checkpoint_every": 0, "system.staleness": staleness}),
+                        resumed)
     assert [r["step"] for r in read_metrics(os.path.join(resumed, "metrics.jsonl"))] == [1, 2, 3]
     assert np.isfinite(last["loss"]) and last["skipped"] == 0
