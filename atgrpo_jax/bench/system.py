@@ -39,11 +39,10 @@ import jax
 import numpy as np
 
 from atgrpo_jax.bench.common import machine_notes, print_json_last
-from atgrpo_jax.bench.system_ahead import run_pipeline
+from atgrpo_jax.bench.system_ahead import canned_out, run_pipeline
 from atgrpo_jax.envs.registry import make_workflow as make
 from atgrpo_jax.models.config import get_preset
 from atgrpo_jax.models.tokenizer import encode_chat, qwen3_tokenizer
-from atgrpo_jax.rollout.samples import SampleOut
 from atgrpo_jax.rollout.tree import Schedule, tree_rollout
 from atgrpo_jax.trace import Tracer, overlap_seconds
 
@@ -101,13 +100,6 @@ CANNED = {  # workflow -> agent -> answer (the tool agent's program runs in the 
              "**Test Input:**\n```\n1 2 3\n```\n**Test Output:**\n```\n3\n```\n"
              "**Test Input:**\n```\n7\n```\n**Test Output:**\n```\n1\n```"],
 }
-
-
-def canned_out(answer: str, rows: int, new_tokens: int) -> SampleOut:
-    """`rows` responses of `new_tokens` tokens, each the canned `answer`."""
-    ids = np.ones((rows, new_tokens), np.int32)
-    return SampleOut.from_rows(ids, np.full(rows, new_tokens), np.zeros((rows, new_tokens)), [answer] * rows,
-                               new_tokens)
 
 
 def model_sample_fn(model: LatencyModel, answers, new_tokens: int):

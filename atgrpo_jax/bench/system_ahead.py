@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import jax
 import numpy as np
 
+from atgrpo_jax.rollout.samples import SampleOut
 from atgrpo_jax.rollout.tree import Schedule, begin_tree
 from atgrpo_jax.trace import Tracer
 
@@ -50,10 +51,15 @@ class Devices:
             q.shutdown()
 
 
+def canned_out(answer: str, rows: int, new_tokens: int) -> SampleOut:
+    """`rows` responses of `new_tokens` tokens, each the canned `answer`."""
+    ids = np.ones((rows, new_tokens), np.int32)
+    return SampleOut.from_rows(ids, np.full(rows, new_tokens), np.zeros((rows, new_tokens)), [answer] * rows,
+                               new_tokens)
+
+
 def device_sample_fn(model, answers, new_tokens: int, devices: Devices):
     """A pool's sampling as its modeled device time on its queue, then the agent's canned answer, K times."""
-    from atgrpo_jax.bench.system import canned_out  # (system imports this module)
-
     def sample(agent, prompts, k, keys):
         rows = len(prompts) * k
         devices.run(POOLS[agent], model.sample_s(sum(len(p) for p in prompts), rows, new_tokens), "sample").result()

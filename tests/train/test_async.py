@@ -140,7 +140,7 @@ def test_staleness_n_samples_with_weights_up_to_n_updates_old(tmp_path, stalenes
     c = config(sharing, pools=sharing == "per_role")
     c.system.staleness = staleness
     c.loss.update(is_correction=correction, is_cap=1.5)
-    c.train.update(steps=4, eval_every=0, checkpoint_every=0, log_episodes_every=0)
+    c.train.update(steps=3, eval_every=0, checkpoint_every=0, log_episodes_every=0)  # step 3: 2 steps behind
     run_training(c, str(tmp_path))
     rows = read_metrics(str(tmp_path))
     prefixes = [""] if sharing == "shared" else [f"{name}/" for name in ("policy_planner", "policy_executor")]
