@@ -4,12 +4,13 @@ part of which rollout, the rollouts in flight, what a checkpoint keeps so that a
 
 Rollout r's turns are cut into N parts (part j: turns [j*T//N, (j+1)*T//N)); part j runs during the
 update of step r - N + j (or the first update after that, if the run began or resumed later), with the
-weights from before that update. So rollout r's first turns sample with weights N updates behind
-those its own update starts from, its last turns with weights one update behind: a partial rollout,
-whose episodes continue under newer weights, each stage recording the optimizer step of the weights
-that sampled it (Samples.version). Each update works on as much rollout as a synchronous step's; its
-importance ratio is taken against the sampler's log-probs (the behaviour policy). N = 1 is a whole
-rollout made during the previous step's update.
+weights from before that update. So rollout r's first turns sample with weights up to N updates
+behind those its own update starts from, its last turns with weights one update behind: a partial
+rollout, whose episodes continue under newer weights, each stage recording the optimizer step of the
+weights that sampled it (Samples.version). Each update works on as much rollout as a synchronous
+step's; its importance ratio is taken against the sampler's log-probs (the behaviour policy), or in
+the decoupled form with loss.is_correction (train/step.py). N = 1 is a whole rollout made during the
+previous step's update.
 
 In a step: `take(s)` (the rollout finished ahead for s, if any), `start(s)` once the step is sure to
 update (keep the weights as they are, before the update replaces them), then, once the update is
