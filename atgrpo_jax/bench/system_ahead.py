@@ -19,6 +19,7 @@ import numpy as np
 from atgrpo_jax.rollout.samples import SampleOut
 from atgrpo_jax.rollout.tree import Schedule, begin_tree
 from atgrpo_jax.trace import Tracer
+from atgrpo_jax.train.prefetch import due_parts, part_ends  # noqa: F401  (the trainer's cut, one place)
 
 POOLS = "AB"
 
@@ -65,20 +66,6 @@ def device_sample_fn(model, answers, new_tokens: int, devices: Devices):
         devices.run(POOLS[agent], model.sample_s(sum(len(p) for p in prompts), rows, new_tokens), "sample").result()
         return canned_out(answers[agent], rows, new_tokens)
     return sample
-
-
-def part_ends(turns: int, staleness: int) -> list[int]:
-    """Part j of a rollout: the turns before ends[j] not run yet (train.prefetch's cut)."""
-    return [(j + 1) * turns // staleness for j in range(staleness)]
-
-
-def due_parts(step: int, staleness: int, last: int, done: dict[int, int]) -> list[tuple[int, int]]:
-    """(rollout, part) made during step `step`'s update: every part j of rollouts step+1..step+N (at
-    most `last`) with r - N + j <= step, not done yet (done[r]: parts done), in order."""
-    out = []
-    for r in range(step + 1, min(step + staleness, last) + 1):
-        out += [(r, j) for j in range(done.get(r, 0), staleness) if r - staleness + j <= step]
-    return out
 
 
 def run_pipeline(args, model, encode, workflow, answers, pool_tokens) -> list[dict]:

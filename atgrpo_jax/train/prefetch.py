@@ -29,11 +29,24 @@ from atgrpo_jax.train.policies import Snapshot
 from atgrpo_jax.train.step import Rollout, begin_step_rollout, end_rollout, sampling_versions
 
 
+def part_ends(turns: int, staleness: int) -> list[int]:
+    """Part j of a rollout: the turns before ends[j] not run yet."""
+    return [(j + 1) * turns // staleness for j in range(staleness)]
+
+
+def due_parts(step: int, staleness: int, last: int, done: dict[int, int]) -> list[tuple[int, int]]:
+    """(rollout, part) made during step `step`'s update: every part j of rollouts step+1..step+N (at
+    most `last`) with r - N + j <= step, not done yet (done[r]: parts done), in order."""
+    out = []
+    for r in range(step + 1, min(step + staleness, last) + 1):
+        out += [(r, j) for j in range(done.get(r, 0), staleness) if r - staleness + j <= step]
+    return out
+
+
 class Prefetch:
     def __init__(self, run, last_step: int, staleness: int = 1):
         self.run, self.last_step, self.n = run, last_step, staleness
-        turns = run.config.rollout.max_turns
-        self.ends = [(j + 1) * turns // staleness for j in range(staleness)]  # part j: turns before ends[j]
+        self.ends = part_ends(run.config.rollout.max_turns, staleness)
         # {step s: {policy name: Snapshot}}: the weights from before step s's update, while a rollout in
         # flight has a part made with them (a checkpoint keeps them)
         self.held: dict[int, dict[str, Snapshot]] = {}
@@ -73,18 +86,15 @@ class Prefetch:
         s = self._step
         if s is None:
             return
-        due = {r: [j for j in range(self.parts_done(r), self.n) if r - self.n + j <= s]
-               for r in range(s + 1, min(s + self.n, self.last_step) + 1)}
-        due = {r: parts for r, parts in due.items() if parts}
+        due: dict[int, int] = {}  # rollout: how many parts
+        for r, _ in due_parts(s, self.n, self.last_step, {r: len(e[1]) for r, e in self.flight.items()}):
+            due[r] = due.get(r, 0) + 1
         # (several processes: one after another, so that every process reaches any collective in one order)
         at_once = len(due) if jax.process_count() == 1 else 1
         with self._sampling(s), ThreadPoolExecutor(max(1, at_once), thread_name_prefix="ahead") as threads:
-            for done in [threads.submit(self._parts, r, len(parts), s, tracer) for r, parts in due.items()]:
+            for done in [threads.submit(self._parts, r, count, s, tracer) for r, count in due.items()]:
                 done.result()
         self._prune()
-
-    def parts_done(self, r: int) -> int:
-        return len(self.flight[r][1]) if r in self.flight else 0
 
     @contextlib.contextmanager
     def _sampling(self, during: int):
