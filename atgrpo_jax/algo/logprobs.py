@@ -124,13 +124,24 @@ def _logit_stats(logits, targets, how: SampledFrom, inv_temp=None, top_p=None, p
     return target_logit - lse, entropy
 
 
-def _to_chunks(x: jax.Array, chunk: int) -> jax.Array:
-    """[B, T, ...] -> [num_chunks, chunk, ...], zero-padded at the end."""
+def _to_chunks(x: jax.Array, chunk: int, fill=0) -> jax.Array:
+    """[B, T, ...] -> [num_chunks, chunk, ...], padded at the end with `fill`."""
     n = x.shape[0] * x.shape[1]
     flat = x.reshape(n, *x.shape[2:])
     pad = (-n) % chunk
-    flat = jnp.pad(flat, ((0, pad),) + ((0, 0),) * (flat.ndim - 1))
+    flat = jnp.pad(flat, ((0, pad),) + ((0, 0),) * (flat.ndim - 1), constant_values=fill)
     return flat.reshape(-1, chunk, *x.shape[2:])
+
+
+# The padding of the per-token sampling arrays: the neutral value, not 0. A penalty of 0 divides the
+# padded rows' logits by 0, and their NaN gradient, times the padded hidden state's zeros, poisons the
+# head's gradient (0 x NaN); a temperature or top-p of 0 is as degenerate.
+_NEUTRAL = {"penalty": 1.0, "inv_temp": 1.0, "top_p": 1.0}
+
+
+def _sampling_chunks(how: SampledFrom, inv_temp, top_p, b: int, t: int, repeats, chunk: int) -> dict:
+    return {k: _to_chunks(v, chunk, _NEUTRAL.get(k, 0))
+            for k, v in _sampling_inputs(how, inv_temp, top_p, b, t, repeats).items()}
 
 
 def _from_chunks(x: jax.Array, b: int, t: int) -> jax.Array:
@@ -165,7 +176,7 @@ def token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, chunk
     b, t, _ = hidden.shape
     chunk = min(chunk_size, b * t)
     w = head.astype(hidden.dtype)
-    per_token = {k: _to_chunks(v, chunk) for k, v in _sampling_inputs(how, inv_temp, top_p, b, t, repeats).items()}
+    per_token = _sampling_chunks(how, inv_temp, top_p, b, t, repeats, chunk)
     first = _first(how, repeats)
 
     @jax.checkpoint
@@ -203,7 +214,7 @@ def fused_head_loss(hidden: jax.Array, head: jax.Array, targets: jax.Array, toke
     chunk = min(chunk_size, b * t)
     hs, ys = _to_chunks(hidden, chunk), _to_chunks(targets, chunk)
     xs = jax.tree.map(lambda x: _to_chunks(x, chunk), token_inputs)
-    ss = {k: _to_chunks(v, chunk) for k, v in _sampling_inputs(how, inv_temp, top_p, b, t, repeats).items()}
+    ss = _sampling_chunks(how, inv_temp, top_p, b, t, repeats, chunk)
     first = _first(how, repeats)
 
     per_group = chunks_per_head_product(hs.shape[0], chunk, hidden.shape[-1], hidden.dtype.itemsize)

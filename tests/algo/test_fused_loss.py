@@ -126,6 +126,36 @@ def test_gradients_through_a_truncated_distribution_are_finite(how):
         np.testing.assert_allclose(g_fused, g_plain, rtol=1e-4, atol=1e-5)
 
 
+def test_repetition_penalty_gradients_are_finite_when_the_last_chunk_is_padded():
+    """The padded rows of the last chunk take penalty 1: with 0 their logits were divided by 0 and the
+    NaN gradient, times the padding's zero hidden states, made the head's gradient NaN (every update
+    of a run with repetition_penalty != 1 whose tokens did not fill the chunks was skipped)."""
+    from atgrpo_jax.algo.logprobs import NOT_SEEN, Repeats
+
+    b, t, d, v = 2, 5, 8, 32  # 10 tokens: chunks of 4 leave 2 padded rows
+    h = jax.random.normal(jax.random.key(0), (b, t, d))
+    w = jax.random.normal(jax.random.key(1), (d, v))
+    y = jax.random.randint(jax.random.key(2), (b, t), 0, v)
+    in_prompt = jax.random.uniform(jax.random.key(3), (b, v)) < 0.3
+    repeats = Repeats(jnp.where(in_prompt, -1, NOT_SEEN).astype(jnp.int32), jnp.repeat(jnp.arange(b)[:, None], t, 1),
+                      jnp.broadcast_to(jnp.arange(t), (b, t)), jnp.full((b, t), 1.2))
+    how = SampledFrom(top_k=8, repetition_penalty=True)
+    adv = jax.random.normal(jax.random.key(4), (b, t))
+
+    def fused(h, w, chunk):
+        return fused_head_loss(h, w, y, {"adv": adv}, lambda lp, en, x: x["adv"] * lp, chunk, how=how,
+                               repeats=repeats)[0]
+
+    def plain(h, w, chunk):
+        return (adv * token_logprobs(h, w, y, chunk, how=how, repeats=repeats)[0]).sum()
+
+    for loss in (fused, plain):
+        padded, whole = (jax.grad(loss, (0, 1))(h, w, chunk) for chunk in (4, b * t))
+        for a, c in zip(padded, whole):
+            assert bool(jnp.isfinite(a).all()) and float(jnp.abs(a).max()) > 0
+            np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
+
+
 def test_vocab_limit_gradients_equal_the_plain_path_and_leave_the_unused_columns_zero():
     """With a head wider than the tokenizer, only the drawable columns get a gradient."""
     b, t, d, v, limit = 2, 5, 8, 40, 33
