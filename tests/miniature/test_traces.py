@@ -24,8 +24,7 @@ def play(workflow, game, tasks, noise):
     return workflow.success(state), rows
 
 
-@pytest.mark.parametrize("game,recipe,single", [("plan_path", "reference", False), ("sokoban", "paper", False),
-                                                ("plan_path", "paper", True)])
+@pytest.mark.parametrize("game,recipe,single", [("plan_path", "reference", False), ("sokoban", "paper", False)])
 def test_noiseless_traces_solve_every_level(game, recipe, single):
     wf = make_workflow(f"{game}_tool_plan", single_agent=single, recipe=recipe, max_turns=3, **LEVELS[game])
     success, rows = play(wf, game, range(6), noise=0.0)
@@ -43,4 +42,4 @@ def test_noise_replaces_a_reply_with_random_moves():
     kept = sum(n == [0] * 6 for n in noisy)
     assert 150 < kept < 250 and all(1 <= len(n) <= 4 for n in noisy if n != [0] * 6)
     wf = make_workflow("plan_path_tool_plan", recipe="paper", max_turns=3, **LEVELS["plan_path"])
-    assert not play(wf, "plan_path", range(12), noise=1.0)[0].all()
+    assert not play(wf, "plan_path", range(6), noise=1.0)[0].all()
