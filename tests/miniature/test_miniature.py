@@ -10,7 +10,7 @@ def test_the_whole_pipeline_makes_a_table_from_a_warm_start(tmp_path):
 
     c = cli.load_config("configs/miniature.py:plan_path")
     c.env.kwargs.max_turns = c.rollout.max_turns = 1
-    c.rollout.update(num_tasks=2, k=2, max_new_tokens=8)
+    c.rollout.update(num_tasks=2, k=2, max_new_tokens=8, prompt_buckets=(640,))  # one sampler compile
     c.sft.update(steps=2, rows=2, row_tokens=512)
     c.train.update(steps=1, eval_every=1, eval_tasks=2)
     out = tmp_path / "mini"
