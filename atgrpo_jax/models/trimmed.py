@@ -14,7 +14,8 @@ bytes, and a model over it can only emit the kept tokens. The ids are not Qwen3'
 cannot load Qwen3 weights: it is for models trained from scratch.
 
 Saved as a Hugging Face tokenizer directory plus `trimmed.json`, the Qwen3 id of every kept token;
-`models.tokenizer.qwen3_tokenizer(DIR)` loads it and checks those tokens against Qwen3's.
+`load_trimmed(DIR)` (what `config.tokenizer=DIR` calls for such a directory) loads it and checks
+those tokens against Qwen3's.
 """
 from __future__ import annotations
 
@@ -25,13 +26,14 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Tokenizer
 
+from atgrpo_jax.models.tokenizer import (QWEN3_CHAT_TEMPLATE, QWEN3_FIRST_ADDED_ID, QWEN3_MODEL_MAX_LENGTH,
+                                         qwen3_tokenizer)
+
 TRIMMED_FILE = "trimmed.json"
 
 
 def trim_qwen3(texts: Iterable[str]) -> tuple[PreTrainedTokenizerFast, list[int]]:
     """(the trimmed tokenizer, the Qwen3 id of each of its ids) for the corpus `texts` (see the module doc)."""
-    from atgrpo_jax.models.tokenizer import QWEN3_FIRST_ADDED_ID, QWEN3_MODEL_MAX_LENGTH, qwen3_tokenizer
-
     full = qwen3_tokenizer()
     spec = json.loads(full.backend_tokenizer.to_str())
     vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
@@ -84,8 +86,6 @@ def is_trimmed(directory: str) -> bool:
 def load_trimmed(directory: str) -> PreTrainedTokenizerFast:
     """The trimmed tokenizer saved in `directory`; a ValueError unless each of its tokens is Qwen3's at
     the id `trimmed.json` gives (another tokenizer's files, or a damaged directory)."""
-    from atgrpo_jax.models.tokenizer import QWEN3_CHAT_TEMPLATE, qwen3_tokenizer
-
     path = os.path.join(directory, TRIMMED_FILE)
     try:
         with open(path) as f:

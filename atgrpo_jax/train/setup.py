@@ -19,6 +19,7 @@ from atgrpo_jax.models.attention import configured_backend
 from atgrpo_jax.models.hf_io import load_pretrained
 from atgrpo_jax.models.hub_ids import local_model_dir
 from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
+from atgrpo_jax.models.trimmed import is_trimmed, load_trimmed
 from atgrpo_jax.sampling import shard_model
 from atgrpo_jax.sharding import make_mesh, platform_of, sub_meshes
 from atgrpo_jax.train import compile_cache
@@ -80,6 +81,8 @@ def make_tokenizer(name: str, hf_path: str = "", alphabet: str = ""):
     if name == "qwen3":
         return qwen3_tokenizer(local_model_dir(hf_path) if hf_path else None)
     name = local_model_dir(name, "tokenizer")
+    if os.path.isdir(name) and is_trimmed(name):  # Qwen3's tokens a corpus uses, renumbered
+        return load_trimmed(name)
     if os.path.isdir(name):
         return qwen3_tokenizer(name)
     raise ConfigError(f"config.tokenizer: {name!r} is not 'char', 'qwen3', a checkpoint directory or a hub id")
