@@ -103,11 +103,10 @@ def run_miniature(config, out: str, *, recipes=RECIPES, regimes=REGIMES, seeds=(
     trace_path = write_traces(config, out, tasks, noise, recipes)
     config = with_tokenizer(config, write_tokenizer(config, out, trace_path, recipes))
     sft_dir = warm_start(config, out, trace_path)
-    tables = {}
     for recipe in recipes:
         c = config.copy_and_resolve_references()
         c.recipe, c.model.init_from = recipe, sft_dir
-        tables[recipe] = run_table(c, list(regimes), list(seeds), os.path.join(out, recipe))
+        run_table(c, list(regimes), list(seeds), os.path.join(out, recipe))
     table = combine(out, recipes, regimes, seeds)
     write_outputs(table, out)
     return table

@@ -45,8 +45,7 @@ def trim_qwen3(texts: Iterable[str]) -> tuple[PreTrainedTokenizerFast, list[int]
         if left + right in kept_tokens:
             kept_tokens |= {left, right}
     old_ids = sorted(vocab[t] for t in kept_tokens)
-    by_old = {token: i for token, i in vocab.items()}
-    new_vocab = {token: n for n, token in enumerate(sorted(kept_tokens, key=by_old.__getitem__))}
+    new_vocab = {token: n for n, token in enumerate(sorted(kept_tokens, key=vocab.__getitem__))}
     spec["model"]["vocab"] = new_vocab
     spec["model"]["merges"] = [m for m in merges if m[0] in kept_tokens and m[1] in kept_tokens
                                and m[0] + m[1] in kept_tokens]
