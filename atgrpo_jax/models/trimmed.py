@@ -24,10 +24,10 @@ import os
 from collections.abc import Iterable
 
 from tokenizers import Tokenizer, pre_tokenizers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Tokenizer
+from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
 from atgrpo_jax.models.tokenizer import (QWEN3_CHAT_TEMPLATE, QWEN3_FIRST_ADDED_ID, QWEN3_MODEL_MAX_LENGTH,
-                                         qwen3_tokenizer)
+                                         load_tokenizer_dir, qwen3_tokenizer)
 
 TRIMMED_FILE = "trimmed.json"
 
@@ -91,7 +91,7 @@ def load_trimmed(directory: str) -> PreTrainedTokenizerFast:
             qwen3_ids = json.load(f)["qwen3_ids"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a trimmed tokenizer's id list ({e})") from e
-    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    tokenizer = load_tokenizer_dir(directory)
     full = qwen3_tokenizer()
     if len(tokenizer) != len(qwen3_ids) or (tokenizer.convert_ids_to_tokens(list(range(len(qwen3_ids))))
                                             != full.convert_ids_to_tokens(qwen3_ids)):
