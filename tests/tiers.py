@@ -11,3 +11,5 @@ resume run, the "your own task" guide's workflow example run through its two com
 import os
 
 FULL = os.environ.get("ATGRPO_FULL_SUITE") == "1"
+BUDGET_S = 12 * 60  # the default tier's wall time on two CPU cores with -n 2 (docs/design/developers.md)
+SLOWEST_SHOWN = 15  # the slowest tests every run prints with its total (tests/conftest.py)
