@@ -15,6 +15,7 @@ import pytest
 from atgrpo_jax.errors import RewardError
 from atgrpo_jax.rollout.cohort import checked_rewards
 from faults_util import ROOT, assert_no_traceback, metrics_rows, run, stderr_lines, train_args
+from tiny_config import tiny
 
 
 def test_a_second_run_on_a_workdir_is_refused_and_a_killed_run_s_lock_is_taken_over(tmp_path):
@@ -59,33 +60,47 @@ def test_a_workflow_s_rewards_must_be_finite_numbers(values, message):
     assert checked_rewards(done, np.array([False]), 2, "r", np.array([7])).shape == (1, 2)
 
 
-def test_a_reward_function_that_exits_or_scores_too_high_is_one_line(tmp_path):
+# (the score float32 cannot hold is also refused in this process, below: checked_rewards)
+@pytest.mark.parametrize("fn, message", [
+    ("exits", r"raised SystemExit: 3"),
+    pytest.param("too_large", r"returned 1e\+39 for response 0", marks=pytest.mark.full),
+])
+def test_a_reward_function_that_exits_or_scores_too_high_is_one_line(tmp_path, fn, message):
     """Through the command: the reward function's SystemExit, and a score float32 cannot hold."""
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(4)))
     base = [sys.executable, "-m", "atgrpo_jax.train", f"--config={ROOT}/configs/sum_digits.py",
             "--config.env.workflow=prompt_reward", f"--config.env.kwargs={{'train_path': '{data}', "
             f"'test_path': '{data}'}}", "--config.train.steps=1", "--config.train.eval_every=0"]
-    for fn, message in (("exits", r"raised SystemExit: 3"), ("too_large", r"returned 1e\+39 for response 0")):
-        proc = run([*base, f"--workdir={tmp_path / fn}", f"--config.env.kwargs.reward_fn=prompt_reward_fns:{fn}"],
-                   env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests")))
-        assert_no_traceback(proc)
-        lines = stderr_lines(proc)
-        assert proc.returncode == 2 and re.search(message, lines[-1]), proc.stderr[-3000:]
-        assert lines[-1].startswith("error: env.kwargs.reward_fn='prompt_reward_fns:")
+    proc = run([*base, f"--workdir={tmp_path / fn}", f"--config.env.kwargs.reward_fn=prompt_reward_fns:{fn}"],
+               env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests")))
+    assert_no_traceback(proc)
+    lines = stderr_lines(proc)
+    assert proc.returncode == 2 and re.search(message, lines[-1]), proc.stderr[-3000:]
+    assert lines[-1].startswith("error: env.kwargs.reward_fn='prompt_reward_fns:")
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("--config.optim.lr=inf", "config.optim.lr: must be a finite number, got inf"),
-    ("--config.optim.b1=1.0", "config.optim.b1: must be in [0, 1), got 1.0"),
-    ("--config.optim.b2=1.5", "config.optim.b2: must be in [0, 1), got 1.5"),
-    ("--config.algo.alpha=nan", "config.algo.alpha: must be a finite number, got nan"),
-    ("--config.loss.kl_coef=-inf", "config.loss.kl_coef: must be a finite number, got -inf"),
-])
-def test_numbers_that_cannot_train_are_refused_before_anything_runs(flag, message, tmp_path):
-    proc = run(train_args(tmp_path / "run", flag))
-    assert proc.returncode == 2 and stderr_lines(proc) == [f"error: {message}"], proc.stderr[-3000:]
+NOT_TRAINABLE = [
+    ("optim.lr", float("inf"), "config.optim.lr: must be a finite number, got inf"),
+    ("optim.b1", 1.0, "config.optim.b1: must be in [0, 1), got 1.0"),
+    ("optim.b2", 1.5, "config.optim.b2: must be in [0, 1), got 1.5"),
+    ("algo.alpha", float("nan"), "config.algo.alpha: must be a finite number, got nan"),
+    ("loss.kl_coef", float("-inf"), "config.loss.kl_coef: must be a finite number, got -inf"),
+]
+
+
+def test_numbers_that_cannot_train_are_refused_before_anything_runs(tmp_path):
+    """Through the command once (one line, exit 2, no workdir); every number through `resolve`, the check the
+    command runs before it writes anything."""
+    from atgrpo_jax.train.config import ConfigError
+    from atgrpo_jax.train.validate import resolve
+
+    proc = run(train_args(tmp_path / "run", "--config.optim.lr=inf"))
+    assert proc.returncode == 2 and stderr_lines(proc) == [f"error: {NOT_TRAINABLE[0][2]}"], proc.stderr[-3000:]
     assert not (tmp_path / "run").exists()
+    for key, value, message in NOT_TRAINABLE:
+        with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+            resolve(tiny(**{key: value}))
 
 
 def test_data_that_is_not_utf8_names_its_file_and_line(tmp_path):

@@ -1,10 +1,13 @@
 """The paper's table in miniature, tiny: traces, a trimmed tokenizer, SFT, then RL under both recipes."""
 import json
 
+import pytest
+
 from atgrpo_jax import cli
 from atgrpo_jax.train.metrics import read_metrics
 
 
+@pytest.mark.full  # tiers.py: ~40 s; test_traces, test_trimmed, test_sft and test_ablate cover its stages
 def test_the_whole_pipeline_makes_a_table_from_a_warm_start(tmp_path):
     from atgrpo_jax.miniature.run import run_miniature
 
