@@ -7,7 +7,6 @@ import jax
 import numpy as np
 import pytest
 import tiny_config
-from tiers import FULL
 
 from atgrpo_jax import cli
 
@@ -85,30 +84,30 @@ def _per_role():
     return c
 
 
-if FULL:  # tiers.py: ~50 s of training; the default suite covers the single-agent kinds
-    # (tests/envs/test_grid_workflows.py) and loading policies by the names a run saved (above)
-    def test_a_role_trained_in_its_single_agent_environment_then_combined(tmp_path, role="planner"):
-        """The paper's "trained alone": the planner trains in its own one-agent environment (its proposals
-        step the game), then plays beside the other role in the two-agent workflow (evaluate --policies)."""
-        from atgrpo_jax.evaluate import load_policies_from, parse_policies
-        from atgrpo_jax import workdir as wd
-        from atgrpo_jax.train.checkpoint import Checkpointer
-        from atgrpo_jax.train.loop import run_training
-        from atgrpo_jax.train.setup import build_run
-        from atgrpo_jax.train.step import policy_states
+@pytest.mark.full  # tiers.py: ~50 s of training; the default suite covers the single-agent kinds
+# (tests/envs/test_grid_workflows.py) and loading policies by the names a run saved (above)
+def test_a_role_trained_in_its_single_agent_environment_then_combined(tmp_path, role="planner"):
+    """The paper's "trained alone": the planner trains in its own one-agent environment (its proposals
+    step the game), then plays beside the other role in the two-agent workflow (evaluate --policies)."""
+    from atgrpo_jax.evaluate import load_policies_from, parse_policies
+    from atgrpo_jax import workdir as wd
+    from atgrpo_jax.train.checkpoint import Checkpointer
+    from atgrpo_jax.train.loop import run_training
+    from atgrpo_jax.train.setup import build_run
+    from atgrpo_jax.train.step import policy_states
 
-        alone = tiny()
-        alone.env.single_agent, alone.env.kwargs.alone = True, role
-        run_training(alone, str(tmp_path / "planner_alone"))
-        solo = build_run(alone.copy_and_resolve_references())
-        assert [a.name for a in solo.workflow.agents] == ["planner_alone"]
-        saved, _ = Checkpointer(wd.checkpoint_dir(str(tmp_path / "planner_alone")), keep_last=0,
-                                read_only=True).restore(None, target=policy_states(solo))
-        start, combined = build_run(_per_role()), build_run(_per_role())
-        load_policies_from(combined, parse_policies([f"planner={tmp_path / 'planner_alone'}:policy"]))
-        trained = [np.asarray(x) for x in jax.tree.leaves(saved["policy"].params)]
-        assert all(np.array_equal(a, b) for a, b in zip(leaves(combined.policies[0]), trained))
-        assert any(not np.array_equal(a, b) for a, b in zip(leaves(combined.policies[0]), leaves(start.policies[0])))
-        assert all(np.array_equal(a, b) for a, b in zip(leaves(combined.policies[1]), leaves(start.policies[1])))
-        with pytest.raises(Exception, match="no policy 'policy_x'"):
-            load_policies_from(combined, parse_policies([f"planner={tmp_path / 'planner_alone'}:policy_x"]))
+    alone = tiny()
+    alone.env.single_agent, alone.env.kwargs.alone = True, role
+    run_training(alone, str(tmp_path / "planner_alone"))
+    solo = build_run(alone.copy_and_resolve_references())
+    assert [a.name for a in solo.workflow.agents] == ["planner_alone"]
+    saved, _ = Checkpointer(wd.checkpoint_dir(str(tmp_path / "planner_alone")), keep_last=0,
+                            read_only=True).restore(None, target=policy_states(solo))
+    start, combined = build_run(_per_role()), build_run(_per_role())
+    load_policies_from(combined, parse_policies([f"planner={tmp_path / 'planner_alone'}:policy"]))
+    trained = [np.asarray(x) for x in jax.tree.leaves(saved["policy"].params)]
+    assert all(np.array_equal(a, b) for a, b in zip(leaves(combined.policies[0]), trained))
+    assert any(not np.array_equal(a, b) for a, b in zip(leaves(combined.policies[0]), leaves(start.policies[0])))
+    assert all(np.array_equal(a, b) for a, b in zip(leaves(combined.policies[1]), leaves(start.policies[1])))
+    with pytest.raises(Exception, match="no policy 'policy_x'"):
+        load_policies_from(combined, parse_policies([f"planner={tmp_path / 'planner_alone'}:policy_x"]))

@@ -16,16 +16,15 @@ import pytest
 import transformers
 
 from hf_fixtures import make_hf_checkpoint
-from tiers import FULL
+from tiers import full_case
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QWEN3_VOCAB = 151_669
 CASES = [("plan_path", "shared"), ("code", "lora")]  # the suite's budget: per_role runs in test_async/test_rollout
-if FULL:  # math (per_role) and the other two games
-    CASES += [("math", "per_role"), ("sokoban", "lora"), ("sudoku", "per_role")]
+FULL_CASES = [("math", "per_role"), ("sokoban", "lora"), ("sudoku", "per_role")]  # the full tier (tiers.py)
 if os.environ.get("ATGRPO_PAPER_MATRIX") == "1":
     CASES += [(t, s) for t in ("plan_path", "sokoban", "sudoku", "math", "code")
-              for s in ("shared", "per_role", "lora") if (t, s) not in CASES]
+              for s in ("shared", "per_role", "lora") if (t, s) not in CASES + FULL_CASES]
 TEST_SPLITS = {"plan_path": ["test"], "sokoban": ["test"], "sudoku": ["test"], "math": ["aime24"],
                "code": ["codecontests_test"]}
 EVAL_K = {"math": 2}  # AIME24: every problem exactly twice
@@ -121,11 +120,12 @@ def paper_config_from_the_command_line(checkpoint, tmp_path):
     assert responses(tmp_path / "eval_hf" / "eval_episodes.jsonl") == responses(os.path.join(work, "eval_episodes.jsonl"))
 
 
-if FULL:  # tiers.py: ~2 min of bf16 emulated on a CPU; the in-process cases below cover the paper's path
-    test_paper_config_from_the_command_line = paper_config_from_the_command_line
+# tiers.py: ~2 min of bf16 emulated on a CPU; the in-process cases below cover the paper's path
+test_paper_config_from_the_command_line = pytest.mark.full(paper_config_from_the_command_line)
 
 
-@pytest.mark.parametrize("task,sharing", CASES[1:], ids=[f"{t}-{s}" for t, s in CASES[1:]])
+@pytest.mark.parametrize("task,sharing", [pytest.param(t, s, id=f"{t}-{s}") for t, s in CASES[1:]]
+                         + [full_case(t, s, id=f"{t}-{s}") for t, s in FULL_CASES])
 def test_paper_config(checkpoint, tmp_path, task, sharing):
     from atgrpo_jax.evaluate import config_for, run_evaluation
     from atgrpo_jax.export import export_policy

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from tiers import FULL
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "tpu_scripts"
 ALL = sorted(p.name for p in SCRIPTS.glob("*.sh"))  # shellcheck covers every script here
@@ -240,16 +239,16 @@ def test_launch_errors(args, message):
     assert out.returncode == 2 and message in out.stderr
 
 
-if FULL:  # tiers.py: test_plan_compile compiles for TPUs; the next test covers the preflight's verdict
-    def test_launch_compiles_the_step_for_the_slice_before_starting(fake_bin):
-        """The preflight compiles the demo for a v5p-8 here (libtpu, no TPU), then starts the workers."""
-        args = ["--config", "configs/demo.py", "--workdir", "gs://b/run", "--accelerator-type", "v5p-8"]
-        env = dict(os.environ, PATH=f"{fake_bin[0]}{os.pathsep}{os.environ['PATH']}", PYTHON=sys.executable)
-        out = subprocess.run(["bash", str(SCRIPTS / "launch.sh"), *TPU, *args], capture_output=True, text=True, env=env,
-                             cwd=SCRIPTS.parent, timeout=300)
-        assert out.returncode == 0 and "preflight: it fits" in out.stderr, out.stderr
-        calls = [c.split("\0")[:-1] for c in fake_bin[1].read_text().split("\036")[:-1]]
-        assert len(calls) == 1 and calls[0][:4] == ["compute", "tpus", "tpu-vm", "ssh"]
+@pytest.mark.full  # tiers.py: test_plan_compile compiles for TPUs; the next test covers the preflight's verdict
+def test_launch_compiles_the_step_for_the_slice_before_starting(fake_bin):
+    """The preflight compiles the demo for a v5p-8 here (libtpu, no TPU), then starts the workers."""
+    args = ["--config", "configs/demo.py", "--workdir", "gs://b/run", "--accelerator-type", "v5p-8"]
+    env = dict(os.environ, PATH=f"{fake_bin[0]}{os.pathsep}{os.environ['PATH']}", PYTHON=sys.executable)
+    out = subprocess.run(["bash", str(SCRIPTS / "launch.sh"), *TPU, *args], capture_output=True, text=True, env=env,
+                         cwd=SCRIPTS.parent, timeout=300)
+    assert out.returncode == 0 and "preflight: it fits" in out.stderr, out.stderr
+    calls = [c.split("\0")[:-1] for c in fake_bin[1].read_text().split("\036")[:-1]]
+    assert len(calls) == 1 and calls[0][:4] == ["compute", "tpus", "tpu-vm", "ssh"]
 
 
 def test_launch_refuses_a_config_that_does_not_fit_in_one_line(tmp_path, fake_bin):

@@ -12,7 +12,6 @@ import pytest
 
 from atgrpo_jax.bench import device, device_parts, device_update
 from atgrpo_jax.models import get_preset
-from tiers import FULL
 
 # The suite's budget (tiers.py): `bench device --tiny` runs in the full tier, every part of it.
 TINY_PARTS = device.PARTS
@@ -57,42 +56,45 @@ def update_figures(tiny_run):
     assert (tiny_run[2] / "update_hlo.txt.gz").stat().st_size > 0  # the compiled step, for reading offline
 
 
-if FULL:  # tiers.py: every part of `bench device --tiny` (a few minutes); test_bench_train covers the update
-    # against PyTorch and tests/faults/test_operator.py the command's output in the default tier
-    test_every_part_reports, test_update_figures = every_part_reports, update_figures
+# tiers.py: every part of `bench device --tiny` (a few minutes); test_bench_train covers the update against
+# PyTorch and tests/faults/test_operator.py the command's output in the default tier
+test_every_part_reports, test_update_figures = pytest.mark.full(every_part_reports), pytest.mark.full(update_figures)
 
-    def test_parity_figures(tiny_run):
-        par = tiny_run[1]["parts"]["parity"]["parity"]
-        assert par["ours_f32_vs_f32_ref"]["rel_l2"] < 1e-5  # the same function in float32
-        for side in ("ours_bf16_vs_f32_ref", "transformers_bf16_vs_f32_ref"):
-            assert 1e-4 < par[side]["rel_l2"] < 5e-2, (side, par[side])  # bf16 rounding, no more
-        # ours in bf16 is as close to the float32 truth as transformers in bf16
-        assert par["ours_bf16_vs_f32_ref"]["rel_l2"] < 2 * par["transformers_bf16_vs_f32_ref"]["rel_l2"]
+@pytest.mark.full  # tiers.py
+def test_parity_figures(tiny_run):
+    par = tiny_run[1]["parts"]["parity"]["parity"]
+    assert par["ours_f32_vs_f32_ref"]["rel_l2"] < 1e-5  # the same function in float32
+    for side in ("ours_bf16_vs_f32_ref", "transformers_bf16_vs_f32_ref"):
+        assert 1e-4 < par[side]["rel_l2"] < 5e-2, (side, par[side])  # bf16 rounding, no more
+    # ours in bf16 is as close to the float32 truth as transformers in bf16
+    assert par["ours_bf16_vs_f32_ref"]["rel_l2"] < 2 * par["transformers_bf16_vs_f32_ref"]["rel_l2"]
 
-    def test_sampler_and_step_figures(tiny_run):
-        p = tiny_run[1]["parts"]
-        s = p["sampler"]
-        shapes = device_parts.TINY
-        assert s["sampler_fixed"]["ours_tokens_per_s"] == pytest.approx(
-            shapes.batch * shapes.new / s["sampler_fixed"]["ours_seconds"])
-        assert s["sampler_fixed_transformers"]["tokens_per_s"] > 0
-        assert s["sampler_longtail"]["useful_tokens"] < shapes.batch * shapes.new
-        hlo = gzip.decompress((tiny_run[2] / "decode_hlo.txt.gz").read_bytes()).decode()
-        assert "HloModule" in hlo and "while" in hlo  # the decode segment's compiled loop, for reading offline
-        st = p["step"]["step"]
-        assert st["sampling_seconds"] > 0 and st["environment_seconds"] >= 0 and st["update_seconds"] > 0
-        assert st["first_step_seconds"] > st["step_seconds"]  # the first step compiles
+@pytest.mark.full  # tiers.py
+def test_sampler_and_step_figures(tiny_run):
+    p = tiny_run[1]["parts"]
+    s = p["sampler"]
+    shapes = device_parts.TINY
+    assert s["sampler_fixed"]["ours_tokens_per_s"] == pytest.approx(
+        shapes.batch * shapes.new / s["sampler_fixed"]["ours_seconds"])
+    assert s["sampler_fixed_transformers"]["tokens_per_s"] > 0
+    assert s["sampler_longtail"]["useful_tokens"] < shapes.batch * shapes.new
+    hlo = gzip.decompress((tiny_run[2] / "decode_hlo.txt.gz").read_bytes()).decode()
+    assert "HloModule" in hlo and "while" in hlo  # the decode segment's compiled loop, for reading offline
+    st = p["step"]["step"]
+    assert st["sampling_seconds"] > 0 and st["environment_seconds"] >= 0 and st["update_seconds"] > 0
+    assert st["first_step_seconds"] > st["step_seconds"]  # the first step compiles
 
-    def test_decode_figures(tiny_run):
-        d = tiny_run[1]["parts"]["decode"]
-        rows = {str(r) for r in sorted({1, device_parts.TINY.batch})}
-        forms = ("decode_step_ms_by_rows", "decode_step_ms_by_rows_unrolled", "decode_step_ms_by_rows_kernel")
-        assert all(set(d[key]) == rows for key in forms)
-        assert d["kernel_applies"] is False  # test-tiny's head_dim 24: that form ran the einsum (said in the table)
-        assert d["lm_head_ms"] > 0 and d["select_t1_ms"] > 0
-        assert d["profile_rolled"]["steps"] == d["profile_unrolled"]["steps"] == d["profile_kernel"]["steps"] > 0
-        ag = d["kernel_vs_einsum"]  # the einsum against itself here: identical
-        assert ag["rows_identical"] == 1.0 and ag["max_logprob_gap_before_it"] == 0.0
+@pytest.mark.full  # tiers.py
+def test_decode_figures(tiny_run):
+    d = tiny_run[1]["parts"]["decode"]
+    rows = {str(r) for r in sorted({1, device_parts.TINY.batch})}
+    forms = ("decode_step_ms_by_rows", "decode_step_ms_by_rows_unrolled", "decode_step_ms_by_rows_kernel")
+    assert all(set(d[key]) == rows for key in forms)
+    assert d["kernel_applies"] is False  # test-tiny's head_dim 24: that form ran the einsum (said in the table)
+    assert d["lm_head_ms"] > 0 and d["select_t1_ms"] > 0
+    assert d["profile_rolled"]["steps"] == d["profile_unrolled"]["steps"] == d["profile_kernel"]["steps"] > 0
+    ag = d["kernel_vs_einsum"]  # the einsum against itself here: identical
+    assert ag["rows_identical"] == 1.0 and ag["max_logprob_gap_before_it"] == 0.0
 
 
 def test_agreement_counts_the_steps_before_the_first_different_token():

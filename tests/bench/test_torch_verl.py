@@ -7,7 +7,6 @@ from atgrpo_jax.bench import device, device_parts, torch_verl
 from atgrpo_jax.bench.torch_baseline import random_hf_model
 from atgrpo_jax.bench.train import make_batch
 from atgrpo_jax.models import get_preset
-from tiers import FULL
 
 torch = pytest.importorskip("torch")
 
@@ -46,18 +45,18 @@ def test_the_paper_width_step_is_modelled_for_the_gpu_it_runs_on():
     assert "no modelled chip" in got["paper_step_modelled"]["error"]
 
 
-if FULL:  # tiers.py: torch.compile of the model (~1 min on 2 cores); the packing tests cover the baseline
-    def test_every_variant_starts_from_the_eager_loss():
-        got = {}
-        torch_verl.torch_update(device_parts.TINY, got.__setitem__)
-        eager = got["torch_eager"]["first_loss"]
-        assert got["torch_compiled"]["first_loss"] == pytest.approx(eager, rel=1e-3)
-        try:
-            import liger_kernel  # noqa: F401
-        except ImportError:
-            assert "liger" in got["torch_verl"]["error"].lower()
-        else:
-            assert got["torch_verl"]["first_loss"] == pytest.approx(eager, rel=1e-2)  # bf16 LM head
+@pytest.mark.full  # tiers.py: torch.compile of the model (~1 min on 2 cores); the packing tests cover the baseline
+def test_every_variant_starts_from_the_eager_loss():
+    got = {}
+    torch_verl.torch_update(device_parts.TINY, got.__setitem__)
+    eager = got["torch_eager"]["first_loss"]
+    assert got["torch_compiled"]["first_loss"] == pytest.approx(eager, rel=1e-3)
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        assert "liger" in got["torch_verl"]["error"].lower()
+    else:
+        assert got["torch_verl"]["first_loss"] == pytest.approx(eager, rel=1e-2)  # bf16 LM head
 
 
 def test_the_time_model_reproduces_the_paper_width_step_measured_on_an_h200():

@@ -3,7 +3,6 @@ import os
 
 import numpy as np
 import pytest
-from tiers import FULL
 
 from atgrpo_jax.envs.code_workflow import CodeWorkflow
 from atgrpo_jax.envs.math_workflow import MathWorkflow
@@ -63,21 +62,21 @@ def test_a_mixture_of_unequal_teams_or_without_weights_is_refused():
         make_workflow("mixture", weights={"math": 1, "code": 1}, cod={})
 
 
-if FULL:  # tiers.py: ~15 s of training; the protocol tests above cover how a mixture steps and judges
-    def test_a_mixture_trains_and_reports_each_workflow(tmp_path):
-        """Two grid workflows in one tiny run: training success per workflow, evaluation per workflow's split."""
-        import ml_collections
-        from tiny_config import tiny
+@pytest.mark.full  # tiers.py: ~15 s of training; the protocol tests above cover how a mixture steps and judges
+def test_a_mixture_trains_and_reports_each_workflow(tmp_path):
+    """Two grid workflows in one tiny run: training success per workflow, evaluation per workflow's split."""
+    import ml_collections
+    from tiny_config import tiny
 
-        from atgrpo_jax.train import loop
-        from atgrpo_jax.train.metrics import read_metrics
+    from atgrpo_jax.train import loop
+    from atgrpo_jax.train.metrics import read_metrics
 
-        c = tiny(**{"train.steps": 1, "train.eval_every": 1, "train.eval_tasks": 2, "rollout.num_tasks": 6})
-        grid = dict(c.env.kwargs)
-        c.env.workflow = "mixture"
-        c.env.kwargs = ml_collections.ConfigDict({"weights": {"plan_path_demo": 1.0, "plan_path_direct": 1.0},
-                                                  "plan_path_demo": grid, "plan_path_direct": grid})
-        loop.run_training(c, str(tmp_path / "run"))
-        last = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))[-1]
-        assert {"success/plan_path_demo", "success/plan_path_direct"} <= set(last)
-        assert {"eval/plan_path_demo/test/avg@1", "eval/plan_path_direct/test/avg@1", "valid_success"} <= set(last)
+    c = tiny(**{"train.steps": 1, "train.eval_every": 1, "train.eval_tasks": 2, "rollout.num_tasks": 6})
+    grid = dict(c.env.kwargs)
+    c.env.workflow = "mixture"
+    c.env.kwargs = ml_collections.ConfigDict({"weights": {"plan_path_demo": 1.0, "plan_path_direct": 1.0},
+                                              "plan_path_demo": grid, "plan_path_direct": grid})
+    loop.run_training(c, str(tmp_path / "run"))
+    last = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))[-1]
+    assert {"success/plan_path_demo", "success/plan_path_direct"} <= set(last)
+    assert {"eval/plan_path_demo/test/avg@1", "eval/plan_path_direct/test/avg@1", "valid_success"} <= set(last)

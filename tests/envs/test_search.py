@@ -2,7 +2,6 @@
 match, and the workflow's turns (split, search, sub-answers, final answer) with their rewards."""
 import numpy as np
 import pytest
-from tiers import FULL
 
 from atgrpo_jax.envs.search import BM25Retriever, answer_of, load_passages, matches, search_query, sub_questions
 from atgrpo_jax.envs.search_workflow import FIXTURE_CORPUS, SearchWorkflow, load_questions
@@ -108,19 +107,19 @@ def test_the_shipped_fixture_is_what_its_generator_writes(tmp_path):
         assert (tmp_path / f"{name}.jsonl").read_text() == open(shipped, encoding="utf-8").read()
 
 
-if FULL:  # tiers.py: ~20 s; the turns above are the workflow's, this is the trainer around them
-    def test_a_tiny_model_trains_and_evaluates_on_search_with_the_real_tokenizer(tmp_path):
-        from atgrpo_jax.train import loop
-        from atgrpo_jax.train.config import base_config
-        from atgrpo_jax.train.metrics import read_metrics
+@pytest.mark.full  # tiers.py: ~20 s; the turns above are the workflow's, this is the trainer around them
+def test_a_tiny_model_trains_and_evaluates_on_search_with_the_real_tokenizer(tmp_path):
+    from atgrpo_jax.train import loop
+    from atgrpo_jax.train.config import base_config
+    from atgrpo_jax.train.metrics import read_metrics
 
-        c = base_config()
-        c.model.update(preset="test-tiny", vocab_size=151680, init="random")
-        c.mesh = dict(data=1, fsdp=1, tensor=1)
-        c.env.workflow = "search"
-        c.rollout.update(num_tasks=2, k=2, max_turns=2, max_prompt_len=512, prompt_buckets=(512,), max_new_tokens=8)
-        c.optim.mini_batch_size = 8
-        c.train.update(steps=1, eval_every=1, eval_tasks=2, checkpoint_every=0)
-        loop.run_training(c, str(tmp_path / "run"))
-        last = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))[-1]
-        assert last["samples"] == 8 and {"reward/reasoner", "reward/searcher", "eval/search_test/avg@1"} <= set(last)
+    c = base_config()
+    c.model.update(preset="test-tiny", vocab_size=151680, init="random")
+    c.mesh = dict(data=1, fsdp=1, tensor=1)
+    c.env.workflow = "search"
+    c.rollout.update(num_tasks=2, k=2, max_turns=2, max_prompt_len=512, prompt_buckets=(512,), max_new_tokens=8)
+    c.optim.mini_batch_size = 8
+    c.train.update(steps=1, eval_every=1, eval_tasks=2, checkpoint_every=0)
+    loop.run_training(c, str(tmp_path / "run"))
+    last = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))[-1]
+    assert last["samples"] == 8 and {"reward/reasoner", "reward/searcher", "eval/search_test/avg@1"} <= set(last)

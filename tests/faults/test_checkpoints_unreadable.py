@@ -4,7 +4,7 @@ import os
 import re
 import shutil
 
-from tiers import FULL
+import pytest
 from faults_util import (FINISHED, assert_no_traceback, copy_run, metrics_rows, run, snapshot, stderr_lines,
                          train_args)
 
@@ -34,28 +34,28 @@ def test_damaged_newest_checkpoints_fall_back_and_resume_exactly(finished_run, t
     assert metrics_rows(work) == metrics_rows(finished_run)  # steps 2..4 again, bitwise as the first time
 
 
-if FULL:  # tiers.py: 18 s of runs; the damaged-newest fallback (below) keeps the family in the default tier
-    def test_no_readable_checkpoint_changes_nothing_unless_asked(finished_run, tmp_path):
-        work = copy_run(finished_run, tmp_path / "run")
-        for step in "1234":
-            (work / "checkpoints" / step / "state" / "_METADATA").write_text("{")
-        before = snapshot(work)
-        proc = run(train_args(work, *FINISHED, "--config.train.steps=6"))  # changed: config.json must stay
-        assert proc.returncode == 1
-        assert_no_traceback(proc)
-        assert re.match(r"error: no checkpoint in .* restores \(tried 4, 3, 2, 1\); nothing was changed\. "
-                        r"Pass --fresh_if_unreadable", stderr_lines(proc)[-1])
-        assert snapshot(work) == before
-        proc = run(train_args(work, *FINISHED, "--fresh_if_unreadable", steps=1))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "starting again from step 0" in proc.stderr
-        assert sorted(os.listdir(work / "checkpoints")) == ["1"]
-        assert [r["step"] for r in metrics_rows(work)] == [0, 1]  # a new history for the new run
-        assert metrics_rows(work)[0] == metrics_rows(finished_run)[0]  # step 1 evaluates too: its last step
-        [history] = [p for p in (work / "checkpoints.unreadable").iterdir() if p.name.startswith("history-")]
-        assert {"metrics.jsonl", "tb", "config.json"} <= set(os.listdir(history))  # the earlier run's, kept whole
-        assert metrics_rows(history) == metrics_rows(finished_run)
-        assert f"kept the earlier run's metrics.jsonl" in proc.stderr
+@pytest.mark.full  # tiers.py: 18 s of runs; the damaged-newest fallback (below) keeps the family in the default tier
+def test_no_readable_checkpoint_changes_nothing_unless_asked(finished_run, tmp_path):
+    work = copy_run(finished_run, tmp_path / "run")
+    for step in "1234":
+        (work / "checkpoints" / step / "state" / "_METADATA").write_text("{")
+    before = snapshot(work)
+    proc = run(train_args(work, *FINISHED, "--config.train.steps=6"))  # changed: config.json must stay
+    assert proc.returncode == 1
+    assert_no_traceback(proc)
+    assert re.match(r"error: no checkpoint in .* restores \(tried 4, 3, 2, 1\); nothing was changed\. "
+                    r"Pass --fresh_if_unreadable", stderr_lines(proc)[-1])
+    assert snapshot(work) == before
+    proc = run(train_args(work, *FINISHED, "--fresh_if_unreadable", steps=1))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "starting again from step 0" in proc.stderr
+    assert sorted(os.listdir(work / "checkpoints")) == ["1"]
+    assert [r["step"] for r in metrics_rows(work)] == [0, 1]  # a new history for the new run
+    assert metrics_rows(work)[0] == metrics_rows(finished_run)[0]  # step 1 evaluates too: its last step
+    [history] = [p for p in (work / "checkpoints.unreadable").iterdir() if p.name.startswith("history-")]
+    assert {"metrics.jsonl", "tb", "config.json"} <= set(os.listdir(history))  # the earlier run's, kept whole
+    assert metrics_rows(history) == metrics_rows(finished_run)
+    assert f"kept the earlier run's metrics.jsonl" in proc.stderr
 
 
 def test_a_config_change_that_no_checkpoint_fits_is_named_and_changes_nothing(finished_run, tmp_path):

@@ -7,7 +7,6 @@ import time
 import jax
 import numpy as np
 import pytest
-from tiers import FULL
 
 from atgrpo_jax.rollout.dispatch import StageTimeout
 from atgrpo_jax.rollout.samples import SampleOut
@@ -99,24 +98,24 @@ def test_an_error_in_the_watched_synchronous_schedule_is_raised_as_is():
         rollout(Env(fail_task=0), sample_fn(), timeout_s=30.0, cohorts=1, asynchronous=False)
 
 
-if FULL:  # tiers.py: ~30 s; the watched stages above and the evaluate case below cover the timeout
-    def test_a_hung_environment_step_stops_the_cli_run_with_one_line(tmp_path):
-        """The default synchronous schedule as a user runs it (the asynchronous one: the tests above)."""
-        import os
+@pytest.mark.full  # tiers.py: ~30 s; the watched stages above and the evaluate case below cover the timeout
+def test_a_hung_environment_step_stops_the_cli_run_with_one_line(tmp_path):
+    """The default synchronous schedule as a user runs it (the asynchronous one: the tests above)."""
+    import os
 
-        from faults_util import assert_no_traceback, run, stderr_lines, train_args
+    from faults_util import assert_no_traceback, run, stderr_lines, train_args
 
-        env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        t0 = time.monotonic()
-        proc = run(train_args(tmp_path / "run", "--config.env.workflow=hanging_workflow:make",
-                              "--config.system.stage_timeout_s=20", "--config.train.checkpoint_every=1"), env=env)
-        assert proc.returncode == 1, proc.stderr[-3000:]
-        assert_no_traceback(proc)
-        line = stderr_lines(proc)[-1]
-        assert re.fullmatch(r"error: at step 2: the stage 'environment step of agent 0 turn 0 of cohort 0' has run "
-                            r"2\d s, longer than system.stage_timeout_s=20; the run stopped \(last checkpoint: 1\)", line)
-        assert len(stderr_lines(proc)) == 1, proc.stderr[-3000:]  # no abort of the stuck thread at exit
-        assert time.monotonic() - t0 < 200  # not the 600 s of the hung step
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.monotonic()
+    proc = run(train_args(tmp_path / "run", "--config.env.workflow=hanging_workflow:make",
+                          "--config.system.stage_timeout_s=20", "--config.train.checkpoint_every=1"), env=env)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert_no_traceback(proc)
+    line = stderr_lines(proc)[-1]
+    assert re.fullmatch(r"error: at step 2: the stage 'environment step of agent 0 turn 0 of cohort 0' has run "
+                        r"2\d s, longer than system.stage_timeout_s=20; the run stopped \(last checkpoint: 1\)", line)
+    assert len(stderr_lines(proc)) == 1, proc.stderr[-3000:]  # no abort of the stuck thread at exit
+    assert time.monotonic() - t0 < 200  # not the 600 s of the hung step
 
 
 def test_a_stage_timeout_outside_training_is_one_line_and_exits_at_once():

@@ -7,7 +7,6 @@ import re
 import pytest
 
 from atgrpo_jax.train.guard import skip_streaks
-from tiers import FULL
 from faults_util import assert_no_traceback, metrics_rows, run, stderr_lines, train_args
 
 
@@ -33,19 +32,19 @@ def test_a_diverging_run_stops_and_keeps_only_checkpoints_before_it(tmp_path):
         assert all(json.loads(line) for line in f)  # null, never NaN, in the JSON
 
 
-if FULL:  # tiers.py: 20 s of a run; the diverging run (above) keeps the family in the default tier
-    def test_max_skipped_updates_zero_never_stops_but_says_what_it_skipped(tmp_path):
-        """The run goes to its end; it says how many updates it skipped, and fails if it saved nothing."""
-        args = ("--config.optim.lr=1e10", "--config.train.max_skipped_updates=0")
-        proc = run(train_args(tmp_path / "run", *args, "--config.train.checkpoint_every=2", steps=3))
-        assert [r["step"] for r in metrics_rows(tmp_path / "run")] == [1, 2, 3]
-        assert proc.returncode == 1 and re.fullmatch(
-            r"error: the run ended at step 3 without a checkpoint: \d+ updates of this run were skipped \(non-finite "
-            r"loss or gradient; optim.lr too high, .*\)", stderr_lines(proc)[-1]), proc.stderr[-3000:]
-        assert not os.listdir(tmp_path / "run" / "checkpoints")
-        proc = run(train_args(tmp_path / "saved", *args, "--config.train.checkpoint_every=1", steps=3))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert re.search(r"warning: \d+ updates of this run were skipped .*; the last checkpoint is step 1", proc.stdout)
+@pytest.mark.full  # tiers.py: 20 s of a run; the diverging run (above) keeps the family in the default tier
+def test_max_skipped_updates_zero_never_stops_but_says_what_it_skipped(tmp_path):
+    """The run goes to its end; it says how many updates it skipped, and fails if it saved nothing."""
+    args = ("--config.optim.lr=1e10", "--config.train.max_skipped_updates=0")
+    proc = run(train_args(tmp_path / "run", *args, "--config.train.checkpoint_every=2", steps=3))
+    assert [r["step"] for r in metrics_rows(tmp_path / "run")] == [1, 2, 3]
+    assert proc.returncode == 1 and re.fullmatch(
+        r"error: the run ended at step 3 without a checkpoint: \d+ updates of this run were skipped \(non-finite "
+        r"loss or gradient; optim.lr too high, .*\)", stderr_lines(proc)[-1]), proc.stderr[-3000:]
+    assert not os.listdir(tmp_path / "run" / "checkpoints")
+    proc = run(train_args(tmp_path / "saved", *args, "--config.train.checkpoint_every=1", steps=3))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"warning: \d+ updates of this run were skipped .*; the last checkpoint is step 1", proc.stdout)
 
 
 @pytest.mark.parametrize("steps,expected", [

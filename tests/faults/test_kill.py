@@ -8,8 +8,8 @@ import signal
 
 import jax
 import numpy as np
+import pytest
 
-from tiers import FULL
 from faults_util import FINISHED, assert_no_traceback, metrics_rows, run, stderr_lines, train_args
 
 HERE = os.path.dirname(__file__)
@@ -66,7 +66,7 @@ def kills_and_a_signal_in_an_evaluation_then_the_run_equals_an_uninterrupted_one
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-if FULL:  # tiers.py: a minute of runs; test_signals (SIGTERM, resume equality) and test_checkpoint (kill -9 in a
-    # save) cover the family in the default tier
-    test_kills_and_a_signal_in_an_evaluation_then_the_run_equals_an_uninterrupted_one = \
-        kills_and_a_signal_in_an_evaluation_then_the_run_equals_an_uninterrupted_one
+# tiers.py: a minute of runs; test_signals (SIGTERM, resume equality) and test_checkpoint (kill -9 in a save) cover
+# the family in the default tier
+test_kills_and_a_signal_in_an_evaluation_then_the_run_equals_an_uninterrupted_one = pytest.mark.full(
+    kills_and_a_signal_in_an_evaluation_then_the_run_equals_an_uninterrupted_one)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from faults_util import ROOT, assert_no_traceback, metrics_rows, run, stderr_lines, train_args
-from tiers import FULL
+from tiers import full_case
 
 
 def start_and_signal(workdir, sig, after_step: int, *extra):
@@ -34,7 +34,7 @@ def start_and_signal(workdir, sig, after_step: int, *extra):
 
 # (tiers.py) staleness 2 is the hardest case (rollouts in flight, made in parts with older weights); 0 adds
 # little to test_kill's Ctrl-C at staleness 0
-@pytest.mark.parametrize("staleness", [0, 1, 2] if FULL else [2])
+@pytest.mark.parametrize("staleness", [full_case(0), full_case(1), 2])
 def test_sigterm_saves_the_last_step_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, staleness):
     """staleness N: the next N steps' rollouts were made (in parts) during this and earlier updates,
     with the weights from before each; the checkpoint keeps those weights so that a resume makes the
@@ -104,30 +104,30 @@ def _pid_of_process(workdir, process_id: int) -> int | None:
     return None
 
 
-if FULL:  # tiers.py: 73 s of two trainer processes; test_multihost covers two hosts in the default tier
-    def test_sigterm_to_one_host_stops_every_host_at_the_same_step(tmp_path):
-        """2 processes x 4 devices: only process 1 is signalled (its VM was preempted); both stop at
-        the same step, save it together and exit 143."""
-        work = tmp_path / "run"
-        flags = ["--config.mesh.data=2", "--config.mesh.fsdp=4", "--config.rollout.num_tasks=2"]
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the launcher sets the devices
-        proc = subprocess.Popen([sys.executable, "-m", "atgrpo_jax.launch", "--processes=2", "--devices=4", "--",
-                                 *train_args(work, "--config.train.checkpoint_every=100", *flags, steps=60)],
-                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + 400
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                pytest.fail("the run ended before the signal: " + proc.stdout.read()[-3000:])
-            if os.path.exists(work / "metrics.jsonl") and any(r["step"] >= 2 for r in metrics_rows(work)):
-                break
-            time.sleep(0.1)
-        os.kill(_pid_of_process(work, 1), signal.SIGTERM)
-        out, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 143, out[-3000:]
-        assert "Traceback" not in out, out[-3000:]
-        stops = [re.search(r"^\[p(\d)\] stopped by SIGTERM at step (\d+); checkpoint \2 saved", line)
-                 for line in out.splitlines()]
-        stops = sorted((int(m.group(1)), int(m.group(2))) for m in stops if m)
-        assert [p for p, _ in stops] == [0, 1] and stops[0][1] == stops[1][1], out[-3000:]  # one step for both
-        assert os.listdir(work / "checkpoints") == [str(stops[0][1])]
+@pytest.mark.full  # tiers.py: 73 s of two trainer processes; test_multihost covers two hosts in the default tier
+def test_sigterm_to_one_host_stops_every_host_at_the_same_step(tmp_path):
+    """2 processes x 4 devices: only process 1 is signalled (its VM was preempted); both stop at
+    the same step, save it together and exit 143."""
+    work = tmp_path / "run"
+    flags = ["--config.mesh.data=2", "--config.mesh.fsdp=4", "--config.rollout.num_tasks=2"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the launcher sets the devices
+    proc = subprocess.Popen([sys.executable, "-m", "atgrpo_jax.launch", "--processes=2", "--devices=4", "--",
+                             *train_args(work, "--config.train.checkpoint_every=100", *flags, steps=60)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 400
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail("the run ended before the signal: " + proc.stdout.read()[-3000:])
+        if os.path.exists(work / "metrics.jsonl") and any(r["step"] >= 2 for r in metrics_rows(work)):
+            break
+        time.sleep(0.1)
+    os.kill(_pid_of_process(work, 1), signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    stops = [re.search(r"^\[p(\d)\] stopped by SIGTERM at step (\d+); checkpoint \2 saved", line)
+             for line in out.splitlines()]
+    stops = sorted((int(m.group(1)), int(m.group(2))) for m in stops if m)
+    assert [p for p, _ in stops] == [0, 1] and stops[0][1] == stops[1][1], out[-3000:]  # one step for both
+    assert os.listdir(work / "checkpoints") == [str(stops[0][1])]
 

@@ -9,7 +9,7 @@ from flax import nnx
 
 from atgrpo_jax.models import Qwen3, get_preset
 from jaxpr_walk import all_eqns
-from tiers import FULL
+from tiers import full_case
 
 CFG = get_preset("test-tiny").replace(num_layers=3, attention="chunked", attention_block=16)
 B, T = 2, 48
@@ -39,7 +39,7 @@ def test_recomputing_keeps_the_gradients_and_runs_no_matmul_twice():
     assert dots[True] == dots[False]  # the matmuls inside the recomputed blocks are not run again
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"] if FULL else ["float32"])
+@pytest.mark.parametrize("dtype", ["float32", full_case("bfloat16")])
 def test_recomputing_shrinks_what_the_backward_pass_keeps(dtype):
     temp = {}
     for recompute in (False, True):

@@ -13,7 +13,7 @@ from atgrpo_jax.trace import Tracer, overlap_seconds
 from atgrpo_jax.train.metrics import is_wall_clock
 from atgrpo_jax.train.setup import build_run
 from atgrpo_jax.train.step import train_step
-from tiers import FULL
+from tiers import full_case
 from tiny_config import tiny
 
 
@@ -45,8 +45,8 @@ def early_starts(tracer: Tracer) -> list[tuple[str, float, float]]:
             for pool, name, ts, _ in spans if name == "start update"]
 
 
-@pytest.mark.parametrize("sharing,pools", [("per_role", True)] + [("shared", False)] * FULL,  # tiers.py
-                         ids=["per_role_pools"] + ["shared"] * FULL)
+@pytest.mark.parametrize("sharing,pools", [pytest.param("per_role", True, id="per_role_pools"),
+                                           full_case("shared", False, id="shared")])  # tiers.py
 def test_async_schedule_equals_the_synchronous_loop(sharing, pools):
     """...and with several policies, a policy's update starts while the other pool still samples
     (its agents' stages are done in every cohort): the results are still those of the loop."""

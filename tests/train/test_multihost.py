@@ -14,7 +14,7 @@ import pytest
 from atgrpo_jax import launch
 from atgrpo_jax.distributed import CPU_COLLECTIVES_FLAG, ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 from atgrpo_jax.train.metrics import read_metrics
-from tiers import FULL
+from tiers import FULL, full_case
 
 DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "demo.py")
 # The demo config, smaller; the mesh's data axis spans the processes, fsdp stays inside each.
@@ -69,7 +69,7 @@ def _params(workdir, config):
 
 # staleness 2 (full tier): the rollouts in flight sample with gathered copies of older weights on each
 # process, one after another, and the updates are dispatched in one order on both
-@pytest.mark.parametrize("staleness", [0, 2] if FULL else [0])
+@pytest.mark.parametrize("staleness", [0, full_case(2)])
 def test_two_processes_train_like_one_and_their_checkpoint_resumes_in_one(tmp_path, staleness):
     from atgrpo_jax.train.loop import run_training
     assert jax.device_count() == 8

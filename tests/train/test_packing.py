@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from tiers import FULL
+from tiers import full_case
 
 from atgrpo_jax.algo.loss import LossConfig
 from atgrpo_jax.models import Qwen3, get_preset
@@ -146,7 +146,8 @@ def test_packed_logprobs_equal_unshared_rows(tiny):
 # (tiers.py). The losses' math is held to the rows' loss in tests/algo/test_fused_loss.py; this test
 # is about the packing.
 @pytest.mark.parametrize("cfg", [LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1, ratio_level="sequence")]
-                         + [LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1), LossConfig()] * FULL, ids=str)
+                         + [full_case(LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1), id="seq-mean-kl"),
+                            full_case(LossConfig(), id="default")], ids=str)
 def test_packed_update_equals_unshared_rows(tiny, cfg):
     graphdef, params = tiny
     mb, r = minibatch()

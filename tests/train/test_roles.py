@@ -1,7 +1,6 @@
 """Role schedules (policy.phases) and per-role optimizer settings (policy.role_optim)."""
 import ml_collections
 import pytest
-from tiers import FULL
 from tiny_config import tiny
 
 from atgrpo_jax.train.config import ConfigError, base_config
@@ -56,24 +55,25 @@ def test_role_optim_keys_are_checked_like_optims():
         resolve(c)
 
 
-if FULL:  # tiers.py: ~12 s; phase_agents/trained_agents above and the role-model run below cover the schedule and resume
-    def test_roles_take_turns_at_their_own_rates_and_resume_exactly_across_a_phase(tmp_path):
-        """Per-role policies trained in alternating phases of one step, the planner at its own lr; a run stopped
-        after step 1 and resumed equals the uninterrupted one across the phase boundary."""
-        from atgrpo_jax.train import loop
+@pytest.mark.full  # tiers.py: ~12 s; phase_agents/trained_agents above and the role-model run below cover the
+# schedule and resume
+def test_roles_take_turns_at_their_own_rates_and_resume_exactly_across_a_phase(tmp_path):
+    """Per-role policies trained in alternating phases of one step, the planner at its own lr; a run stopped
+    after step 1 and resumed equals the uninterrupted one across the phase boundary."""
+    from atgrpo_jax.train import loop
 
-        loop.run_training(with_roles(**{"train.steps": 3}), str(tmp_path / "full"))
-        rows = read_metrics(str(tmp_path / "full" / "metrics.jsonl"))
-        trained = [sorted(k.split("/")[0] for k in row if k.endswith("/updates")) for row in rows]
-        assert trained == [["policy_planner"], ["policy_executor"], ["policy_planner"]]
-        lr = with_roles().optim.lr
-        assert all(row["policy_planner/lr"] == pytest.approx(3e-6) and row["policy_executor/lr"] == pytest.approx(lr)
-                   for row in rows)
+    loop.run_training(with_roles(**{"train.steps": 3}), str(tmp_path / "full"))
+    rows = read_metrics(str(tmp_path / "full" / "metrics.jsonl"))
+    trained = [sorted(k.split("/")[0] for k in row if k.endswith("/updates")) for row in rows]
+    assert trained == [["policy_planner"], ["policy_executor"], ["policy_planner"]]
+    lr = with_roles().optim.lr
+    assert all(row["policy_planner/lr"] == pytest.approx(3e-6) and row["policy_executor/lr"] == pytest.approx(lr)
+               for row in rows)
 
-        loop.run_training(with_roles(**{"train.steps": 1}), str(tmp_path / "resumed"))
-        loop.run_training(with_roles(**{"train.steps": 3}), str(tmp_path / "resumed"))
-        resumed = read_metrics(str(tmp_path / "resumed" / "metrics.jsonl"))
-        assert [untimed(r) for r in resumed] == [untimed(r) for r in rows]
+    loop.run_training(with_roles(**{"train.steps": 1}), str(tmp_path / "resumed"))
+    loop.run_training(with_roles(**{"train.steps": 3}), str(tmp_path / "resumed"))
+    resumed = read_metrics(str(tmp_path / "resumed" / "metrics.jsonl"))
+    assert [untimed(r) for r in resumed] == [untimed(r) for r in rows]
 
 
 def unequal(**changes):
