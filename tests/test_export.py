@@ -12,6 +12,7 @@ import transformers
 from atgrpo_jax import cli
 from atgrpo_jax.export import export_policy
 from hf_fixtures import left_padded_batch, make_hf_checkpoint, torch_logits
+from shared_builds import built_once
 from tiny_config import tiny
 
 HF = dict(vocab=128, hidden=48, inter=64, layers=2, heads=4, kv_heads=2, head_dim=16)
@@ -26,17 +27,17 @@ def tiny_run(base: str, sharing: str):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs():
+    """A Hugging Face checkpoint and a one-step run from it in each regime, built once for every worker."""
     from atgrpo_jax.train.loop import run_training
 
-    root = tmp_path_factory.mktemp("export")
-    base = str(root / "base")
-    make_hf_checkpoint(base, **HF)
-    out = {"base": base}
-    for sharing in ("shared", "per_role", "lora"):
-        out[sharing] = str(root / sharing)
-        run_training(tiny_run(base, sharing), out[sharing])
-    return out
+    def build(root):
+        make_hf_checkpoint(os.path.join(root, "base"), **HF)
+        for sharing in ("shared", "per_role", "lora"):
+            run_training(tiny_run(os.path.join(root, "base"), sharing), os.path.join(root, sharing))
+
+    root = built_once("export_runs", build)
+    return {name: os.path.join(root, name) for name in ("base", "shared", "per_role", "lora")}
 
 
 def trained_policy(workdir: str, index: int):

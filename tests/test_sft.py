@@ -2,6 +2,7 @@
 transformers, a run that learns, resume, export, `model.init_from` and one-line errors."""
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
 from atgrpo_jax.sft import data
 from atgrpo_jax.sft.update import sft_loss
+from shared_builds import built_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "configs", "demo.py")
@@ -67,20 +69,22 @@ def params_of(workdir, step=None):
 
 
 @pytest.fixture(scope="module")
-def sft_run(tmp_path_factory):
-    """A run of the command itself on CHATS, long enough to memorize them."""
-    root = tmp_path_factory.mktemp("sft")
-    source = write_jsonl(root / "chats.jsonl", [{"messages": m} for m in CHATS])
-    valid = write_jsonl(root / "valid.jsonl", [{"messages": CHATS[0]}])
-    workdir = root / "run"
-    proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.sft", f"--config={DEMO}", f"--workdir={workdir}",
-                           f"--config.sft.train_path={source}", f"--config.sft.valid_path={valid}",
-                           "--config.sft.steps=30", "--config.sft.rows=4", "--config.sft.row_tokens=48",
-                           "--config.sft.eval_every=15", "--config.optim.lr=3e-3", "--config.optim.warmup_steps=0",
-                           "--config.train.checkpoint_every=10", "--config.train.loggers=('jsonl',)"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"root": root, "source": source, "workdir": str(workdir)}
+def sft_run():
+    """A run of the command itself on CHATS, long enough to memorize them (built once for every worker)."""
+    def build(folder):
+        root = pathlib.Path(folder)
+        source = write_jsonl(root / "chats.jsonl", [{"messages": m} for m in CHATS])
+        valid = write_jsonl(root / "valid.jsonl", [{"messages": CHATS[0]}])
+        proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.sft", f"--config={DEMO}", f"--workdir={root / 'run'}",
+                               f"--config.sft.train_path={source}", f"--config.sft.valid_path={valid}",
+                               "--config.sft.steps=30", "--config.sft.rows=4", "--config.sft.row_tokens=48",
+                               "--config.sft.eval_every=15", "--config.optim.lr=3e-3", "--config.optim.warmup_steps=0",
+                               "--config.train.checkpoint_every=10", "--config.train.loggers=('jsonl',)"],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    root = pathlib.Path(built_once("sft_run", build))
+    return {"root": root, "source": root / "chats.jsonl", "workdir": str(root / "run")}
 
 
 def test_exactly_the_assistant_tokens_are_scored_with_qwen3s_template():
