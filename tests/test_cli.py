@@ -8,6 +8,7 @@ import pytest
 
 from atgrpo_jax import cli
 from atgrpo_jax.train.config import base_config
+from command_util import exit_and_stderr
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 DEMO = os.path.join(ROOT, "configs", "demo.py")
@@ -20,13 +21,20 @@ def run(*args, timeout=180):
                           cwd=ROOT)
 
 
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
+    """The first case through the command (its flags, its exit status); the others through the same main
+    under the same one-line handler, in this process (no second start of python and jax for each)."""
+    from atgrpo_jax.train.__main__ import main
+
     workdir = tmp_path / "run"
     a_file = tmp_path / "a_file"
     a_file.write_text("not a directory")
+    proc = run("atgrpo_jax.train", f"--config={DEMO}", f"--workdir={workdir}", "--config.rollout.kk=3")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and lines[-1] == "error: --config.rollout.kk: no such key (did you mean 'rollout.k'?)", \
+        proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
     cases = [
-        ([f"--config={DEMO}", f"--workdir={workdir}", "--config.rollout.kk=3"],
-         "--config.rollout.kk: no such key (did you mean 'rollout.k'?)"),
         ([f"--config={DEMO}", f"--workdir={a_file}"], f"--workdir {a_file} is a file, not a directory"),
         ([f"--config={os.path.join(ROOT, 'configs', 'math_qwen3_8b.py')}", f"--workdir={workdir}"],
          "config.model.hf_path: preset 'qwen3-8b'"),
@@ -35,10 +43,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
         ([f"--config={DEMO}", f"--workdir={workdir}", "--config.rollout.k=two"], "--config.rollout.k=two: not a number"),
     ]
     for args, message in cases:
-        proc = run("atgrpo_jax.train", *args)
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and lines[-1].startswith("error: ") and message in lines[-1], proc.stderr[-3000:]
-        assert "Traceback" not in proc.stderr
+        code, lines = exit_and_stderr(main, args, capsys)
+        assert code == 2 and lines[-1].startswith("error: ") and message in lines[-1], lines
     assert not workdir.exists()
 
 

@@ -25,6 +25,7 @@ from atgrpo_jax.train.config import base_config
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.bench.rows import rows_update
 from atgrpo_jax.train.update import TrainState, make_optimizer, make_update_fns
+from tiers import full_case
 from tiny_config import tiny
 
 TOLERANCE = 0.25
@@ -186,10 +187,10 @@ def compiled_grad_bytes(cfg, batch, seq, chunk, sizes):
 
 
 # None of these shapes were used to read the working-set factors (atgrpo_jax/plan/memory.py).
-@pytest.mark.parametrize("preset,batch,seq,chunk,remat,sizes", [
+@pytest.mark.parametrize("preset,batch,seq,chunk,remat,sizes", [  # the default tier: one case each (tiers.py)
     ("test-tiny", 6, 96, 64, False, (1, 1, 1)),
-    ("bench-small", 4, 192, 256, False, (1, 2, 2)),
-    ("bench-small", 8, 96, 128, True, (2, 2, 2)),
+    full_case("bench-small", 4, 192, 256, False, (1, 2, 2)),
+    full_case("bench-small", 8, 96, 128, True, (2, 2, 2)),
 ])
 def test_update_memory_within_25_percent_of_compiled(preset, batch, seq, chunk, remat, sizes, xla_default_scheduler):
     if not xla_default_scheduler:
@@ -207,7 +208,7 @@ def test_update_memory_within_25_percent_of_compiled(preset, batch, seq, chunk, 
 
 @pytest.mark.parametrize("preset,batch,width,chunk,remat,sizes", [
     ("bench-small", 4, 193, 256, True, (1, 1, 1)),
-    ("test-tiny", 8, 129, 64, False, (1, 2, 2)),
+    full_case("test-tiny", 8, 129, 64, False, (1, 2, 2)),
 ])
 def test_trainer_update_step_within_25_percent_of_compiled(preset, batch, width, chunk, remat, sizes, xla_default_scheduler):
     if not xla_default_scheduler:
@@ -231,7 +232,7 @@ def test_trainer_update_step_within_25_percent_of_compiled(preset, batch, width,
     assert abs(planned / compiled - 1) <= TOLERANCE, (planned, compiled)
 
 
-@pytest.mark.parametrize("sizes", [(1, 1, 1), (1, 4, 2)])
+@pytest.mark.parametrize("sizes", [(1, 1, 1), full_case((1, 4, 2))])
 def test_params_gradients_and_adamw_state_match_compiled(sizes, xla_default_scheduler):
     if not xla_default_scheduler:
         return  # measured in a child process with XLA's default CPU scheduler (conftest.py)

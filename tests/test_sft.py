@@ -18,6 +18,7 @@ from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
 from atgrpo_jax.sft import data
 from atgrpo_jax.sft.update import sft_loss
+from command_util import exit_and_stderr
 from shared_builds import built_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -269,19 +270,25 @@ def test_a_bad_row_is_one_line_naming_it(tmp_path, capsys, rows, message):
     assert not (tmp_path / "run").exists()
 
 
-def test_the_command_refuses_bad_input_in_one_line_before_writing(tmp_path):
+def test_the_command_refuses_bad_input_in_one_line_before_writing(tmp_path, capsys):
+    """The first case through the command; the others through its main in this process (command_util)."""
+    from atgrpo_jax.sft.__main__ import main
+
     workdir = tmp_path / "run"
     cases = [
         ([f"--config.sft.train_path={tmp_path / 'missing.jsonl'}"], "missing.jsonl' does not exist"),
         ([], "config.sft.train_path: is required"),
         ([f"--config.sft.train_path={tmp_path}", "--config.sft.rows=0"], "config.sft.rows: must be > 0, got 0"),
     ]
-    for args, message in cases:
-        proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.sft", f"--config={DEMO}", f"--workdir={workdir}",
-                               *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and lines[-1].startswith("error: ") and message in lines[-1], proc.stderr[-2000:]
-        assert "Traceback" not in proc.stderr
+    args, message = cases[0]
+    proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.sft", f"--config={DEMO}", f"--workdir={workdir}", *args],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and lines[-1].startswith("error: ") and message in lines[-1], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    for args, message in cases[1:]:
+        code, lines = exit_and_stderr(main, [f"--config={DEMO}", f"--workdir={workdir}", *args], capsys)
+        assert code == 2 and lines[-1].startswith("error: ") and message in lines[-1], lines
     assert not workdir.exists()
 
 

@@ -13,6 +13,7 @@ from atgrpo_jax.bench.rows import rows_packed
 from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns, sequence_logprobs
 from atgrpo_jax.train.config import base_config
 from jaxpr_walk import all_eqns
+from tiers import full_case
 
 CONFIGS = [LossConfig(), LossConfig(aggregation="seq-mean-token-mean"),
            LossConfig(dual_clip=3.0, eps_high=0.28), LossConfig(kl_coef=0.1, entropy_coef=0.01)]
@@ -235,7 +236,7 @@ def test_update_step_with_importance_correction_matches_the_loss_of_rows():
     assert_update_reports(update, tx, params, batch, reference)
 
 
-@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean"])
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", full_case("token-mean")])  # tiers.py
 def test_sequence_ratio_update_is_gspo(aggregation):
     """loss.ratio_level="sequence": the fused update's loss, metrics and gradient are GSPO's objective
     (Zheng et al. 2025), written here plainly over rows: s_i = exp(mean of the sample's token

@@ -128,7 +128,8 @@ def test_pools_and_host_workers_overlap_on_the_timeline():
     assert {e["args"]["name"] for e in out if e["ph"] == "M"} == {"pool A", "pool B", "host"}
 
 
-@pytest.mark.parametrize("staleness,correction,sharing", [(1, "none", "shared"), (2, "truncated", "per_role")])
+# staleness 1 on one policy in the full tier (tiers.py): staleness 2 on two pools keeps the family here
+@pytest.mark.parametrize("staleness,correction,sharing", [full_case(1, "none", "shared"), (2, "truncated", "per_role")])
 def test_staleness_n_samples_with_weights_up_to_n_updates_old(tmp_path, staleness, correction, sharing):
     """The lag of each step's samples; the ratio against the sampler's log-probs, or with
     loss.is_correction the decoupled form: clipped around recomputed old log-probs, each token weighted

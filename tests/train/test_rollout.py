@@ -10,6 +10,7 @@ from atgrpo_jax.rollout.tree import plain_rollout, tree_rollout
 from tiny_config import tiny
 from atgrpo_jax.train.step import train_step
 from atgrpo_jax.train.setup import build_run
+from tiers import full_case
 
 K = 4
 
@@ -131,7 +132,7 @@ def param_leaves(policy):
     return [np.asarray(x) for x in jax.tree.leaves(policy.state.params)]
 
 
-@pytest.mark.parametrize("pools", [False, True], ids=["one_mesh", "4+4_device_pools"])
+@pytest.mark.parametrize("pools", [full_case(False, id="one_mesh"), pytest.param(True, id="4+4_device_pools")])  # tiers.py
 def test_per_role_router_updates_each_policy_from_its_own_agent_only(pools):
     config = tiny_config("per_role")
     if pools:  # each policy on its own 4 of the 8 devices
