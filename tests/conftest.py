@@ -47,6 +47,7 @@ from shared_builds import SESSION_DIR_ENV, built_once  # noqa: E402
 from tiers import BUDGET_S, FULL, SLOWEST_SHOWN  # noqa: E402
 
 RESULTS_ENV = "ATGRPO_TEST_DEFAULT_SCHEDULER_RESULTS"  # where the default-scheduler child writes outcomes
+TIMES_ENV = "ATGRPO_TEST_TIMES"  # a file for every test's seconds (tools/suite_budget.py)
 
 
 def pytest_configure(config):
@@ -111,6 +112,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                                     f"the {SLOWEST_SHOWN} slowest (setup + call + teardown)")
     for nodeid, seconds in sorted(_seconds.items(), key=lambda kv: -kv[1])[:SLOWEST_SHOWN]:
         terminalreporter.write_line(f"{seconds:7.1f} s  {nodeid}")
+    if os.environ.get(TIMES_ENV):  # every test's seconds, for tools/suite_budget.py
+        with open(os.environ[TIMES_ENV], "w") as f:
+            json.dump({"tier": tier, "wall_s": round(wall, 1), "seconds": _seconds}, f, indent=0)
 
 
 @pytest.fixture(scope="session")

@@ -35,9 +35,11 @@ def runs():
         make_hf_checkpoint(os.path.join(root, "base"), **HF)
         for sharing in ("shared", "per_role", "lora"):
             run_training(tiny_run(os.path.join(root, "base"), sharing), os.path.join(root, sharing))
+        make_hf_checkpoint(os.path.join(root, "llama_base"), **HF, family="llama", tied=True)  # another family
+        run_training(tiny_run(os.path.join(root, "llama_base"), "shared"), os.path.join(root, "llama"))
 
     root = built_once("export_runs", build)
-    return {name: os.path.join(root, name) for name in ("base", "shared", "per_role", "lora")}
+    return {name: os.path.join(root, name) for name in ("base", "shared", "per_role", "lora", "llama_base", "llama")}
 
 
 def trained_policy(workdir: str, index: int):
@@ -74,6 +76,16 @@ def hf_logits(model):
 def assert_close(got, want):
     assert np.abs(want).max() > 1.0  # not a comparison between near-zeros
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+
+
+def test_a_llama_policy_trains_and_exports_as_llama(runs, tmp_path):
+    """A run started from a Llama checkpoint exports a LlamaForCausalLM with its trained weights."""
+    export_policy(runs["llama"], str(tmp_path / "hf"))
+    exported = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    assert type(exported).__name__ == "LlamaForCausalLM"
+    assert_close(hf_logits(exported), our_logits(trained_policy(runs["llama"], 0).model()))
+    base = transformers.AutoModelForCausalLM.from_pretrained(runs["llama_base"]).eval()
+    assert np.abs(hf_logits(base) - hf_logits(exported)).max() > 1e-3  # the trained weights, not the base's
 
 
 def test_a_shared_policy_loads_in_transformers_with_the_trained_weights(runs, tmp_path):

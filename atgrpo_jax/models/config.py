@@ -1,8 +1,9 @@
-"""Qwen3 architecture config and presets.
+"""The decoder's architecture config, its families and presets.
 
-Sizes of the released models are those of their published `config.json`
-(Qwen/Qwen3-*); all share vocab 151,936 embedding rows (the tokenizer has
-151,669 tokens), RoPE theta 1e6, RMSNorm eps 1e-6, SwiGLU, q/k norms.
+One decoder serves three Hugging Face families (`FAMILIES`): Qwen3 (q/k RMSNorm), Llama (neither; RoPE
+optionally scaled as Llama 3 does) and Qwen2 / Qwen2.5 (biases on q, k and v). Sizes of the released
+Qwen3 models are those of their published `config.json` (Qwen/Qwen3-*); all share vocab 151,936
+embedding rows (the tokenizer has 151,669 tokens), RoPE theta 1e6, RMSNorm eps 1e-6, SwiGLU, q/k norms.
 """
 from __future__ import annotations
 
@@ -14,6 +15,23 @@ from atgrpo_jax.models.attention import BACKENDS
 from atgrpo_jax.models.decode_kernel import DECODE_ATTENTION
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What sets a Hugging Face model family apart in this decoder (everything else is shared: pre-norm
+    blocks, RMSNorm, GQA, rotate-half RoPE, SwiGLU)."""
+    architecture: str  # config.json `architectures`
+    model_type: str  # config.json `model_type`
+    qk_norm: bool  # RMSNorm over head_dim on q and k before RoPE
+    qkv_bias: bool  # biases on the q, k and v projections
+
+
+FAMILIES = {
+    "qwen3": Family("Qwen3ForCausalLM", "qwen3", qk_norm=True, qkv_bias=False),
+    "llama": Family("LlamaForCausalLM", "llama", qk_norm=False, qkv_bias=False),
+    "qwen2": Family("Qwen2ForCausalLM", "qwen2", qk_norm=False, qkv_bias=True),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +60,17 @@ class Qwen3Config:
     # 0 = auto (`layer_unroll`)
     lora_rank: int = 0  # > 0 adds low-rank adapters to every projection
     lora_alpha: float = 32.0
+    family: str = "qwen3"  # FAMILIES: which HF architecture this is (its layers' extras, its HF names)
+    # Llama 3's RoPE scaling, (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings);
+    # () is plain RoPE (`qwen3.rope_frequencies`)
+    rope_llama3: tuple = ()
 
     def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"Qwen3Config.family must be one of {sorted(FAMILIES)}, got {self.family!r}")
+        if self.rope_llama3 and len(self.rope_llama3) != 4:
+            raise ValueError("Qwen3Config.rope_llama3 must be (factor, low_freq_factor, high_freq_factor, "
+                             f"original_max_position_embeddings) or (), got {self.rope_llama3!r}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                      "num_heads", "num_kv_heads", "head_dim"):
             if int(getattr(self, name)) <= 0:
@@ -71,6 +98,14 @@ class Qwen3Config:
                                  f"got {getattr(self, name)!r}")
 
     @property
+    def qk_norm(self) -> bool:
+        return FAMILIES[self.family].qk_norm
+
+    @property
+    def qkv_bias(self) -> bool:
+        return FAMILIES[self.family].qkv_bias
+
+    @property
     def dtype(self):
         return DTYPES[self.compute_dtype]
 
@@ -84,7 +119,9 @@ class Qwen3Config:
     def num_params(self) -> int:
         d, f, l = self.hidden_size, self.intermediate_size, self.num_layers
         attn = d * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
-        per_layer = attn + 3 * d * f + 2 * d + 2 * self.head_dim
+        extras = (2 * self.head_dim * self.qk_norm  # q/k norms
+                  + self.head_dim * (self.num_heads + 2 * self.num_kv_heads) * self.qkv_bias)  # q/k/v biases
+        per_layer = attn + 3 * d * f + 2 * d + extras
         head = 0 if self.tie_word_embeddings else d * self.vocab_size
         return self.vocab_size * d + l * per_layer + d + head
 
@@ -106,6 +143,10 @@ PRESETS: dict[str, Qwen3Config] = {
     "qwen3-8b": _qwen3(hidden=4096, mlp=12288, layers=36, heads=32),  # 8.19B
     "qwen3-14b": _qwen3(hidden=5120, mlp=17408, layers=40, heads=40),  # 14.77B
     "qwen3-32b": _qwen3(hidden=5120, mlp=25600, layers=64, heads=64),  # 32.76B
+    # SmolLM2-135M(-Instruct), Llama architecture (its published config.json)
+    "smollm2-135m": Qwen3Config(vocab_size=49_152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                                num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100_000.0, rms_norm_eps=1e-5,
+                                tie_word_embeddings=True, max_position_embeddings=8192, family="llama"),  # 134.5M
     # Benchmark configs: a small one and a Qwen3-like one with the real vocabulary.
     "bench-small": Qwen3Config(vocab_size=8192, hidden_size=256, intermediate_size=768, num_layers=4,
                                num_heads=4, num_kv_heads=2, head_dim=64),  # 7.3M

@@ -1,4 +1,4 @@
-"""Hugging Face Qwen3 checkpoints in and out.
+"""Hugging Face checkpoints in and out: Qwen3, Llama and Qwen2 (models/config.py FAMILIES).
 
 `load_pretrained` reads `config.json` and `*.safetensors` (one file, several,
 or a sharded index) and builds the NNX model without ever holding the whole
@@ -6,8 +6,9 @@ checkpoint on the host: every parameter is created with
 `jax.make_array_from_callback`, and each callback reads from disk only the
 slice its device holds (lazily, through safetensors' slicing).
 
-`save_pretrained` writes a directory that `transformers.Qwen3ForCausalLM`
-loads: HF tensor names and layouts, `config.json`, shards plus index.
+`save_pretrained` writes a directory that transformers loads as the model's own
+family (`Qwen3ForCausalLM`, `LlamaForCausalLM`, `Qwen2ForCausalLM`): HF tensor
+names and layouts, `config.json`, shards plus index.
 """
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.config import FAMILIES, Qwen3Config
 from atgrpo_jax.models.hub_ids import CheckpointError, local_model_dir
-from atgrpo_jax.models.qwen3 import LAYER_PARAMS, Qwen3
+from atgrpo_jax.models.qwen3 import LAYER_PARAMS, Qwen3, layer_params
 from atgrpo_jax.sharding import logical_sharding
 
 # our layer param -> (HF name inside model.layers.{i}, number of leading "in" dims).
 # A linear weight is stored by HF as [out, in]; ours is W.T reshaped to
-# (in dims..., out dims...). n_in = None means the same layout (norms).
+# (in dims..., out dims...). n_in = None means the same layout (norms); 0, a flat
+# vector that ours holds reshaped (q/k/v biases: [heads * head_dim] -> [heads, head_dim]).
 HF_LAYER_NAMES = {
     "attn_norm": ("input_layernorm.weight", None),
     "wq": ("self_attn.q_proj.weight", 1),
@@ -40,6 +42,9 @@ HF_LAYER_NAMES = {
     "wo": ("self_attn.o_proj.weight", 2),
     "q_norm": ("self_attn.q_norm.weight", None),
     "k_norm": ("self_attn.k_norm.weight", None),
+    "bq": ("self_attn.q_proj.bias", 0),
+    "bk": ("self_attn.k_proj.bias", 0),
+    "bv": ("self_attn.v_proj.bias", 0),
     "mlp_norm": ("post_attention_layernorm.weight", None),
     "w_gate": ("mlp.gate_proj.weight", 1),
     "w_up": ("mlp.up_proj.weight", 1),
@@ -47,23 +52,58 @@ HF_LAYER_NAMES = {
 }
 assert set(HF_LAYER_NAMES) == set(LAYER_PARAMS)
 
-# HF config fields we read, those we accept only at a given value, and the rest
+# HF config fields we read, those we accept only at a given value (per family), and the rest
 # we know to be irrelevant to the forward pass. Anything else is an error.
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "num_key_value_heads")
-_MUST_EQUAL = {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False,
-               "model_type": "qwen3", "rope_scaling": None}
-_IGNORED = {"architectures", "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
+_MUST_EQUAL = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "use_sliding_window": False,
+               "pretraining_tp": 1}
+_IGNORED = {"architectures", "model_type", "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
             "dtype", "torch_dtype", "initializer_range", "layer_types", "max_window_layers",
-            "sliding_window", "transformers_version", "use_cache", "head_dim", "rope_theta",
+            "sliding_window", "transformers_version", "use_cache", "head_dim", "rope_theta", "rope_scaling",
             "rope_parameters", "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings"}
+_FAMILY_OF = {f.architecture: name for name, f in FAMILIES.items()} | {f.model_type: name for name, f in
+                                                                        FAMILIES.items()}
+_SUPPORTED = ", ".join(sorted(f.architecture for f in FAMILIES.values()))
+
+
+def family_of(hf: dict) -> str:
+    """The family (FAMILIES) of a parsed config.json, from `architectures` or else `model_type`; anything
+    else is a CheckpointError naming what is supported."""
+    archs = hf.get("architectures")
+    if archs:
+        if len(archs) != 1 or archs[0] not in _FAMILY_OF:
+            raise CheckpointError(f"config.json architectures={archs}: supported are {_SUPPORTED}")
+        family = _FAMILY_OF[archs[0]]
+    elif hf.get("model_type") in _FAMILY_OF:
+        family = _FAMILY_OF[hf["model_type"]]
+    else:
+        raise CheckpointError(f"config.json model_type={hf.get('model_type')!r}: supported are {_SUPPORTED}")
+    if hf.get("model_type", FAMILIES[family].model_type) != FAMILIES[family].model_type:
+        raise CheckpointError(f"config.json model_type={hf['model_type']!r} does not match its architectures "
+                              f"{archs} (model_type {FAMILIES[family].model_type!r})")
+    return family
+
+
+def _rope(hf: dict, family: str) -> tuple[float, tuple]:
+    """(theta, Llama 3 scaling or ()) of config.json: transformers 5's `rope_parameters`, or the older
+    `rope_theta` with `rope_scaling`."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return theta, ()
+    if kind == "llama3" and family == "llama":
+        return theta, (float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"]),
+                       int(rope["original_max_position_embeddings"]))
+    raise CheckpointError(f"config.json rope type {kind!r} is not supported for {FAMILIES[family].architecture} "
+                          "(supported: default, and llama3 for Llama)")
 
 
 def config_from_hf(hf: dict, **overrides) -> Qwen3Config:
-    """Qwen3Config from a parsed HF config.json; unsupported fields are errors."""
-    archs = hf.get("architectures") or ["Qwen3ForCausalLM"]
-    if archs != ["Qwen3ForCausalLM"]:
-        raise CheckpointError(f"config.json architectures={archs}: only Qwen3ForCausalLM is supported")
+    """The decoder's config from a parsed HF config.json (any family of FAMILIES); unsupported fields are
+    errors."""
+    family = family_of(hf)
     for key, value in _MUST_EQUAL.items():
         if key in hf and hf[key] != value:
             raise CheckpointError(f"config.json field {key}={hf[key]!r} is not supported (need {value!r})")
@@ -73,49 +113,60 @@ def config_from_hf(hf: dict, **overrides) -> Qwen3Config:
     unknown = set(hf) - set(_REQUIRED) - set(_MUST_EQUAL) - _IGNORED
     if unknown:
         raise CheckpointError(f"config.json has fields this loader does not know: {sorted(unknown)}")
-    rope = hf.get("rope_parameters") or {}
-    if rope.get("rope_type", "default") != "default":
-        raise CheckpointError(f"config.json rope_parameters.rope_type={rope['rope_type']!r} is not supported")
-    theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
+    theta, llama3 = _rope(hf, family)
     heads = hf["num_attention_heads"]
     fields = dict(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
         num_heads=heads, num_kv_heads=hf["num_key_value_heads"],
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        rope_theta=float(theta), rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta, rope_llama3=llama3, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(hf.get("max_position_embeddings", 40_960)),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 40_960)), family=family,
     )
     fields.update(overrides)
     return Qwen3Config(**fields)
 
 
 def config_to_hf(cfg: Qwen3Config) -> dict:
-    return {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+    """config.json of `cfg` as its own family's transformers class reads it."""
+    family = FAMILIES[cfg.family]
+    hf = {
+        "architectures": [family.architecture], "model_type": family.model_type,
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim, "hidden_act": "silu", "attention_bias": False,
+        "head_dim": cfg.head_dim, "hidden_act": "silu",
         "attention_dropout": 0.0, "rms_norm_eps": cfg.rms_norm_eps,
         "rope_theta": cfg.rope_theta, "rope_scaling": None,
         "tie_word_embeddings": cfg.tie_word_embeddings,
         "max_position_embeddings": cfg.max_position_embeddings,
-        "use_sliding_window": False, "use_cache": True,
-        "torch_dtype": cfg.param_dtype,
+        "use_cache": True, "torch_dtype": cfg.param_dtype,
     }
+    if cfg.family != "qwen2":  # Qwen2's q/k/v biases are not a switch there
+        hf["attention_bias"] = False
+    if cfg.family == "llama":
+        hf["mlp_bias"] = False
+    else:
+        hf["use_sliding_window"] = False
+    if cfg.rope_llama3:
+        factor, low, high, context = cfg.rope_llama3
+        hf["rope_scaling"] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                              "high_freq_factor": high, "original_max_position_embeddings": context}
+    return hf
 
 
 def hf_tensor_names(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
-    """Every tensor an HF Qwen3 checkpoint must hold, with its shape."""
+    """Every tensor an HF checkpoint of `cfg` must hold, with its shape."""
     names = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size),
              "model.norm.weight": (cfg.hidden_size,)}
     if not cfg.tie_word_embeddings:
         names["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
-    for ours, (hf, n_in) in HF_LAYER_NAMES.items():
-        shape = LAYER_PARAMS[ours][0](cfg)
-        hf_shape = shape if n_in is None else (math.prod(shape[n_in:]), math.prod(shape[:n_in]))
+    for ours, (shape_fn, _) in layer_params(cfg).items():
+        hf, n_in = HF_LAYER_NAMES[ours]
+        shape = shape_fn(cfg)
+        hf_shape = (shape if n_in is None else (math.prod(shape),) if n_in == 0 else
+                    (math.prod(shape[n_in:]), math.prod(shape[:n_in])))
         for i in range(cfg.num_layers):
             names[f"model.layers.{i}.{hf}"] = hf_shape
     return names
@@ -199,6 +250,11 @@ def _reader_fn(reader: _Reader, path: tuple, cfg: Qwen3Config, dtype):
             full = f"model.layers.{i}.{hf}"
             if n_in is None:
                 return reader.read(full, idx[0])
+            if n_in == 0:  # a flat bias: whole rows of ours, then the rest of the index
+                start, stop, _ = idx[0].indices(shape[0])
+                inner = math.prod(shape[1:])
+                return reader.read(full, slice(start * inner, stop * inner)).reshape(-1, *shape[1:])[
+                    (slice(None), *idx[1:])]
             return _read_linear(reader, full, n_in, shape, idx)
 
         def cb(index):
@@ -221,7 +277,7 @@ def _iter_params(state) -> Iterator[tuple[tuple, nnx.Variable]]:
 
 
 ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                       "num_kv_heads", "head_dim", "tie_word_embeddings")
+                       "num_kv_heads", "head_dim", "tie_word_embeddings", "family")
 
 
 def check_architecture(cfg: Qwen3Config, expected: Qwen3Config, path: str, expected_name: str):
@@ -288,17 +344,20 @@ def _hf_tensors(model: Qwen3) -> Iterator[tuple[str, np.ndarray]]:
     yield "model.norm.weight", _host(model.final_norm[...])
     if not cfg.tie_word_embeddings:
         yield "lm_head.weight", _host(model.lm_head[...]).T
-    for ours, (hf, n_in) in HF_LAYER_NAMES.items():
+    for ours in layer_params(cfg):
+        hf, n_in = HF_LAYER_NAMES[ours]
         stacked = getattr(model.layers, ours)[...]
         for i in range(cfg.num_layers):
             w = _host(stacked[i])
-            if n_in is not None:
+            if n_in == 0:
+                w = w.reshape(-1)
+            elif n_in is not None:
                 w = w.reshape(math.prod(w.shape[:n_in]), -1).T
             yield f"model.layers.{i}.{hf}", w
 
 
 def save_pretrained(model: Qwen3, path: str, max_shard_bytes: int = 2 * 1024**3) -> None:
-    """Write `model` as an HF Qwen3 checkpoint (process 0 writes; every process must call).
+    """Write `model` as an HF checkpoint of its family (process 0 writes; every process must call).
 
     Shards are written as they fill, so the host holds at most one shard.
     """

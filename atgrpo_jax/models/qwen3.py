@@ -1,4 +1,4 @@
-"""Qwen3 decoder in Flax NNX.
+"""The decoder in Flax NNX: Qwen3, and the Llama and Qwen2 families (models/config.py FAMILIES).
 
 The layers are one stack of weights with a leading `layers` axis, run with
 `lax.scan`, so compile time does not grow with depth. Decode steps on GPUs and
@@ -9,7 +9,8 @@ for `atgrpo_jax.sharding`.
 
 Numerics follow `transformers`' Qwen3: RMSNorm in float32, q/k RMSNorm over
 head_dim before RoPE (rotate-half form), grouped-query attention with softmax
-in float32, SwiGLU MLP, no embedding scaling. Positions are explicit, so left
+in float32, SwiGLU MLP, no embedding scaling. Llama drops the q/k norms (and may
+scale RoPE's frequencies as Llama 3 does); Qwen2 drops them and adds q/k/v biases. Positions are explicit, so left
 padding works: a padded slot is masked as a key and its own output is unused.
 """
 from __future__ import annotations
@@ -33,12 +34,23 @@ LAYER_PARAMS = {
     "wo": (lambda c: (c.num_heads, c.head_dim, c.hidden_size), ("heads", "head_dim", "embed")),
     "q_norm": (lambda c: (c.head_dim,), ("norm",)),
     "k_norm": (lambda c: (c.head_dim,), ("norm",)),
+    "bq": (lambda c: (c.num_heads, c.head_dim), ("heads", "head_dim")),
+    "bk": (lambda c: (c.num_kv_heads, c.head_dim), ("kv_heads", "head_dim")),
+    "bv": (lambda c: (c.num_kv_heads, c.head_dim), ("kv_heads", "head_dim")),
     "mlp_norm": (lambda c: (c.hidden_size,), ("norm",)),
     "w_gate": (lambda c: (c.hidden_size, c.intermediate_size), ("embed", "mlp")),
     "w_up": (lambda c: (c.hidden_size, c.intermediate_size), ("embed", "mlp")),
     "w_down": (lambda c: (c.intermediate_size, c.hidden_size), ("mlp", "embed")),
 }
 NORMS = ("attn_norm", "q_norm", "k_norm", "mlp_norm")
+BIASES = ("bq", "bk", "bv")
+
+
+def layer_params(cfg: Qwen3Config) -> dict:
+    """LAYER_PARAMS of the parameters `cfg`'s family has (q/k norms: Qwen3; q/k/v biases: Qwen2)."""
+    absent = (() if cfg.qk_norm else ("q_norm", "k_norm")) + (() if cfg.qkv_bias else BIASES)
+    return {name: spec for name, spec in LAYER_PARAMS.items() if name not in absent}
+
 # Weights that get a low-rank adapter, with the number of leading "in" dims.
 LORA_TARGETS = {"wq": 1, "wk": 1, "wv": 1, "wo": 2, "w_gate": 1, "w_up": 1, "w_down": 1}
 
@@ -53,10 +65,24 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight.astype(x.dtype) * x32.astype(x.dtype)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rope_frequencies(head_dim: int, theta: float, llama3: tuple = ()) -> jax.Array:
+    """RoPE's inverse frequencies [head_dim // 2]; with `llama3` = (factor, low_freq_factor,
+    high_freq_factor, original context), Llama 3's scaling: wavelengths longer than
+    context / low_freq_factor are stretched by `factor`, shorter than context / high_freq_factor kept,
+    and those between interpolated linearly in context / wavelength."""
+    inv_freq = 1.0 / theta ** (jnp.arange(0, head_dim // 2, dtype=jnp.float32) * 2.0 / head_dim)
+    if not llama3:
+        return inv_freq
+    factor, low, high, context = llama3
+    wavelength = 2 * math.pi / inv_freq
+    smooth = jnp.clip((context / wavelength - low) / (high - low), 0.0, 1.0)
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float, llama3: tuple = ()) -> jax.Array:
     """Rotate-half RoPE; x [B, T, heads, head_dim], positions [B, T]."""
     half = x.shape[-1] // 2
-    inv_freq = 1.0 / theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x.shape[-1])
+    inv_freq = rope_frequencies(x.shape[-1], theta, llama3)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, half]
     cos = jnp.cos(angles)[:, :, None, :]
     sin = jnp.sin(angles)[:, :, None, :]
@@ -97,7 +123,8 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend, recompute: bo
 
     @block
     def norm_rope(x, norm):
-        return rope(rms_norm(x, norm, eps), positions, cfg.rope_theta)
+        x = x if norm is None else rms_norm(x, norm, eps)
+        return rope(x, positions, cfg.rope_theta, cfg.rope_llama3)
 
     @block
     def mlp_out(gate, up, w_down):
@@ -106,11 +133,14 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend, recompute: bo
 
     if "wqkv" in w:  # fused (`fuse_projections`): [B, T, KV, G + 2, D], each kv head's queries, key, value
         (qkv,) = normed_projections(h, w["attn_norm"], w["wqkv"].astype(dt))
+        qkv = qkv + w["bqkv"].astype(dt) if "bqkv" in w else qkv
         g = qkv.shape[3] - 2
         q, k, v = qkv[:, :, :, :g].reshape(*qkv.shape[:2], -1, qkv.shape[-1]), qkv[:, :, :, g], qkv[:, :, :, g + 1]
     else:
         q, k, v = normed_projections(h, w["attn_norm"], *(w[name].astype(dt) for name in ("wq", "wk", "wv")))
-    q, k = norm_rope(q, w["q_norm"]), norm_rope(k, w["k_norm"])
+        if "bq" in w:  # Qwen2's biases
+            q, k, v = q + w["bq"].astype(dt), k + w["bk"].astype(dt), v + w["bv"].astype(dt)
+    q, k = norm_rope(q, w.get("q_norm")), norm_rope(k, w.get("k_norm"))
     q = constrain(q, ("batch", "seq", "heads", "head_dim"))
     a, carry = attend(q, k, v)
     h = h + project(a, w["wo"].astype(dt))
@@ -125,7 +155,8 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend, recompute: bo
     return constrain(h, ("batch", "seq", "embed")), carry
 
 
-FUSED_AXES = {"wqkv": ("embed", "kv_heads", None, "head_dim"), "w_gate_up": ("embed", None, "mlp")}
+FUSED_AXES = {"wqkv": ("embed", "kv_heads", None, "head_dim"), "bqkv": ("kv_heads", None, "head_dim"),
+              "w_gate_up": ("embed", None, "mlp")}
 
 
 def fuse_projections(w: dict, rules: dict = RULES) -> dict:
@@ -139,6 +170,9 @@ def fuse_projections(w: dict, rules: dict = RULES) -> dict:
     d, kv, hd = wk.shape
     wq = wq.reshape(d, kv, wq.shape[1] // kv, hd)
     w["wqkv"] = jnp.concatenate([wq, wk[:, :, None], wv[:, :, None]], axis=2)
+    if "bq" in w:  # Qwen2's biases, in the same order: [kv_heads, G + 2, head_dim]
+        bq, bk, bv = w.pop("bq"), w.pop("bk"), w.pop("bv")
+        w["bqkv"] = jnp.concatenate([bq.reshape(kv, -1, hd), bk[:, None], bv[:, None]], axis=1)
     w["w_gate_up"] = jnp.stack([w.pop("w_gate"), w.pop("w_up")], axis=1)
     axes = {**{name: axes for name, (_, axes) in LAYER_PARAMS.items()}, **FUSED_AXES}
     return {name: constrain(x, axes[name], rules) for name, x in w.items()}
@@ -189,9 +223,13 @@ class Layers(nnx.Module):
 
     def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
         self.lora_scale = cfg.lora_alpha / cfg.lora_rank if cfg.lora_rank else 0.0
-        for name, (shape_fn, axes) in LAYER_PARAMS.items():
+        self.names = tuple(layer_params(cfg))
+        for name, (shape_fn, axes) in layer_params(cfg).items():
             shape = (cfg.num_layers, *shape_fn(cfg))
-            setattr(self, name, _param(rngs, shape, ("layers", *axes), cfg.weight_dtype, name in NORMS))
+            value = _param(rngs, shape, ("layers", *axes), cfg.weight_dtype, name in NORMS)
+            if name in BIASES:
+                value.set_value(jnp.zeros(shape, cfg.weight_dtype))
+            setattr(self, name, value)
         for name, n_in in (LORA_TARGETS.items() if cfg.lora_rank else ()):
             shape = LAYER_PARAMS[name][0](cfg)
             d_in, d_out = math.prod(shape[:n_in]), math.prod(shape[n_in:])
@@ -201,7 +239,7 @@ class Layers(nnx.Module):
                                                       logical_axes=("layers", "lora_rank", None)))
 
     def weights(self) -> dict[str, jax.Array]:
-        w = {name: getattr(self, name)[...] for name in LAYER_PARAMS}
+        w = {name: getattr(self, name)[...] for name in self.names}
         for name in (LORA_TARGETS if self.lora_scale else ()):
             delta = getattr(self, f"lora_a_{name}")[...] @ getattr(self, f"lora_b_{name}")[...]
             w[name] = w[name] + (self.lora_scale * delta).reshape(w[name].shape).astype(w[name].dtype)

@@ -1,5 +1,5 @@
-"""The config's `model` and `lora` sections (atgrpo_jax/sections.py): which Qwen3, in which dtypes, run
-how; and the adapters of LoRA policies."""
+"""The config's `model` and `lora` sections (atgrpo_jax/sections.py): which model (a preset, or a Qwen3,
+Llama or Qwen2 checkpoint), in which dtypes, run how; and the adapters of LoRA policies."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,7 +19,7 @@ class ModelSettings(Section):
 
     preset: str = key("qwen3-1.7b", 'architecture, a name in atgrpo_jax.models.config.PRESETS; a checkpoint in '
                       'model.hf_path must match it ("" = whatever the checkpoint\'s config.json says)')
-    hf_path: str = key("", "the Qwen3 checkpoint to start from: a Hugging Face directory (config.json, "
+    hf_path: str = key("", "the checkpoint to start from (Qwen3, Llama or Qwen2): a Hugging Face directory (config.json, "
                        "*.safetensors, tokenizer) or a hub id org/name[@revision] (downloaded into the Hugging Face "
                        "cache; offline: from it)")
     init: str = key("auto", '"auto": the weights of model.hf_path (random only for presets under 250M parameters); '

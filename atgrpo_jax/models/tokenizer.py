@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 from collections.abc import Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
+
+from atgrpo_jax.models.hf_io import family_of
 
 QWEN3_MODEL_VOCAB_SIZE = 151_936  # embedding / lm_head rows in every Qwen3 config.json
 QWEN3_BPE_SIZE = 151_643  # ordinary byte-level BPE tokens, ids 0..151642
@@ -209,6 +212,28 @@ def load_tokenizer_dir(path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def checkpoint_tokenizer(path: str):
+    """The tokenizer of checkpoint directory `path`: Qwen3's (its ids checked) for a Qwen3 checkpoint, else
+    the checkpoint's own (Llama, Qwen2: its vocabulary and chat template, which it must have)."""
+    if _family_of_dir(path) in (None, "qwen3"):
+        return qwen3_tokenizer(path)
+    if not _has_tokenizer_files(path):
+        raise FileNotFoundError(f"{path}: no tokenizer files (tokenizer.json or tokenizer_config.json)")
+    tokenizer = load_tokenizer_dir(path)
+    if not tokenizer.chat_template:
+        raise ValueError(f"{path}: its tokenizer has no chat template (the prompts are chats)")
+    return tokenizer
+
+
+def _family_of_dir(path: str) -> str | None:
+    """The model family of a checkpoint directory's config.json (None without one)."""
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        return None
+    with open(config) as f:
+        return family_of(json.load(f))
 
 
 def char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:

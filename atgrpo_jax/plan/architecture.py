@@ -2,34 +2,18 @@
 preset or checkpoint, the attention backend its update runs, and the largest of its roles' models."""
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 from atgrpo_jax.models.attention import configured_backend, resolve_backend
-from atgrpo_jax.models.config import Qwen3Config, get_preset
-from atgrpo_jax.models.hf_io import config_from_hf
-from atgrpo_jax.models.hub_ids import local_model_dir
+from atgrpo_jax.models.architecture import model_architecture
+from atgrpo_jax.models.config import Qwen3Config
 from atgrpo_jax.train.roles import role_config
 
 
 def model_config(config) -> Qwen3Config:
-    """The architecture a training config names (preset, or the HF checkpoint's config.json)."""
-    m = config.model
-    kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=bool(m.remat),
-              recompute_elementwise=bool(m.recompute_elementwise), attention_block=int(m.attention_block),
-              decode_unroll=int(m.decode_unroll), sequence_unroll=int(m.sequence_unroll),
-              decode_gather=bool(m.decode_gather))
-    layout = config.policy.routing
-    if layout.lora:
-        kw.update(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha)
-    if m.hf_path:
-
-        with open(os.path.join(local_model_dir(m.hf_path), "config.json")) as fh:
-            return config_from_hf(json.load(fh), **kw)
-    if m.vocab_size:
-        kw["vocab_size"] = m.vocab_size
-    return get_preset(m.preset, **kw)
+    """The architecture a training config names (preset, or the HF checkpoint's config.json), as the trainer
+    builds it (models/architecture.py), with the LoRA adapters of a LoRA layout."""
+    return model_architecture(config.model, lora=config.lora if config.policy.routing.lora else None)
 
 
 def planned_backend(config, cfg: Qwen3Config, platform: str, seq: int) -> str:

@@ -38,7 +38,8 @@ from jax.sharding import AbstractMesh, AxisType
 
 from atgrpo_jax.algo.logprobs import chunks_per_head_product
 from atgrpo_jax.models.config import DTYPES, Qwen3Config
-from atgrpo_jax.models.qwen3 import LAYER_PARAMS, LORA_TARGETS, KVCache, decodes_per_layer, layer_unroll
+from atgrpo_jax.models.qwen3 import (LAYER_PARAMS, LORA_TARGETS, KVCache, decodes_per_layer, layer_params,
+                                     layer_unroll)
 from atgrpo_jax.plan.architecture import largest_role, model_config, planned_backend
 from atgrpo_jax.plan.devices import Device, device_platform, hosts_of
 from atgrpo_jax.sharding import (GATHERED_RULES, MESH_AXES, RULES, TRAIN_RULES, MeshConfig, logical_spec,
@@ -143,7 +144,7 @@ def update_activations(cfg: Qwen3Config, mesh, batch: int, seq: int, chunk: int,
     residuals = 2 * hidden + 2 * q + 3 * kvs + 2 * mlp if cfg.recompute_elementwise else seq_sized
     # Under FSDP each layer's weights are gathered for its matmuls.
     no_fsdp = {**RULES, "embed": ()}
-    gathered = sum(local_bytes(fn(cfg), axes, act, mesh, no_fsdp) for fn, axes in LAYER_PARAMS.values())
+    gathered = sum(local_bytes(fn(cfg), axes, act, mesh, no_fsdp) for fn, axes in layer_params(cfg).values())
     gathered = gathered if mesh.shape["fsdp"] > 1 else 0
     if cfg.lora_rank:  # each layer's W + A @ B, and its gradient, in float32 (A, B are replicated)
         gathered += 2 * 4 * sum(math.prod(LAYER_PARAMS[name][0](cfg)) for name in LORA_TARGETS)

@@ -15,10 +15,11 @@ from atgrpo_jax.algo.logprobs import SampledFrom
 from atgrpo_jax.distributed import init_distributed, is_multiprocess, local_mesh
 from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.models import Qwen3, get_preset
+from atgrpo_jax.models.architecture import model_architecture, run_fields
 from atgrpo_jax.models.attention import configured_backend
 from atgrpo_jax.models.hf_io import load_pretrained
 from atgrpo_jax.models.hub_ids import local_model_dir
-from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
+from atgrpo_jax.models.tokenizer import char_tokenizer, checkpoint_tokenizer, encode_chat, qwen3_tokenizer
 from atgrpo_jax.models.trimmed import is_trimmed, load_trimmed
 from atgrpo_jax.sampling import shard_model
 from atgrpo_jax.sharding import make_mesh, platform_of, sub_meshes
@@ -83,25 +84,19 @@ def make_tokenizer(name: str, hf_path: str = "", alphabet: str = ""):
     name = local_model_dir(name, "tokenizer")
     if os.path.isdir(name) and is_trimmed(name):  # Qwen3's tokens a corpus uses, renumbered
         return load_trimmed(name)
-    if os.path.isdir(name):
-        return qwen3_tokenizer(name)
+    if os.path.isdir(name):  # a checkpoint's: Qwen3's, or a Llama / Qwen2 checkpoint's own
+        return checkpoint_tokenizer(name)
     raise ConfigError(f"config.tokenizer: {name!r} is not 'char', 'qwen3', a checkpoint directory or a hub id")
 
 
 def build_model(config, mesh) -> Qwen3:
     m = config.model
     attention = configured_backend(m.attention, platform_of(mesh), config.optim.share_prompts)
-    kw = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat,
-              recompute_elementwise=m.recompute_elementwise, attention=attention,
-              attention_block=m.attention_block, decode_attention=m.decode_attention, decode_unroll=m.decode_unroll,
-              decode_gather=m.decode_gather,
-              sequence_unroll=m.sequence_unroll)
     if m.hf_path:
         expected = get_preset(m.preset) if m.preset else None
-        return load_pretrained(local_model_dir(m.hf_path), mesh=mesh, expected=expected, expected_name=f"model.preset={m.preset!r}", **kw)
-    if m.vocab_size:
-        kw["vocab_size"] = m.vocab_size
-    return shard_model(Qwen3(get_preset(m.preset, **kw), rngs=nnx.Rngs(m.init_seed)), mesh)
+        return load_pretrained(local_model_dir(m.hf_path), mesh=mesh, expected=expected,
+                               expected_name=f"model.preset={m.preset!r}", **run_fields(m, attention))
+    return shard_model(Qwen3(model_architecture(m, attention), rngs=nnx.Rngs(m.init_seed)), mesh)
 
 
 def scored_as(config, sampling: list[AgentSampling]) -> list[AgentSampling]:

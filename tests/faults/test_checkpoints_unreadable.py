@@ -55,7 +55,7 @@ def test_no_readable_checkpoint_changes_nothing_unless_asked(finished_run, tmp_p
     [history] = [p for p in (work / "checkpoints.unreadable").iterdir() if p.name.startswith("history-")]
     assert {"metrics.jsonl", "tb", "config.json"} <= set(os.listdir(history))  # the earlier run's, kept whole
     assert metrics_rows(history) == metrics_rows(finished_run)
-    assert f"kept the earlier run's metrics.jsonl" in proc.stderr
+    assert "kept the earlier run's metrics.jsonl" in proc.stderr
 
 
 def test_a_config_change_that_no_checkpoint_fits_is_named_and_changes_nothing(finished_run, tmp_path):

@@ -1,0 +1,93 @@
+"""Llama and Qwen2 checkpoints (the decoder's other families) against transformers: logits, greedy tokens,
+and an export that transformers loads as the same architecture."""
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from atgrpo_jax.models import Qwen3
+from atgrpo_jax.models.hf_io import CheckpointError, config_from_hf, load_pretrained, save_pretrained
+from atgrpo_jax.sampling import generate
+from hf_fixtures import LLAMA3_ROPE, left_padded_batch, make_hf_checkpoint, torch_logits
+
+CASES = {  # Llama with plain and with Llama 3 RoPE (tied, as SmolLM2 is); Qwen2 with its q/k/v biases
+    "llama": dict(family="llama", tied=True),
+    "llama3-rope": dict(family="llama", rope=LLAMA3_ROPE, theta=5e5),
+    "qwen2": dict(family="qwen2", heads=4, kv_heads=2, head_dim=16),
+}
+LENGTHS = [40, 23, 9]  # left padding of different amounts; positions beyond LLAMA3_ROPE's context of 64 below
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    hf = make_hf_checkpoint(path, **CASES[request.param], scale=16.0)
+    return request.param, hf, str(path)
+
+
+def test_logits_and_greedy_tokens_match_transformers(case):
+    name, hf, path = case
+    model = load_pretrained(path)
+    assert model.cfg.family == CASES[name]["family"] and bool(model.cfg.rope_llama3) == ("rope" in CASES[name])
+    tokens, mask, positions = left_padded_batch(np.random.RandomState(1), 256, LENGTHS)
+    positions = positions + 40 * mask  # up to position 79: past the Llama 3 scaling's original context
+    ref = torch_logits(hf, tokens, mask, positions)
+    got, _ = model(tokens, positions, mask)
+    assert np.abs(ref[mask]).max() > 1.0  # the comparison is not between near-zeros
+    assert np.abs(np.asarray(got) - ref)[mask].max() <= 1e-4
+
+    prompts = [list(map(int, row[m])) for row, m in zip(tokens, mask)]
+    g = generate(model, prompts, max_new_tokens=10, temperature=0.0, key=jax.random.key(0))
+    width = max(LENGTHS)
+    with torch.no_grad():
+        out = hf.generate(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask, dtype=torch.long),
+                          do_sample=False, max_new_tokens=10, min_new_tokens=10, pad_token_id=0)
+    np.testing.assert_array_equal(g.tokens, out[:, width:].numpy())
+
+
+def test_an_export_loads_in_transformers_as_its_own_architecture(case, tmp_path):
+    name, _, path = case
+    model = load_pretrained(path)
+    save_pretrained(model, str(tmp_path))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+    assert type(hf).__name__ == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[CASES[name]["family"]]
+    tokens, mask, positions = left_padded_batch(np.random.RandomState(3), 256, [12, 5])
+    got, _ = model(tokens, positions, mask)
+    assert np.abs(np.asarray(got) - torch_logits(hf, tokens, mask, positions))[mask].max() <= 1e-4
+    again = load_pretrained(str(tmp_path))  # and back, bit for bit
+    for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(again))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_family_or_rope_this_decoder_does_not_have_is_one_line():
+    base = {"vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 1}
+    with pytest.raises(CheckpointError, match=r"^config.json architectures=\['MistralForCausalLM'\]: supported are "
+                                              r"LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM$"):
+        config_from_hf({**base, "architectures": ["MistralForCausalLM"]})
+    with pytest.raises(CheckpointError, match=r"rope type 'yarn' is not supported for LlamaForCausalLM"):
+        config_from_hf({**base, "model_type": "llama", "rope_parameters": {"rope_type": "yarn", "factor": 2.0}})
+    with pytest.raises(CheckpointError, match=r"field mlp_bias=True is not supported"):
+        config_from_hf({**base, "model_type": "llama", "mlp_bias": True})
+    assert config_from_hf({**base, "model_type": "qwen2"}).qkv_bias
+
+
+def test_a_family_trains_with_lora_from_its_checkpoint():
+    """The update and LoRA on a family's extras: a Qwen2 model's biases get gradients, its adapters train."""
+    cfg = config_from_hf({"architectures": ["Qwen2ForCausalLM"], "vocab_size": 64, "hidden_size": 32,
+                          "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+                          "num_key_value_heads": 2}, lora_rank=4)
+    model = Qwen3(cfg, rngs=nnx.Rngs(0))
+    assert model.layers.bq[...].shape == (2, 4, 8) and not hasattr(model.layers, "q_norm")
+    tokens = np.arange(12).reshape(2, 6) % 64
+    positions = np.tile(np.arange(6), (2, 1))
+
+    def loss(m):
+        logits, _ = m(tokens, positions)
+        return -jax.nn.log_softmax(logits)[:, :-1].mean()
+
+    grads = nnx.jit(nnx.grad(loss))(model)
+    assert float(np.abs(np.asarray(grads.layers.bq[...])).sum()) > 0
+    assert float(np.abs(np.asarray(grads.layers.lora_b_wq[...])).sum()) > 0
