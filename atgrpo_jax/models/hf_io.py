@@ -59,6 +59,7 @@ _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layer
 _MUST_EQUAL = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "use_sliding_window": False,
                "pretraining_tp": 1}
 _IGNORED = {"architectures", "model_type", "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
+            "unk_token_id",
             "dtype", "torch_dtype", "initializer_range", "layer_types", "max_window_layers",
             "sliding_window", "transformers_version", "use_cache", "head_dim", "rope_theta", "rope_scaling",
             "rope_parameters", "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings"}
@@ -88,16 +89,19 @@ def family_of(hf: dict) -> str:
 def _rope(hf: dict, family: str) -> tuple[float, tuple]:
     """(theta, Llama 3 scaling or ()) of config.json: transformers 5's `rope_parameters`, or the older
     `rope_theta` with `rope_scaling`."""
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
-    kind = rope.get("rope_type", rope.get("type", "default"))
+    kind_of = lambda d: (d or {}).get("rope_type", (d or {}).get("type", "default"))  # noqa: E731
+    parameters, scaling = hf.get("rope_parameters"), hf.get("rope_scaling")
+    field, rope = (("rope_scaling", scaling) if kind_of(scaling) != "default" else  # a scaling either names counts
+                   ("rope_parameters", parameters or {}))
+    theta = float((parameters or {}).get("rope_theta", rope.get("rope_theta", hf.get("rope_theta", 10_000.0))))
+    kind = kind_of(rope)
     if kind == "default":
         return theta, ()
     if kind == "llama3" and family == "llama":
         return theta, (float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"]),
                        int(rope["original_max_position_embeddings"]))
-    raise CheckpointError(f"config.json rope type {kind!r} is not supported for {FAMILIES[family].architecture} "
-                          "(supported: default, and llama3 for Llama)")
+    raise CheckpointError(f"config.json {field} rope type {kind!r} is not supported for "
+                          f"{FAMILIES[family].architecture} (supported: default, and llama3 for Llama)")
 
 
 def config_from_hf(hf: dict, **overrides) -> Qwen3Config:

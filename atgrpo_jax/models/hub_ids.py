@@ -1,6 +1,7 @@
 """Models by Hugging Face Hub id: `org/name[@revision]` wherever a checkpoint directory is taken.
 
-`local_model_dir(spec)` returns a local directory for `spec`: an existing directory (or a gs://
+`local_model_dir(spec)` returns a local directory for `spec`: a .gguf file or a short name of one
+(`smollm2-135m-instruct`) its dequantized copy (models/gguf.py); an existing directory (or a gs://
 URL) as it is; a hub id through `huggingface_hub.snapshot_download` into the standard cache
 (`HF_HUB_CACHE`, by default ~/.cache/huggingface/hub), the weights, config and tokenizer files only
 (atgrpo_jax/hf_cache.py). Offline (`HF_HUB_OFFLINE=1`) the cache must hold the revision already; otherwise
@@ -14,6 +15,7 @@ import os
 import re
 
 from atgrpo_jax import hf_cache
+from atgrpo_jax.models import gguf
 from atgrpo_jax.errors import CheckpointError  # noqa: F401  (raised here; also importable from here)
 
 
@@ -39,7 +41,10 @@ def is_repo_id(name: str) -> bool:
 
 
 def local_model_dir(spec: str, what: str = "model.hf_path") -> str:
-    """A local directory for `spec` (see the module docstring); errors are CheckpointError naming `what`."""
+    """A local directory for `spec` (see the module docstring; a .gguf file or a short name of one: its
+    dequantized copy, models/gguf.py); errors are CheckpointError naming `what`."""
+    if gguf.is_gguf(spec):
+        return gguf.gguf_checkpoint_dir(str(spec), what)
     parsed = parse_hub_id(spec)
     if parsed is None:
         return spec

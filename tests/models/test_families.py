@@ -67,7 +67,7 @@ def test_a_family_or_rope_this_decoder_does_not_have_is_one_line():
     with pytest.raises(CheckpointError, match=r"^config.json architectures=\['MistralForCausalLM'\]: supported are "
                                               r"LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM$"):
         config_from_hf({**base, "architectures": ["MistralForCausalLM"]})
-    with pytest.raises(CheckpointError, match=r"rope type 'yarn' is not supported for LlamaForCausalLM"):
+    with pytest.raises(CheckpointError, match=r"rope_parameters rope type 'yarn' is not supported for LlamaForCausalLM"):
         config_from_hf({**base, "model_type": "llama", "rope_parameters": {"rope_type": "yarn", "factor": 2.0}})
     with pytest.raises(CheckpointError, match=r"field mlp_bias=True is not supported"):
         config_from_hf({**base, "model_type": "llama", "mlp_bias": True})
