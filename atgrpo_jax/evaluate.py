@@ -1,4 +1,4 @@
-"""Score a run's checkpoint or any Hugging Face Qwen3 model on held-out splits.
+"""Score a run's checkpoint or any Hugging Face model (Qwen3, Llama, Qwen2; a .gguf file) on held-out splits.
 
     python -m atgrpo_jax.evaluate --checkpoint=WORKDIR[/checkpoints/STEP] [--splits=aime24,aime25] [--k=4]
     python -m atgrpo_jax.evaluate --config=configs/math_qwen3_8b.py --hf_path=DIR [--splits=...] --out=DIR
@@ -186,8 +186,9 @@ def _flags() -> types.SimpleNamespace:
     return types.SimpleNamespace(
         config=flags.DEFINE_string("config", None, "config file (default with --checkpoint: the run's config.json)"),
         checkpoint=flags.DEFINE_string("checkpoint", None, "a run's workdir, or WORKDIR/checkpoints/STEP"),
-        hf_path=flags.DEFINE_string("hf_path", None, "a Hugging Face Qwen3 model to evaluate instead: a directory or a "
-                                   "hub id org/name[@revision] (downloaded into the HF cache; offline: from it)"),
+        hf_path=flags.DEFINE_string("hf_path", None, "a Hugging Face model (Qwen3, Llama, Qwen2) to evaluate instead: "
+                                   "a directory, a .gguf file or a hub id org/name[@revision] (downloaded into the HF "
+                                   "cache; offline: from it)"),
         splits=flags.DEFINE_list("splits", [], "splits to evaluate (default: the workflow's test splits)"),
         tasks=flags.DEFINE_integer("tasks", None, "tasks of a split of generated tasks (default: train.eval_tasks)"),
         k=flags.DEFINE_integer("k", None, "episodes per task (default: config.train.eval_k)"),

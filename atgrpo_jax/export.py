@@ -5,9 +5,9 @@
 The run is rebuilt from its config.json (`--config.KEY=VALUE` may change it, e.g. the mesh on
 another machine) and the policy restored from its checkpoint (default: the latest). A full
 policy, or a LoRA policy with `--lora=merge` (the default: adapters added into the base
-weights), becomes a Qwen3 checkpoint: config.json, model*.safetensors, the tokenizer files
-with their chat template, and generation_config.json (the run's stop and pad ids and how the
-policy's agents sampled). `--lora=adapter` writes the adapters alone in PEFT's format
+weights), becomes a checkpoint of its model family (Qwen3, Llama, Qwen2): config.json,
+model*.safetensors, the tokenizer files with their chat template, and generation_config.json (the
+run's stop and pad ids and how the policy's agents sampled). `--lora=adapter` writes the adapters alone in PEFT's format
 (adapter_config.json naming model.hf_path as the base, adapter_model.safetensors) plus the
 same tokenizer and generation files, and README.md, a model card (atgrpo_jax/model_card.py).
 Nothing is written until the checkpoint is read; the directory is written beside DIR and renamed

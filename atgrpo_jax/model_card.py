@@ -9,8 +9,8 @@ import json
 from atgrpo_jax.models.hub_ids import parse_hub_id
 from atgrpo_jax.train.config import REGIMES, flat
 
-# Licenses of base models we know (the Qwen3 family is Apache-2.0); others are left out.
-KNOWN_LICENSES = {"Qwen/Qwen3-": "apache-2.0"}
+# Licenses of base models we know (the Qwen3 and SmolLM2 families are Apache-2.0); others are left out.
+KNOWN_LICENSES = {"Qwen/Qwen3-": "apache-2.0", "HuggingFaceTB/SmolLM2-": "apache-2.0"}
 
 
 def regime_of(config) -> str:
