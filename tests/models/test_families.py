@@ -91,3 +91,20 @@ def test_a_family_trains_with_lora_from_its_checkpoint():
     grads = nnx.jit(nnx.grad(loss))(model)
     assert float(np.abs(np.asarray(grads.layers.bq[...])).sum()) > 0
     assert float(np.abs(np.asarray(grads.layers.lora_b_wq[...])).sum()) > 0
+
+
+def test_qwen2_biases_in_the_fused_per_layer_decode_step_sample_the_rolled_loops_tokens():
+    """GPUs and TPUs decode on per-layer weights with q, k, v (and Qwen2's biases) fused into one matrix
+    (`fuse_projections`); on the same weights that step samples what the rolled loop does."""
+    cfg = config_from_hf({"architectures": ["Qwen2ForCausalLM"], "vocab_size": 64, "hidden_size": 32,
+                          "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+                          "num_key_value_heads": 2})
+    rolled = Qwen3(cfg.replace(decode_unroll=1), rngs=nnx.Rngs(0))
+    for name in ("bq", "bk", "bv"):  # biases that matter
+        getattr(rolled.layers, name).set_value(jax.random.normal(jax.random.key(1), getattr(rolled.layers, name).shape))
+    per_layer = Qwen3(cfg.replace(decode_unroll=2), rngs=nnx.Rngs(1))
+    nnx.update(per_layer, nnx.state(rolled))
+    kw = dict(max_new_tokens=6, key=jax.random.key(2), temperature=1.0, num_branches=2)
+    a, b = (generate(m, [[5, 9, 5, 30], [7, 7]], **kw) for m in (rolled, per_layer))
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
