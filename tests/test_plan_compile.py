@@ -67,6 +67,7 @@ def test_a_tensor_parallel_decode_loop_gathers_no_weights(capsys):
     assert gathered["bytes"] < smallest_weight
 
 
+@pytest.mark.full  # tiers.py: ~18 s; the one-host compile (above) keeps plan --compile's pools in the default tier
 def test_four_hosts_sample_on_their_own_chips_and_update_on_all(capsys):
     code, r, _ = report(capsys, "--compile=v5p:2x2x4", *SMALL)
     assert code == 0 and (r["chips"], r["hosts"]) == (16, 4)

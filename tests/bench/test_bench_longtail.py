@@ -3,6 +3,7 @@ asserts it), and counts the decode work spent on finished rows; timings are not 
 import json
 
 import numpy as np
+import pytest
 
 from atgrpo_jax.bench import sampler as bench
 from atgrpo_jax.bench.longtail import longtail_lengths, wasted_fraction
@@ -16,6 +17,7 @@ def test_lengths_have_a_long_tail_within_the_budget():
     assert wasted_fraction(useful=300, row_steps=400) == 0.25
 
 
+@pytest.mark.full  # tiers.py: ~11 s; the sampler's own row-dropping tests (tests/sampling/test_segments.py) stay
 def test_longtail_bench_forces_equal_lengths_and_dropping_rows_saves_work(capsys):
     assert bench.main(["--configs", "test-tiny", "--lengths", "longtail", "--batch", "8", "--prompt", "8",
                        "--new", "24", "--segment", "4", "--repeats", "1", "--json"]) == 0

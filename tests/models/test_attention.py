@@ -149,6 +149,7 @@ def _update_temp_bytes(backend, t, run=False):
     return compiled.memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.full  # tiers.py: ~17 s of compiles; the chunked backend's equality with the einsum stays in the default tier
 def test_an_update_step_with_chunked_attention_grows_linearly_in_length():
     """XLA's own memory analysis of the compiled update: 8192 tokens need at most 2.3x the
     memory of 4096 with the chunked backend, and less than the einsum needs for 4096 (its
