@@ -10,8 +10,9 @@ for `atgrpo_jax.sharding`.
 Numerics follow `transformers`' Qwen3: RMSNorm in float32, q/k RMSNorm over
 head_dim before RoPE (rotate-half form), grouped-query attention with softmax
 in float32, SwiGLU MLP, no embedding scaling. Llama drops the q/k norms (and may
-scale RoPE's frequencies as Llama 3 does); Qwen2 drops them and adds q/k/v biases. Positions are explicit, so left
-padding works: a padded slot is masked as a key and its own output is unused.
+scale RoPE's frequencies as Llama 3 does); Qwen2 drops them and adds q/k/v biases.
+Positions are explicit, so left padding works: a padded slot is masked as a key and
+its own output is unused.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def layer_params(cfg: Qwen3Config) -> dict:
     """LAYER_PARAMS of the parameters `cfg`'s family has (q/k norms: Qwen3; q/k/v biases: Qwen2)."""
     absent = (() if cfg.qk_norm else ("q_norm", "k_norm")) + (() if cfg.qkv_bias else BIASES)
     return {name: spec for name, spec in LAYER_PARAMS.items() if name not in absent}
+
 
 # Weights that get a low-rank adapter, with the number of leading "in" dims.
 LORA_TARGETS = {"wq": 1, "wk": 1, "wv": 1, "wo": 2, "w_gate": 1, "w_up": 1, "w_down": 1}
