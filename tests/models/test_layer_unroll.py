@@ -117,6 +117,8 @@ def test_the_per_layer_decode_loop_reads_no_stacked_weight_or_cache():
     assert stacked & decode_loop_shapes(with_unroll(model, 1))  # the rolled loop slices the stacks
 
 
+@pytest.mark.full  # tiers.py: ~19 s; per-layer against rolled stays in the default tier (the LoRA case below,
+# and Qwen2's fused biases in tests/models/test_families.py)
 def test_every_loop_form_samples_the_same_tokens_and_logprobs():
     """Per layer, rolled and 2-of-3 unrolled; per layer and rolled also with rows dropped every 2
     steps and continuous batching (3 slots), which move per-layer or stacked caches."""
