@@ -10,6 +10,7 @@ of the bf16 original (`HuggingFaceTB/SmolLM2-135M-Instruct` on the hub), close t
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -48,6 +49,14 @@ def is_gguf(spec: str) -> bool:
 
 
 def _content_hash(path: str) -> str:
+    """The file's sha256 prefix, read once per process for each version of the file (a run resolves its
+    checkpoint several times: the model, the tokenizer, the planner)."""
+    st = os.stat(path)
+    return _hash_of(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=None)
+def _hash_of(path: str, size: int, mtime_ns: int) -> str:  # size and mtime key the memo
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
