@@ -5,10 +5,19 @@ by checkpoint.py; installed by its Checkpointer."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 
-ORBAX_COROUTINES = ("_read_array_index_and_device_put",)  # orbax's restore reads left behind by a failed restore
+# orbax's coroutines that a failed save or restore was seen to leave unawaited until interpreter exit,
+# when only a coroutine's name is left to tell whose it is (its restore's array reads, its metadata
+# reads, its fragment writes); before exit each is told apart by where its code lives
+ORBAX_EXIT_LEFTOVERS = ("_read_array_index_and_device_put", "_get_array_metadatas", "write_fragment")
+
+
+def _orbax_coroutine(coro) -> bool:
+    """Whether a coroutine object is orbax's own (its code lives in the orbax package)."""
+    return f"{os.sep}orbax{os.sep}" in getattr(getattr(coro, "cr_code", None), "co_filename", "")
 
 
 class _QuietOrbax(logging.Filter):
@@ -45,7 +54,7 @@ def orbax_leftover(u) -> bool:
     """Whether an unraisable exception (sys.unraisablehook's argument) is one of a failed orbax
     save's or restore's leftovers: a coroutine of orbax never awaited, or a late call into its
     closed event loop from a native thread."""
-    coroutine = repr(u.object).startswith("<coroutine") and "orbax" in str(getattr(u.object, "cr_code", ""))
+    coroutine = _orbax_coroutine(u.object)
     closed = (isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"
               and _called_from_c(u.exc_traceback))
     return coroutine or closed
@@ -71,7 +80,17 @@ def quiet_orbax_leftovers() -> None:
 
     quiet_excepthook.quiet_orbax = True
     sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
-    # the same leftover, when the coroutine is only collected at interpreter exit: a RuntimeWarning ("sys:1")
-    warnings.filterwarnings("ignore", message=f"coroutine '({'|'.join(ORBAX_COROUTINES)})' was never awaited",
-                            category=RuntimeWarning)
+    # the same leftover as a RuntimeWarning ("coroutine '...' was never awaited"): Python hands each
+    # such coroutine to warnings._warn_unawaited_coroutine, where orbax's own are dropped by where
+    # their code lives; at interpreter exit ("sys:1: ...") that hook is gone and only the name is left
+    warn = getattr(warnings, "_warn_unawaited_coroutine", None)
+    if warn is not None and not getattr(warn, "quiet_orbax", False):
+        def quiet_warn(coro):
+            if not _orbax_coroutine(coro):
+                warn(coro)
+
+        quiet_warn.quiet_orbax = True
+        warnings._warn_unawaited_coroutine = quiet_warn
+    warnings.filterwarnings("ignore", category=RuntimeWarning, message=(
+        rf"coroutine '(?:[\w.<>]+\.)?(?:{'|'.join(ORBAX_EXIT_LEFTOVERS)})' was never awaited"))
     logging.getLogger("asyncio").addFilter(lambda r: "exception was never retrieved" not in r.getMessage())

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 import types
 
@@ -115,3 +116,27 @@ def test_only_closed_loop_callbacks_from_native_threads_are_dropped(capsys):
     assert orbax_leftover(late)
     assert not orbax_leftover(types.SimpleNamespace(exc_value=error, exc_traceback=error.__traceback__, object=print))
     assert not orbax_leftover(types.SimpleNamespace(exc_value=ValueError("x"), exc_traceback=None, object=print))
+
+
+def test_only_orbax_coroutines_never_awaited_are_dropped(tmp_path):
+    """A failed save or restore can leave any of orbax's coroutines unawaited (its metadata reads,
+    its fragment writes), reported as a RuntimeWarning at collection, often at interpreter exit:
+    each of orbax's is dropped, a coroutine of any other code is still reported."""
+    script = tmp_path / "leftovers.py"
+    script.write_text(
+        "import gc, os\n"
+        "from atgrpo_jax.train.orbax_quiet import quiet_orbax_leftovers\n"
+        "quiet_orbax_leftovers()\n"
+        "ns = {}\n"
+        "source = 'async def write_fragment():\\n    pass\\nasync def _get_array_metadatas():\\n    pass\\n'\n"
+        "exec(compile(source, os.path.join(os.sep, 'site', 'orbax', 'checkpoint', 'x.py'), 'exec'), ns)\n"
+        "async def users_own():\n    pass\n"
+        "async def users_last():\n    pass\n"
+        "c = ns['write_fragment'](); del c; gc.collect()\n"
+        "c = users_own(); del c; gc.collect()\n"
+        "left_at_exit = ns['_get_array_metadatas'](), users_last()\n")
+    proc = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "coroutine 'users_own' was never awaited" in proc.stderr
+    assert "coroutine 'users_last' was never awaited" in proc.stderr  # at exit, too
+    assert "write_fragment" not in proc.stderr and "_get_array_metadatas" not in proc.stderr
