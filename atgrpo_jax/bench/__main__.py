@@ -16,6 +16,7 @@ BENCHMARKS = {
     "system": "atgrpo_jax.bench.system",
     "attention": "atgrpo_jax.bench.attention",
     "device": "atgrpo_jax.bench.device",
+    "trl": "atgrpo_jax.bench.trl",
 }
 
 

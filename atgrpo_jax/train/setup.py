@@ -66,7 +66,9 @@ def prompt_warnings(tokenizer, messages, length: int, limit: int, who: str) -> l
     unk = tokenizer.unk_token_id
     if unk is not None:
         text = "".join(str(m.get("content", "")) for m in messages)
-        missing = sorted({ch for ch in set(text) if tokenizer.convert_tokens_to_ids(ch) == unk})
+        missing = []  # encoded, not looked up: a byte-level BPE has no token " " (it is "Ġ") yet encodes it
+        if unk in tokenizer(text, add_special_tokens=False)["input_ids"]:
+            missing = sorted(ch for ch in set(text) if unk in tokenizer(ch, add_special_tokens=False)["input_ids"])
         if missing:
             out.append(("unk", f"{who}'s prompt has characters the tokenizer has no id for: {''.join(missing)!r}; "
                                "they become <unk> (add them to char_alphabet)"))
