@@ -16,6 +16,10 @@ every response of a turn in one call:
         # completions[i] answers records[i] (the dataset row, "prompt" included); one float each.
         # Optionally return (scores, feedback): feedback[i] is the next turn's user message.
 
+A function may instead name what it needs (`reward_arguments`): `prompts`, any dataset column (a list,
+one value per completion), `role`, `turn`, `history`, and `**kwargs` for all of them, so TRL's
+`f(prompts, completions, **kwargs)` runs as written.
+
 `max_turns` > 1 plays up to that many turns: after a response scoring below `success_at`, the
 agent sees its answer and the feedback (by default "Your answer scored S. Try again.") and answers
 again; a response scoring >= `success_at` succeeds and ends the episode. Subclasses add roles
@@ -135,7 +139,9 @@ class PromptReward:
     def _score_one(self, spec, fn, completions, records, context) -> tuple[np.ndarray, list | None]:
         who = f"env.kwargs.reward_fn={spec!r}"
         try:
-            out = call_asking(fn, completions=completions, records=records, **context)
+            out = call_asking(fn, **reward_arguments(completions, records, **context))
+        except AskedForUnknown as e:
+            raise RewardError(f"{who} {e}") from None
         except (Exception, SystemExit, KeyboardInterrupt) as e:  # noqa: BLE001 - the user's code: one line naming it
             detail = first_line(e) or "(no message)"
             raise RewardError(f"{who} raised {type(e).__name__}: {detail} "
@@ -186,21 +192,44 @@ class PromptReward:
                        parsed_as=obj_array([f"score {s:.3g}" for s in scores.ravel()]).reshape(batch, k))
 
 
+def reward_arguments(completions: list[str], records: list[dict], **context) -> dict:
+    """What a reward function may ask for by name: this project's completions, records, role, turn and
+    history; TRL's prompts (each record's prompt) and every dataset column present in all records, as a
+    list (TRL passes columns so); this project's names win over a column of the same name."""
+    columns = set(records[0]) if records else set()
+    for r in records[1:]:
+        columns &= set(r)
+    out = {c: [r[c] for r in records] for c in sorted(columns)}
+    out["prompts"] = [r.get("prompt") for r in records]
+    out.update(completions=completions, records=records, **context)
+    return out
+
+
+class AskedForUnknown(TypeError):
+    """A reward function's required parameter that no call passes."""
+
+
 def call_asking(fn, **available):
     """fn called with the keyword arguments it names among `available` (all of them with **kwargs), as
-    TRL passes dataset columns; a function whose parameters name none of them gets (completions, records)."""
+    TRL passes dataset columns; a function whose parameters name none of them gets (completions, records).
+    A required parameter that is none of them is an AskedForUnknown naming the ones it may ask for."""
     import inspect
 
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a builtin or C function: the positional form
         return fn(available["completions"], available["records"])
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return fn(**available)
-    asked = {name: available[name] for name in params if name in available}
-    if not asked:
-        return fn(available["completions"], available["records"])
-    return fn(**asked)
+    named = [p for p in params.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    asked = {p.name: available[p.name] for p in named if p.name in available}
+    if asked or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        unknown = [p.name for p in named if p.name not in available and p.default is p.empty]
+        if unknown:
+            raise AskedForUnknown(f"asks for {', '.join(map(repr, unknown))}, which no call passes; a reward function "
+                                  f"may ask for {', '.join(sorted(available))} (and **kwargs for all of them)")
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return fn(**available)
+        return fn(**asked)
+    return fn(available["completions"], available["records"])
 
 
 def make_prompt_reward(single_agent: bool = False, **kwargs) -> PromptReward:

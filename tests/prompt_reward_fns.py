@@ -48,3 +48,17 @@ def exits(completions, records):
 
 def interrupted(completions, records):
     raise KeyboardInterrupt
+
+
+def trl_style(prompts, completions, answer, **kwargs):
+    """As TRL calls it: the prompts, the completions, a dataset column by its name, the rest in kwargs."""
+    assert all(p.endswith("=") for p in prompts) and "records" in kwargs and "role" in kwargs
+    return [1.0 if c.strip() == str(a) else 0.0 for c, a in zip(completions, answer)]
+
+
+def trl_kwargs(completions, **kwargs):
+    return [1.0 if c.strip() == str(a) else 0.0 for c, a in zip(completions, kwargs["answer"])]
+
+
+def asks_unknown(completions, solution):
+    return [0.0] * len(completions)

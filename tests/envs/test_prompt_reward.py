@@ -137,3 +137,20 @@ def test_a_validation_split_chooses_the_checkpoint(data, tmp_path):
     with pytest.raises(ValueError, match="split 'valid' has 1 records"):
         wf.reset([1], "valid")
     assert "valid" not in make_workflow("prompt_reward", reward_fn="prompt_reward_fns:exact", **data).splits
+
+
+@pytest.mark.parametrize("fn", ["trl_style", "trl_kwargs"])
+def test_a_trl_reward_function_runs_as_written(data, fn):
+    """TRL's signature: prompts, completions, dataset columns by name, **kwargs."""
+    wf = make_workflow("prompt_reward", reward_fn=f"prompt_reward_fns:{fn}", **data)
+    out = wf.step(wf.reset([0, 1], "train"), 0, 0, [["3", "4"], ["7", "x"]])
+    assert out.local_reward.tolist() == [[1, 0], [1, 0]]
+
+
+def test_an_unknown_argument_is_one_line_naming_what_may_be_asked(data):
+    wf = make_workflow("prompt_reward", reward_fn="prompt_reward_fns:asks_unknown", **data)
+    with pytest.raises(RewardError) as e:
+        wf.step(wf.reset([0], "train"), 0, 0, [["3"]])
+    assert str(e.value) == ("env.kwargs.reward_fn='prompt_reward_fns:asks_unknown' asks for 'solution', which no call "
+                            "passes; a reward function may ask for answer, completions, history, prompt, prompts, "
+                            "records, role, turn (and **kwargs for all of them)")
