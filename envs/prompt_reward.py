@@ -31,6 +31,7 @@ run with one line naming it (RewardError), not a traceback.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -71,6 +72,11 @@ class PromptReward:
         if len(weights) != len(specs):
             raise ValueError(f"env.kwargs.reward_weights: {len(weights)} weights for {len(specs)} reward functions")
         self.reward_fns = [(spec, import_function(spec, "env.kwargs.reward_fn"), w) for spec, w in zip(specs, weights)]
+        reach = sum(w for w in weights if w > 0)
+        if len(weights) > 1 and reach < float(success_at):
+            print(f"warning: env.kwargs.reward_weights sum to {reach:g}, below env.kwargs.success_at={float(success_at):g}: "
+                  "a response succeeds only when its functions score above 1 (set success_at to what a right "
+                  "answer earns)", file=sys.stderr, flush=True)
         self.system_prompt, self.max_turns, self.success_at = system_prompt, max_turns, float(success_at)
         self.data = {}
         sources = (("train", train_path), ("test", test_path)) + ((("valid", valid_path),) if valid_path else ())

@@ -154,3 +154,13 @@ def test_an_unknown_argument_is_one_line_naming_what_may_be_asked(data):
     assert str(e.value) == ("env.kwargs.reward_fn='prompt_reward_fns:asks_unknown' asks for 'solution', which no call "
                             "passes; a reward function may ask for answer, completions, history, prompt, prompts, "
                             "records, role, turn (and **kwargs for all of them)")
+
+
+def test_weights_that_cannot_reach_success_are_said(data, capsys):
+    make_workflow("prompt_reward", reward_fn=["prompt_reward_fns:exact"] * 2, reward_weights=[0.3, 0.3], **data)
+    assert capsys.readouterr().err == (
+        "warning: env.kwargs.reward_weights sum to 0.6, below env.kwargs.success_at=1: a response succeeds only when "
+        "its functions score above 1 (set success_at to what a right answer earns)\n")
+    make_workflow("prompt_reward", reward_fn=["prompt_reward_fns:exact"] * 2, reward_weights=[0.3, 0.3],
+                  success_at=0.6, **data)
+    assert capsys.readouterr().err == ""
