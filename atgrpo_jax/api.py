@@ -43,6 +43,39 @@ def as_config(config, overrides: dict | None = None) -> ml_collections.ConfigDic
     return c
 
 
+HELD_OUT = 0.1  # the share of train_dataset's rows evaluated on when no eval_dataset is given
+
+
+def _records(data, what: str) -> list[dict]:
+    """A data set's rows as a list of dicts (a path or hf: name read as the trainer reads it)."""
+    if isinstance(data, str):
+        from atgrpo_jax.envs.prompt_reward import read_records
+        try:
+            return read_records(data)
+        except ValueError as e:
+            raise cli.UsageError(f"{what}: {e}") from None
+    _dataset(data, what)  # the type check
+    return list(data.to_list() if hasattr(data, "to_list") else data)
+
+
+def hold_out(rows: list[dict], share: float = HELD_OUT) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows): a fixed share of `rows` (at least one), drawn by a seeded shuffle so
+    every process and resume draws the same, said in one line. A single row is both (and said so)."""
+    import random
+    import sys
+
+    if len(rows) < 2:
+        print("note: no eval_dataset and a single training row: it is evaluated on too", file=sys.stderr, flush=True)
+        return rows, rows
+    order = list(range(len(rows)))
+    random.Random(0).shuffle(order)
+    n = max(1, round(share * len(rows)))
+    held = set(order[:n])
+    print(f"note: no eval_dataset: {n} of train_dataset's {len(rows)} rows are held out for evaluation and the "
+          f"best checkpoint (pass eval_dataset= to choose them)", file=sys.stderr, flush=True)
+    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
+
+
 def _dataset(data, what: str) -> str:
     """A path or hf: name as it is; records (a list of dicts, a `datasets.Dataset`) under a `py:` name."""
     if isinstance(data, str):
@@ -58,8 +91,10 @@ class Trainer:
 
     config: a config file's path, a ConfigDict, or `get_config()`'s result. reward_fns: a callable or a
     list of them, summed with `reward_weights` (default 1 each); each gets `completions` and `records` (the
-    dataset rows), and `role`, `turn`, `history` if it names them. With reward functions the task is
-    `prompt_reward`; train_dataset and eval_dataset (default: the training set) replace the config's data.
+    dataset rows), and `prompts`, any dataset column, `role`, `turn`, `history` if it names them (TRL's
+    `f(prompts, completions, **kwargs)` as written). With reward functions the task is `prompt_reward`;
+    train_dataset and eval_dataset replace the config's data; without eval_dataset, `HELD_OUT` of the
+    training rows are held out (a seeded draw, said at the start) and never trained on.
     workflow: an object with the batched Workflow protocol
     (envs/workflow.py) or an Episode (envs/episode.py: written for one episode). overrides: config keys.
     """
@@ -84,11 +119,12 @@ class Trainer:
                 kwargs["reward_fn"] = names[0] if len(names) == 1 else names
                 if reward_weights is not None:
                     kwargs["reward_weights"] = [float(w) for w in reward_weights]
+            if train_dataset is not None and eval_dataset is None:  # held out: a share of the training rows
+                train_dataset, eval_dataset = hold_out(_records(train_dataset, "train_dataset"))
             if train_dataset is not None:
                 kwargs["train_path"] = _dataset(train_dataset, "train_dataset")
-            if eval_dataset is not None or train_dataset is not None:  # held out: eval_dataset, else the training set
-                kwargs["test_path"] = _dataset(eval_dataset if eval_dataset is not None else train_dataset,
-                                               "eval_dataset")
+            if eval_dataset is not None:
+                kwargs["test_path"] = _dataset(eval_dataset, "eval_dataset")
             c.env.kwargs = ml_collections.ConfigDict(kwargs)  # a new section: values may change their types
 
     def train(self, *, allow_config_change: bool = False, fresh_if_unreadable: bool = False) -> dict:

@@ -40,7 +40,10 @@ def test_a_trainer_trains_on_records_and_reward_functions_then_resumes_and_expor
     assert SEEN and set(SEEN) == {("assistant", 0)}  # asked for role and turn: it got them
     saved = json.loads(open(os.path.join(work, "config.json")).read())["env"]["kwargs"]
     assert [n.rsplit(".", 2)[-2:] for n in saved["reward_fn"]] == [["test_api", "exact"], ["test_api", "length"]]
-    assert saved["train_path"].startswith("py:data:") and saved["test_path"] == saved["train_path"]
+    assert saved["train_path"].startswith("py:data:") and saved["test_path"].startswith("py:data:")
+    from atgrpo_jax.registry import registered
+    train, held = registered(saved["train_path"], "train"), registered(saved["test_path"], "test")
+    assert len(held) == 1 and len(train) == 11 and held[0] not in train  # held out: never trained on
     again = Trainer(os.path.join(ROOT, "configs", "sum_digits.py"), workdir=work, reward_fns=[exact, length],
                     reward_weights=[1.0, 0.1], train_dataset=DATA, overrides={**SHORT, "train.steps": 3})
     again.train()  # the same objects under the same names: a plain resume
@@ -114,3 +117,16 @@ def test_runs_that_cannot_learn_say_so(tmp_path):
     said = [watch.update({"adv_abs_mean": a, "reward_mean": 0.5}) for a in (0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.0)]
     assert [s is not None for s in said] == [False, False, False, False, False, True, False]  # once, after 3 flat
     assert said[5].startswith("warning: no learning signal: in each of the last 3 steps every group's rewards")
+
+
+def test_without_eval_dataset_a_seeded_tenth_is_held_out_and_said(capsys):
+    from atgrpo_jax.api import hold_out
+
+    rows = [{"prompt": str(i), "answer": i} for i in range(49)]
+    train, held = hold_out(rows)
+    assert len(held) == 5 and len(train) == 44 and not any(r in train for r in held)
+    assert hold_out(rows) == (train, held)  # every process and every resume draws the same
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "note: no eval_dataset: 5 of train_dataset's 49 rows are held out for evaluation and the best checkpoint "
+        "(pass eval_dataset= to choose them)")
+    assert hold_out(rows[:1]) == (rows[:1], rows[:1])
