@@ -17,17 +17,34 @@ The command-line tools are this API with flags: `python -m atgrpo_jax.train` is 
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any, Callable, Sequence
 
 import ml_collections
 
-from atgrpo_jax import cli
+from atgrpo_jax import cli, errors
 from atgrpo_jax.evaluate import run_evaluation
 from atgrpo_jax.export import export_policy
 from atgrpo_jax.registry import register_object
 from atgrpo_jax.train.loop import run_training
 
 RewardFn = Callable[..., Sequence[float]]
+
+# What the commands print as one line: raised from the API with the same message and no frames of
+# this package (the user's own call is the traceback's last line)
+USER_ERRORS = (errors.UsageError, errors.ConfigError, errors.CheckpointError, errors.DataError, errors.NotWritable,
+               errors.UnknownName, errors.RunStopped, FileNotFoundError, NotADirectoryError)
+
+
+def speaks_like_the_cli(method):
+    """The method's user-fixable errors re-raised without this package's frames."""
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except USER_ERRORS as e:
+            raise e.with_traceback(None) from None
+    return call
 
 
 def as_config(config, overrides: dict | None = None) -> ml_collections.ConfigDict:
@@ -99,6 +116,7 @@ class Trainer:
     (envs/workflow.py) or an Episode (envs/episode.py: written for one episode). overrides: config keys.
     """
 
+    @speaks_like_the_cli
     def __init__(self, config, *, workdir: str, reward_fns: RewardFn | Sequence[RewardFn] | None = None,
                  reward_weights: Sequence[float] | None = None, train_dataset=None, eval_dataset=None,
                  workflow: Any = None, overrides: dict | None = None):
@@ -127,19 +145,23 @@ class Trainer:
                 kwargs["test_path"] = _dataset(eval_dataset, "eval_dataset")
             c.env.kwargs = ml_collections.ConfigDict(kwargs)  # a new section: values may change their types
 
+    @speaks_like_the_cli
     def train(self, *, allow_config_change: bool = False, fresh_if_unreadable: bool = False) -> dict:
-        """Train (resuming from the workdir's newest checkpoint); returns the last evaluation's metrics."""
+        """Train (resuming from the workdir's newest checkpoint); returns the last evaluation's metrics (of
+        a finished run too: those it logged)."""
 
         last = run_training(self.config, self.workdir, allow_config_change=allow_config_change,
-                            fresh_if_unreadable=fresh_if_unreadable)
+                            fresh_if_unreadable=fresh_if_unreadable, print_result=False)
         return {k: v for k, v in last.items() if k.startswith("eval")}
 
+    @speaks_like_the_cli
     def evaluate(self, *, splits: Sequence[str] = (), tasks: int | None = None, k: int | None = None,
                  temperature: float | None = None, out: str = "") -> dict:
         """The held-out evaluation of the latest checkpoint (as `python -m atgrpo_jax.evaluate`)."""
 
         return run_evaluation(copy.deepcopy(self.config), self.workdir, None, splits, tasks, k, temperature, out)
 
+    @speaks_like_the_cli
     def export(self, path: str, *, policy: str | None = None, step: int | None = None, lora: str = "merge",
                overwrite: bool = False) -> dict:
         """One policy as a Hugging Face model directory at `path` (as `python -m atgrpo_jax.export`)."""

@@ -27,6 +27,10 @@ class NotWritable(ValueError):
     """An output path this process cannot write (found before any work is done)."""
 
 
+class OutputExists(UsageError, FileExistsError):
+    """An output directory that exists and is not empty, with no leave to replace it."""
+
+
 class RewardError(UsageError):
     """A reward (a workflow's, or the user's reward function's) that is not a finite number; the message
     names the value and where it came from."""

@@ -24,7 +24,7 @@ import types
 
 from absl import flags
 
-from atgrpo_jax import cli, workdir as wd
+from atgrpo_jax import cli, errors, workdir as wd
 from atgrpo_jax.hf_cache import offline
 from atgrpo_jax.model_card import model_card
 from atgrpo_jax.models.hf_io import save_pretrained
@@ -94,7 +94,8 @@ def _check_out(out: str, workdir: str, overwrite: bool) -> None:
         raise NotADirectoryError(f"--out={out} is a file")
     if os.path.isdir(path) and os.listdir(path):
         if not overwrite:
-            raise FileExistsError(f"--out={out} exists and is not empty: give a new directory or --overwrite")
+            raise errors.OutputExists(f"--out={out} exists and is not empty: give a new directory or --overwrite "
+                                      "(overwrite=True in Python)")
         run = os.path.abspath(workdir) if not wd.is_remote(workdir) else None
         if run and (run == path or run.startswith(path + os.sep)):
             raise cli.UsageError(f"--out={out} holds the run's workdir {workdir}: --overwrite would delete it")

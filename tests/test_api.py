@@ -46,7 +46,8 @@ def test_a_trainer_trains_on_records_and_reward_functions_then_resumes_and_expor
     assert len(held) == 1 and len(train) == 11 and held[0] not in train  # held out: never trained on
     again = Trainer(os.path.join(ROOT, "configs", "sum_digits.py"), workdir=work, reward_fns=[exact, length],
                     reward_weights=[1.0, 0.1], train_dataset=DATA, overrides={**SHORT, "train.steps": 3})
-    again.train()  # the same objects under the same names: a plain resume
+    metrics = again.train()  # the same objects under the same names: a plain resume
+    assert again.train() == metrics  # a finished run: what it logged, not {}
     rows = [json.loads(line)["step"] for line in open(os.path.join(work, "metrics.jsonl"))]
     assert rows == [0, 1, 2, 3]
     out = again.export(str(tmp_path / "hf"))
@@ -130,3 +131,24 @@ def test_without_eval_dataset_a_seeded_tenth_is_held_out_and_said(capsys):
         "note: no eval_dataset: 5 of train_dataset's 49 rows are held out for evaluation and the best checkpoint "
         "(pass eval_dataset= to choose them)")
     assert hold_out(rows[:1]) == (rows[:1], rows[:1])
+
+
+def test_api_errors_are_the_commands_one_line_without_the_package_s_frames(tmp_path):
+    import traceback
+
+    from atgrpo_jax.errors import OutputExists
+
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    trainer = Trainer(os.path.join(ROOT, "configs", "sum_digits.py"), workdir=str(tmp_path / "run"))
+    with pytest.raises(OutputExists, match=r"exists and is not empty: give a new directory or --overwrite "
+                                           r"\(overwrite=True in Python\)$") as e:
+        trainer.export(str(out))
+    frames = [f.filename for f in traceback.extract_tb(e.value.__traceback__)]
+    package = [f for f in frames if os.sep + "atgrpo_jax" + os.sep in f]
+    assert package == [os.path.join(ROOT, "atgrpo_jax", "api.py")]  # only the API's own raise
+    assert (out / "keep.txt").read_text() == "x"  # nothing lost
+    with pytest.raises(ConfigError, match="rollout.k"):
+        Trainer(os.path.join(ROOT, "configs", "sum_digits.py"), workdir=str(tmp_path / "r2"),
+                overrides={"rollout.k": 0}).train()

@@ -24,7 +24,7 @@ from atgrpo_jax.train import guard
 from atgrpo_jax.train.episodes import as_markdown, training_records
 from atgrpo_jax.train.heldout import evaluation
 from atgrpo_jax.train.hooks import Hook, StepInfo, run_hooks
-from atgrpo_jax.train.metrics import EPISODES_FILE
+from atgrpo_jax.train.metrics import EPISODES_FILE, last_logged
 from atgrpo_jax.train.prefetch import Prefetch
 from atgrpo_jax.train.progress import say
 from atgrpo_jax.train.start import Opened, check_before_writing, held, open_run
@@ -41,18 +41,20 @@ def pool_busy(tracer: Tracer, run, seconds: float) -> dict:
 
 
 def run_training(config, workdir: str, *, allow_config_change: bool = False,
-                 fresh_if_unreadable: bool = False) -> dict:
-    """Train (resuming from workdir's newest checkpoint that restores); returns the last metrics.
+                 fresh_if_unreadable: bool = False, print_result: bool = True) -> dict:
+    """Train (resuming from workdir's newest checkpoint that restores); returns the last metrics, and
+    prints their evaluation part as a JSON line last (the command's result; print_result=False: the
+    Python API, which returns it).
 
     Stops early with cli.RunStopped (one line, an exit code) on SIGTERM/SIGINT (after saving the
     last completed step), on divergence, and when a checkpoint cannot be saved."""
     config = resolve(config)  # every config error before anything is written or compiled
     check_before_writing(config, workdir)
     with held(workdir) as stop:
-        return _train(config, workdir, allow_config_change, fresh_if_unreadable, stop)
+        return _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, print_result)
 
 
-def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> dict:
+def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, print_result=True) -> dict:
     t = config.train
     lead = jax.process_index() == 0
     o = open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, lead)
@@ -77,6 +79,9 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
             raise stopped(start)
         if start == 0 and t.eval_every:
             last = evaluate_before_training(o, writer, lead)
+        if start and start >= t.steps:  # nothing left: the logged metrics, not an empty result
+            last = last_logged(workdir)
+            say(f"the run has already trained all {t.steps} steps (raise --config.train.steps to train on)", lead)
         hooks = step_hooks(o, saver, health, began, lead)
         for step in range(start + 1, t.steps + 1):
             if stop.requested():
@@ -108,7 +113,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop) -> d
         ckpt.close()  # the last asynchronous save may fail here
         if health.skipped and step > start:
             report_skipped(ckpt.latest_step(), health.skipped, step, bool(t.checkpoint_every), lead)
-    if lead:
+    if lead and print_result:
         print(json.dumps({k: v for k, v in last.items() if k.startswith("eval")} | {"steps": step if t.steps else 0}))
     return last
 

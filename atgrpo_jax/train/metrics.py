@@ -114,6 +114,19 @@ def read_metrics(workdir: str) -> list[dict]:
     return _parse_lines(path)
 
 
+def last_logged(workdir: str) -> dict:
+    """The newest value of every metric in `workdir/metrics.jsonl` (the last step's, and the last
+    evaluation's), as the last step of a run returns them; {} without the file."""
+    try:
+        rows = read_metrics(workdir)
+    except (OSError, ValueError):
+        return {}
+    out: dict = {}
+    for row in rows:
+        out.update({k: v for k, v in row.items() if v is not None})
+    return out
+
+
 def truncate_metrics(path: str, keep_up_to_step: int) -> int:
     """Rewrite `path` keeping only rows with step <= keep_up_to_step; returns rows dropped."""
     if not os.path.exists(path):
