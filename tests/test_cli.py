@@ -41,6 +41,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
         ([f"--config={DEMO}", f"--workdir={workdir}", "--config.env.kwargs.bogus=1"],
          "unexpected keyword argument 'bogus'"),
         ([f"--config={DEMO}", f"--workdir={workdir}", "--config.rollout.k=two"], "--config.rollout.k=two: not a number"),
+        ([f"--config={DEMO}", f"--workdir={workdir}", "--config.sft.steps=60"],
+         "--config.sft.steps: `train` does not read it; sft.* are the supervised command's keys"),
     ]
     for args, message in cases:
         code, lines = exit_and_stderr(main, args, capsys)

@@ -279,6 +279,8 @@ def test_the_command_refuses_bad_input_in_one_line_before_writing(tmp_path, caps
         ([f"--config.sft.train_path={tmp_path / 'missing.jsonl'}"], "missing.jsonl' does not exist"),
         ([], "config.sft.train_path: is required"),
         ([f"--config.sft.train_path={tmp_path}", "--config.sft.rows=0"], "config.sft.rows: must be > 0, got 0"),
+        ([f"--config.sft.train_path={tmp_path}", "--config.train.steps=60"],
+         "--config.train.steps: `sft` does not read it; its length is sft.steps"),  # not silently ignored
     ]
     args, message = cases[0]
     proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.sft", f"--config={DEMO}", f"--workdir={workdir}", *args],

@@ -10,7 +10,9 @@ from __future__ import annotations
 from atgrpo_jax import cli
 from atgrpo_jax.train.command import workdir_flags, workdir_main
 
-main = workdir_main("sft", "atgrpo_jax.sft.loop:run_sft")
+main = workdir_main("sft", "atgrpo_jax.sft.loop:run_sft", not_read={
+    "train.steps": "its length is sft.steps", "train.eval_every": "it evaluates every sft.eval_every steps",
+    "train.eval_tasks": "it evaluates on all of sft.valid_path", "train.time_budget_s": "it runs sft.steps steps"})
 _flags = workdir_flags(" (the data: --config.sft.train_path=FILE)")
 
 if __name__ == "__main__":

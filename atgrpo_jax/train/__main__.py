@@ -9,7 +9,8 @@ from __future__ import annotations
 from atgrpo_jax import cli
 from atgrpo_jax.train.command import workdir_flags, workdir_main
 
-main = workdir_main("train", "atgrpo_jax.train.loop:run_training")
+main = workdir_main("train", "atgrpo_jax.train.loop:run_training", not_read={
+    "sft.": "sft.* are the supervised command's keys (python -m atgrpo_jax.sft)"})
 _flags = workdir_flags()
 
 if __name__ == "__main__":

@@ -14,13 +14,19 @@ from atgrpo_jax import cli
 from atgrpo_jax.train.progress import say
 
 
-def workdir_main(name: str, runner: str):
+def workdir_main(name: str, runner: str, not_read: dict[str, str] | None = None):
     """`main(f, overrides)` of the command `name`; `runner` ("module:function") takes (config, workdir,
-    allow_config_change=, fresh_if_unreadable=)."""
+    allow_config_change=, fresh_if_unreadable=). not_read: a key (or a "section." prefix) the command
+    ignores -> what it reads instead; giving one is an error saying so, before any work."""
     def main(f, overrides=()):
         """The command (run by `cli.command`: flags parsed, errors as one line)."""
         if not f.workdir.value:
             raise cli.UsageError("--workdir is required")
+        for key, _ in overrides:
+            instead = next((v for k, v in (not_read or {}).items() if key == k or (k.endswith(".") and
+                                                                                   key.startswith(k))), None)
+            if instead:
+                raise cli.UsageError(f"--config.{key}: `{name}` does not read it; {instead}")
         config = cli.config_from_args(f.config.value, overrides)
         say(f"{name} {f.config.value} in {f.workdir.value}: loading jax and the trainer")
         module, function = runner.split(":")
