@@ -41,6 +41,11 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
         ([f"--config={DEMO}", f"--workdir={workdir}", "--config.env.kwargs.bogus=1"],
          "unexpected keyword argument 'bogus'"),
         ([f"--config={DEMO}", f"--workdir={workdir}", "--config.rollout.k=two"], "--config.rollout.k=two: not a number"),
+        ([f"--config={DEMO}", f"--workdir={workdir}", "--config.char_alphabet=0123456789+=\nuseraitx"],
+         "config.char_alphabet: has no 'n', which the chat template writes (the roles 'user' and 'assistant', "
+         "newlines): add them to char_alphabet"),
+        ([f"--config={DEMO}", f"--workdir={workdir}", "--config.char_alphabet=0123456789+=\nuseraitn0+"],
+         "config.char_alphabet: '+0' appear more than once; each character once"),
         ([f"--config={DEMO}", f"--workdir={workdir}", "--config.sft.steps=60"],
          "--config.sft.steps: `train` does not read it; sft.* are the supervised command's keys"),
     ]

@@ -79,6 +79,22 @@ def _check_weights(m, where: str) -> None:
                  f"{where}.init='random' to train from random weights on purpose")
 
 
+CHAT_TEMPLATE_CHARS = "assistant\nuser"  # what the char tokenizer's chat template writes around every chat
+
+
+def checked_alphabet(alphabet: str) -> str:
+    """char_alphabet, refused in one line when a character repeats or one the chat template writes is
+    missing (it would become <unk> in every prompt: "assista<unk>t")."""
+    repeated = sorted({ch for ch in alphabet if alphabet.count(ch) > 1})
+    if repeated:
+        raise ConfigError(f"config.char_alphabet: {''.join(repeated)!r} appear more than once; each character once")
+    missing = sorted(set(CHAT_TEMPLATE_CHARS) - set(alphabet))
+    if missing:
+        raise ConfigError(f"config.char_alphabet: has no {''.join(missing)!r}, which the chat template writes "
+                          f"(the roles 'user' and 'assistant', newlines): add them to char_alphabet")
+    return alphabet
+
+
 def validate(c: Config, *, weights: bool = True) -> Config:
     """The rules between sections (each section checked its own keys when it was built)."""
     roles = list(c.policy.role_models)
@@ -92,6 +108,8 @@ def validate(c: Config, *, weights: bool = True) -> Config:
              "splash knows only causal masks and segment ids, not rows that pack several responses after one "
              "prompt: set optim.share_prompts=False with it")
     _require(not c.regime, "regime", "call resolve() first: it expands the shorthand")
+    if c.tokenizer == "char" and c.char_alphabet:
+        checked_alphabet(c.char_alphabet)
     _require(not (c.algo.dynamic_sampling and c.system.staleness), "algo.dynamic_sampling",
              "rolls out more tasks after a step's rollout, with the step's weights; system.staleness >= 1 made "
              "that rollout with older ones; set one of them to 0")
