@@ -254,6 +254,8 @@ def rollout_metrics(run: Run, ro: Rollout, groups: Groups) -> dict:
                "reward_mean": float(samples.reward[samples.mask].mean()) if samples.mask.any() else 0.0}
     for a, agent in enumerate(run.workflow.agents):
         metrics[f"reward/{agent.name}"] = float(episodes.agent_reward[a])
+    metrics.update(completion_metrics(samples, [s.max_new_tokens for s in run.sampling], run.stop_ids,
+                                      [a.name for a in run.workflow.agents]))
     kinds = getattr(run.workflow, "kinds", None)  # a mixture of workflows: the success of each
     if kinds is not None:  # (episodes are in task order: the step's ids, rounds of dynamic sampling after)
         kind = kinds(ro.step * TRAIN_TASK_STRIDE + np.arange(len(episodes.success)), "train")
@@ -263,6 +265,33 @@ def rollout_metrics(run: Run, ro: Rollout, groups: Groups) -> dict:
     if ro.stale:
         metrics.update(staleness(run, samples))
     return metrics
+
+
+def completion_metrics(samples, max_new_tokens: list[int], stop_ids, names: list[str]) -> dict:
+    """What TRL users watch, of the live samples: completion lengths (mean, min, max), the share cut at
+    their agent's max_new_tokens without a stop token (clipped_ratio), and the share of groups whose
+    rewards do not differ (zero_std_groups: no signal). Per role ("ROLE/...") with several agents."""
+    live = samples.mask
+    if not live.any():
+        return {}
+    length = samples.response_len
+    last = np.take_along_axis(samples.response, np.maximum(length - 1, 0)[..., None], axis=-1)[..., 0]
+    budget = np.asarray(max_new_tokens)[samples.sample_agent]
+    clipped = (length >= budget) & ~np.isin(last, np.asarray(stop_ids, np.int64))
+    out = {}
+    for a, name in [(None, "")] + ([(a, f"{n}/") for a, n in enumerate(names)] if len(names) > 1 else []):
+        mine = live if a is None else live & (samples.sample_agent == a)
+        if not mine.any():
+            continue
+        rewards = np.where(mine, samples.reward, np.nan)
+        groups = mine.sum(axis=1) >= 2
+        flat = groups & (np.nanmax(rewards, axis=1, initial=-np.inf) == np.nanmin(rewards, axis=1, initial=np.inf))
+        out.update({f"{name}completion_len_mean": float(length[mine].mean()),
+                    f"{name}completion_len_min": float(length[mine].min()),
+                    f"{name}completion_len_max": float(length[mine].max()),
+                    f"{name}clipped_ratio": float(clipped[mine].mean()),
+                    f"{name}zero_std_groups": float(flat.sum() / max(groups.sum(), 1))})
+    return out
 
 
 def staleness(run: Run, samples) -> dict:

@@ -204,3 +204,32 @@ def test_episode_rows_and_text_are_truncated_on_resume_like_metrics(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / EPISODES_FILE).read_text().splitlines()]
     assert [(r["step"], r["task"]) for r in rows] == [(1, 0), (1, 1)]
     assert [r["step"] for r in read_metrics(str(tmp_path))] == [1]
+
+
+def test_completion_metrics_of_the_live_samples_per_role():
+    """Lengths, the share cut at the budget without a stop token, and groups with no reward spread:
+    two groups of agent 0 (budget 4) and one of agent 1 (budget 3); stop id 2; one sample not live."""
+    import types
+
+    import numpy as np
+
+    from atgrpo_jax.train.step import completion_metrics
+
+    response = np.zeros((3, 2, 4), np.int32)
+    response[0, 0, :4] = [5, 6, 7, 8]  # cut at 4, no stop: clipped
+    response[0, 1, :2] = [5, 2]
+    response[1, 0, :4] = [5, 6, 7, 2]  # at the budget but stopped: not clipped
+    response[1, 1, :1] = [9]  # not live
+    response[2, 0, :3] = [5, 6, 7]  # agent 1's budget 3: clipped
+    response[2, 1, :3] = [5, 6, 2]
+    samples = types.SimpleNamespace(
+        response=response, response_len=np.array([[4, 2], [4, 1], [3, 3]]),
+        mask=np.array([[True, True], [True, False], [True, True]]),
+        sample_agent=np.array([[0, 0], [0, 0], [1, 1]]), reward=np.array([[1.0, 0.0], [0.5, 0.5], [0.2, 0.2]]))
+    m = completion_metrics(samples, [4, 3], (2,), ["a", "b"])
+    assert m["completion_len_mean"] == (4 + 2 + 4 + 3 + 3) / 5 and m["completion_len_min"] == 2
+    assert m["completion_len_max"] == 4 and m["clipped_ratio"] == 2 / 5
+    assert m["zero_std_groups"] == 1 / 2  # group 1 has one live sample: not counted; group 2 is flat
+    assert m["a/clipped_ratio"] == 1 / 3 and m["a/zero_std_groups"] == 0.0
+    assert m["b/clipped_ratio"] == 1 / 2 and m["b/zero_std_groups"] == 1.0 and m["b/completion_len_mean"] == 3
+    assert "a/clipped_ratio" not in completion_metrics(samples, [4, 3], (2,), ["solo"])
