@@ -114,13 +114,16 @@ class Trainer:
     training rows are held out (a seeded draw, said at the start) and never trained on.
     workflow: an object with the batched Workflow protocol
     (envs/workflow.py) or an Episode (envs/episode.py: written for one episode). overrides: config keys.
+    callbacks: objects with any of `on_step_end`, `on_evaluate`, `on_save` (TRL's TrainerCallback names),
+    each called as method(step, metrics).
     """
 
     @speaks_like_the_cli
     def __init__(self, config, *, workdir: str, reward_fns: RewardFn | Sequence[RewardFn] | None = None,
                  reward_weights: Sequence[float] | None = None, train_dataset=None, eval_dataset=None,
-                 workflow: Any = None, overrides: dict | None = None):
+                 workflow: Any = None, overrides: dict | None = None, callbacks: Sequence[Any] = ()):
         self.workdir = workdir
+        self.callbacks = list(callbacks)
         self.config = c = as_config(config, overrides)
         if workflow is not None and reward_fns is not None:
             raise cli.UsageError("give reward_fns (a prompt_reward task) or a workflow, not both")
@@ -151,7 +154,7 @@ class Trainer:
         a finished run too: those it logged)."""
 
         last = run_training(self.config, self.workdir, allow_config_change=allow_config_change,
-                            fresh_if_unreadable=fresh_if_unreadable, print_result=False)
+                            fresh_if_unreadable=fresh_if_unreadable, print_result=False, callbacks=self.callbacks)
         return {k: v for k, v in last.items() if k.startswith("eval")}
 
     @speaks_like_the_cli

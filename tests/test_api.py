@@ -31,11 +31,29 @@ def length(completions):
     return [min(len(c), 3) / 3 for c in completions]
 
 
+class Recorder:
+    """A callback with TRL's method names."""
+
+    def __init__(self):
+        self.calls = []
+
+    def on_step_end(self, step, metrics):
+        self.calls.append(("step_end", step, "loss" in metrics))
+
+    def on_evaluate(self, step, metrics):
+        self.calls.append(("evaluate", step, "eval_success" in metrics))
+
+    def on_save(self, step, metrics):
+        self.calls.append(("save", step, True))
+
+
 def test_a_trainer_trains_on_records_and_reward_functions_then_resumes_and_exports(tmp_path):
     work = str(tmp_path / "run")
+    recorder = Recorder()
     trainer = Trainer(os.path.join(ROOT, "configs", "sum_digits.py"), workdir=work, reward_fns=[exact, length],
-                      reward_weights=[1.0, 0.1], train_dataset=DATA, overrides=SHORT)
+                      reward_weights=[1.0, 0.1], train_dataset=DATA, overrides=SHORT, callbacks=[recorder])
     metrics = trainer.train()
+    assert recorder.calls == [("step_end", 1, True), ("step_end", 2, True), ("evaluate", 2, True), ("save", 2, True)]
     assert set(metrics) >= {"eval_success", "eval/test/avg@1"} and 0 <= metrics["eval_success"] <= 1
     assert SEEN and set(SEEN) == {("assistant", 0)}  # asked for role and turn: it got them
     saved = json.loads(open(os.path.join(work, "config.json")).read())["env"]["kwargs"]
@@ -152,3 +170,17 @@ def test_api_errors_are_the_commands_one_line_without_the_package_s_frames(tmp_p
     with pytest.raises(ConfigError, match="rollout.k"):
         Trainer(os.path.join(ROOT, "configs", "sum_digits.py"), workdir=str(tmp_path / "r2"),
                 overrides={"rollout.k": 0}).train()
+
+
+def test_a_callback_that_raises_or_has_no_method_is_one_line():
+    from atgrpo_jax.errors import UsageError
+    from atgrpo_jax.train.hooks import StepInfo, run_hooks, user_hooks
+
+    class Broken:
+        def on_step_end(self, step, metrics):
+            raise KeyError("loss_x")
+
+    with pytest.raises(UsageError, match=r"^callback Broken.on_step_end raised KeyError at step 3: 'loss_x'$"):
+        run_hooks(user_hooks([Broken()], 0), StepInfo(3, {}, False, False, True))
+    with pytest.raises(UsageError, match=r"callbacks: .* has none of on_step_end, on_evaluate, on_save"):
+        user_hooks([object()], 0)

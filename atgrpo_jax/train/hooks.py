@@ -39,3 +39,38 @@ def run_hooks(hooks: list[Hook], info: StepInfo) -> None:
     for hook in hooks:
         if hook.due(info):
             hook.fn(info)
+
+
+CALLBACK_METHODS = ("on_step_end", "on_evaluate", "on_save")  # TRL's TrainerCallback names
+
+
+def user_hooks(callbacks, checkpoint_every: int) -> list[Hook]:
+    """The user's callbacks as hooks after the trainer's own: `on_step_end(step, metrics)` after every
+    step (its metrics, held-out figures included), `on_evaluate(step, metrics)` after an evaluation,
+    `on_save(step, metrics)` after a checkpoint is written. A callback that raises stops the run with
+    one line naming it (UsageError)."""
+    from atgrpo_jax.errors import UsageError
+
+    def call(cb, name):
+        method = getattr(cb, name)
+
+        def run(info: StepInfo):
+            try:
+                method(info.step, dict(info.metrics))
+            except Exception as e:  # noqa: BLE001 - the user's code: one line naming it
+                detail = str(e).strip().splitlines()[0] if str(e).strip() else "(no message)"
+                raise UsageError(f"callback {type(cb).__name__}.{name} raised {type(e).__name__} at step "
+                                 f"{info.step}: {detail}") from None
+        return run
+
+    hooks = []
+    for cb in callbacks:
+        if not any(hasattr(cb, m) for m in CALLBACK_METHODS):
+            raise UsageError(f"callbacks: {cb!r} has none of {', '.join(CALLBACK_METHODS)}")
+        if hasattr(cb, "on_step_end"):  # (TRL's order: step end, evaluation, save)
+            hooks.append(Hook(call(cb, "on_step_end"), every=1))
+        if hasattr(cb, "on_evaluate"):
+            hooks.append(Hook(call(cb, "on_evaluate"), 0, forced=False, also=lambda i: i.evaluated))
+        if hasattr(cb, "on_save"):
+            hooks.append(Hook(call(cb, "on_save"), checkpoint_every, when=lambda i: i.healthy and bool(checkpoint_every)))
+    return hooks

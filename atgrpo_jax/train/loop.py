@@ -21,6 +21,7 @@ from atgrpo_jax import cli, workdir as wd
 from atgrpo_jax.envs.workflow import episodes_per_problem
 from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train import guard
+from atgrpo_jax.train.hooks import user_hooks
 from atgrpo_jax.train.episodes import as_markdown, training_records
 from atgrpo_jax.train.heldout import evaluation
 from atgrpo_jax.train.hooks import Hook, StepInfo, run_hooks
@@ -41,20 +42,21 @@ def pool_busy(tracer: Tracer, run, seconds: float) -> dict:
 
 
 def run_training(config, workdir: str, *, allow_config_change: bool = False,
-                 fresh_if_unreadable: bool = False, print_result: bool = True) -> dict:
+                 fresh_if_unreadable: bool = False, print_result: bool = True, callbacks=()) -> dict:
     """Train (resuming from workdir's newest checkpoint that restores); returns the last metrics, and
     prints their evaluation part as a JSON line last (the command's result; print_result=False: the
-    Python API, which returns it).
+    Python API, which returns it). callbacks: objects with any of TRL's `on_step_end`, `on_evaluate`,
+    `on_save` methods, each called as method(step, metrics) on the lead process (hooks.user_hooks).
 
     Stops early with cli.RunStopped (one line, an exit code) on SIGTERM/SIGINT (after saving the
     last completed step), on divergence, and when a checkpoint cannot be saved."""
     config = resolve(config)  # every config error before anything is written or compiled
     check_before_writing(config, workdir)
     with held(workdir) as stop:
-        return _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, print_result)
+        return _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, print_result, callbacks)
 
 
-def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, print_result=True) -> dict:
+def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, print_result=True, callbacks=()) -> dict:
     t = config.train
     lead = jax.process_index() == 0
     o = open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, lead)
@@ -82,7 +84,7 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, prin
         if start and start >= t.steps:  # nothing left: the logged metrics, not an empty result
             last = last_logged(workdir)
             say(f"the run has already trained all {t.steps} steps (raise --config.train.steps to train on)", lead)
-        hooks = step_hooks(o, saver, health, began, lead)
+        hooks = step_hooks(o, saver, health, began, lead) + (user_hooks(callbacks, t.checkpoint_every) if lead else [])
         for step in range(start + 1, t.steps + 1):
             if stop.requested():
                 raise stopped(step - 1)
