@@ -159,6 +159,31 @@ def sub_meshes(mesh: Mesh, num_pools: int) -> list[Mesh]:
             for b in blocks]
 
 
+# libtpu 0.0.42's multi-colour all-reduce (its rotated-pincer emitter) aborts compiling an all-reduce over
+# the chips of a 1x2x2 sub-grid that lies off the slice's origin along its flat axis (a failed CHECK
+# "get_loop_bound(color) == loop_bound (0 vs. 4)"): the second pool of a v5p-16 (2x2x2), the chips
+# with x = 1, and any 1x2x2 block with x or y = 1 of a larger v5p slice. Without the colours of that
+# algorithm the same all-reduce compiles as a two-colour ring over the pool's links; the first pool and
+# the pools of other shapes keep the compiler's default (docs/results/tpu.md).
+NO_MULTI_COLOR_ALL_REDUCE = {"xla_jf_use_multi_colors_in_all_reduce_if_supported": False}
+
+
+def pool_compiler_options(mesh) -> dict[str, Any]:
+    """XLA options for the programs compiled on a policy pool's `mesh` (its update and log-probs, whose
+    gradients and gathered embedding are all-reduced over every chip of the pool): the multi-colour
+    all-reduce off for the TPU sub-grids libtpu aborts on (NO_MULTI_COLOR_ALL_REDUCE), else none."""
+    devices = list(getattr(mesh, "devices", np.asarray([])).flat)
+    coords = [getattr(d, "coords", None) for d in devices]
+    if not devices or any(c is None for c in coords) or platform_of(mesh) != "tpu":
+        return {}
+    grid = np.asarray(coords)
+    low, extent = grid.min(0), grid.max(0) - grid.min(0) + 1
+    if len({tuple(c) for c in grid.tolist()}) != len(devices) or math.prod(extent) != len(devices):
+        return {}  # not a sub-grid (or two cores per chip)
+    flat_off_origin = any(e == 1 and lo > 0 for e, lo in zip(extent[:2], low[:2]))  # along x or y
+    return dict(NO_MULTI_COLOR_ALL_REDUCE) if flat_off_origin and sorted(e for e in extent if e > 1) == [2, 2] else {}
+
+
 def logical_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None,
                  mesh: Mesh | None = None, rules: dict[str, tuple[str, ...]] = RULES) -> P:
     """PartitionSpec for logical `axes`; drops mesh axes that don't divide `shape`."""

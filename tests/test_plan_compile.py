@@ -31,6 +31,14 @@ def config_of(*overrides):
     return resolve(cli.config_from_args(DEMO, parsed), weights=False)
 
 
+def verdict(err: str) -> list[str]:
+    """stderr of plan --compile without its progress lines (one as each program starts and ends compiling)."""
+    return [line for line in err.strip().splitlines() if not PROGRESS.fullmatch(line)]
+
+
+PROGRESS = re.compile(r"compiling .+|  compiled .+ in \d+ s")
+
+
 def report(capsys, *args):
     code = plan_main(["plan", f"--config={DEMO}", *args, "--json"])
     out = capsys.readouterr()
@@ -38,8 +46,11 @@ def report(capsys, *args):
 
 
 def test_one_host_fits_agrees_with_the_planner_and_gathers_weights_for_the_update(capsys):
-    code, r, _ = report(capsys, "--compile=v5p:2x2x1", *SMALL)
+    code, r, err = report(capsys, "--compile=v5p:2x2x1", *SMALL)
     assert code == 0 and r["fits"] and (r["target"], r["chips"], r["hosts"]) == ("v5p:2x2x1", 4, 1)
+    progress = err.strip().splitlines()  # a line as each program starts compiling and one as it ends
+    assert "compiling update of policy for v5p:2x2x1" in progress, progress
+    assert any(re.fullmatch(r"  compiled update of policy in \d+ s", line) for line in progress), progress
     assert r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
     names = [p["name"] for p in r["programs"]]
     assert names == ["prefill", "decode segment", "old log-probs", "update"]
@@ -93,7 +104,7 @@ def test_splash_attention_lowers_through_mosaic_when_compiled_for_a_tpu():
 def test_a_program_that_cannot_fit_is_one_line_and_exit_1(capsys):
     code = plan_main(["plan", f"--config={DEMO}", "--compile=v5e:2x2", *SMALL, "--config.rollout.num_tasks=256",
                       "--config.rollout.k=16", "--config.rollout.max_new_tokens=16384"])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = verdict(capsys.readouterr().err)
     assert code == 1, err
     assert re.fullmatch(r"DOES NOT FIT on v5e:2x2: decode start of policy needs [\d.]+ GiB per chip, more than the "
                         r"1\d\.\d\d GiB the compiler may use of each chip", err[0]), err[0]  # the rows' caches: 256 x 16 x 16k tokens
@@ -161,3 +172,58 @@ def test_the_time_model_counts_what_the_benchmarks_count():
     assert costing.decode_step_bytes(cfg, mesh, 32, 1000, 256, 300) == pytest.approx(expected, rel=1e-9)
     sharded = costing.decode_step_bytes(cfg.replace(decode_gather=False), mesh, 32, 1000, 256, 300)
     assert sharded == pytest.approx(weights / 4 + per_token_kv * (32 * 1000 + 256 * 300) / 4, rel=1e-9)
+
+
+def aborting_compile(config, target, assumptions, devices, progress):
+    """In plan --compile's child instead of the step's programs: 'update of policy_b' compiled as the
+    all-reduce libtpu 0.0.42 aborts on (over the second pool of a v5p-16, the chips with x = 1, without
+    sharding.pool_compiler_options), so the command meets a real failed CHECK in its child."""
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    progress(f"compiling update of policy_b for {target.name}", ("update", "policy_b"))
+    chips = [d for d in target.devices() if d.coords[0] == 1]
+    mesh = Mesh(np.asarray(chips, dtype=object).reshape(2, 2), ("data", "fsdp"))
+    x = jax.ShapeDtypeStruct((4, 1 << 20), "float32", sharding=NamedSharding(mesh, P(("data", "fsdp"))))
+    psum = jax.shard_map(lambda v: jax.lax.psum(v, ("data", "fsdp")), mesh=mesh, in_specs=P(("data", "fsdp")),
+                         out_specs=P())
+    jax.jit(psum).lower(x).compile()
+    raise AssertionError("libtpu compiled the all-reduce it aborts on: see sharding.pool_compiler_options")
+
+
+@pytest.mark.full  # tiers.py: ~10 s (a child process and libtpu); the child's death read from its log (below)
+# keeps the one line in the default tier
+def test_a_compiler_abort_is_one_line_naming_the_program_and_exit_1(capsys, monkeypatch):
+    """libtpu ends its process on a failed CHECK: the compile runs in a child, and the command says in one
+    line which program of which pool aborted, for which target, the CHECK and what to try."""
+    from atgrpo_jax.plan import compile_cli
+
+    monkeypatch.setattr(compile_cli, "_compile_here", aborting_compile)
+    code = plan_main(["plan", f"--config={DEMO}", "--compile=v5p:2x2x2", *SMALL])
+    out = capsys.readouterr()
+    err = verdict(out.err)
+    assert code == 1 and out.out == "" and len(err) == 1, out.err
+    assert re.fullmatch(r"libtpu aborted compiling update of policy_b for v5p:2x2x2 \(a compiler bug: Check failed: "
+                        r"get_loop_bound\(color\) == loop_bound \(0 vs\. 4\) at rotated_pincer_emitter_base\.cc:\d+\); "
+                        r"try .+--config\.policy\.pools=False.+", err[0]), err[0]
+    assert "compiling update of policy_b for v5p:2x2x2" in out.err  # the progress line of the program
+
+
+def test_a_child_that_died_in_a_check_is_the_one_line_and_one_killed_otherwise_says_so(tmp_path):
+    """What plan --compile's child leaves when libtpu aborts it (its log: the CHECK and a stack trace;
+    its exit: SIGABRT) is one CompilerFailed naming the program; a child killed otherwise is one CompileDied."""
+    import signal
+    from atgrpo_jax.plan.compile_cli import CompileDied, CompilerFailed, _died
+
+    log = tmp_path / "child.log"
+    log.write_text("compiling\nF1202 02:10:02.409946   22410 rotated_pincer_emitter_base.cc:1524] Check failed: "
+                   "get_loop_bound(color) == loop_bound (0 vs. 4) \n*** Check failure stack trace: ***\n"
+                   "    @     0x7f4180b0c5b0  absl::internal_any_invocable::RemoteInvoker<>()\n")
+    e = _died(-signal.SIGABRT, ("old log-probs", "policy_plan"), "v5p:2x2x2", str(log))
+    assert isinstance(e, CompilerFailed) and "\n" not in str(e) and "0x7f" not in str(e)
+    assert str(e).startswith("libtpu aborted compiling old log-probs of policy_plan for v5p:2x2x2 (a compiler bug: "
+                             "Check failed: get_loop_bound(color) == loop_bound (0 vs. 4) at "
+                             "rotated_pincer_emitter_base.cc:1524); try "), e
+    log.write_text("")
+    killed = _died(-signal.SIGKILL, ("update", "policy"), "v5p:2x2x1", str(log))
+    assert isinstance(killed, CompileDied) and "signal 9" in str(killed) and "update of policy" in str(killed)

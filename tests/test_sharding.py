@@ -36,6 +36,29 @@ def test_pools_are_compact_blocks_of_each_host_s_chips():
         assert [[d.id for d in p.devices[0].flat] for p in pools] == expected, target
 
 
+def test_the_second_pool_of_a_v5p_16_all_reduces_without_the_colours_libtpu_aborts_on():
+    """The pool cut of every slice users rent keeps the compiler's defaults, but the chips with x = 1 of a
+    v5p-16 (2x2x2), where libtpu's multi-colour all-reduce aborts: there it compiles as a 2-colour ring."""
+    import re
+    from jax.sharding import NamedSharding
+    from atgrpo_jax.plan.targets import parse_target
+    from atgrpo_jax.sharding import NO_MULTI_COLOR_ALL_REDUCE, pool_compiler_options
+
+    for name in ("v5p:2x2x1", "v5p:2x2x4", "v5p:2x4x4", "v6e:2x4", "v6e:4x4", "v5e:2x4"):
+        pools = sub_meshes(make_mesh({"data": 0, "fsdp": -1}, parse_target(name).devices()), 2)
+        assert [pool_compiler_options(p) for p in pools] == [{}, {}], name
+    assert pool_compiler_options(make_mesh()) == {}  # CPU devices
+    first, second = sub_meshes(make_mesh({"data": 0, "fsdp": -1}, parse_target("v5p:2x2x2").devices()), 2)
+    assert {tuple(d.coords)[0] for d in second.devices.flat} == {1} and pool_compiler_options(first) == {}
+    assert pool_compiler_options(second) == NO_MULTI_COLOR_ALL_REDUCE
+    axes = ("data", "fsdp", "tensor")
+    x = jax.ShapeDtypeStruct((4, 1 << 20), np.float32, sharding=NamedSharding(second, P(axes)))
+    psum = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, axes), mesh=second, in_specs=P(axes), out_specs=P()),
+                   compiler_options=pool_compiler_options(second))
+    text = psum.lower(x).compile().as_text()
+    assert re.search(r"UniDirectionNDRingStrategy\{colors:2 ", text), text[-2000:]
+
+
 def test_data_zero_is_one_row_per_host():
     """The default mesh (data 0) on a 4-host TPU topology: each host's chips form one data row."""
     from atgrpo_jax.plan.targets import parse_target

@@ -125,16 +125,23 @@ def _flags() -> flags.FlagValues:
 
 
 def _compile(config, target_name: str, as_json: bool, prompt_tokens: int, response_tokens: int) -> int:
-    """--compile: 0 every program fits, 1 one does not (one line), 2 bad input (one line, raised)."""
+    """--compile: 0 every program fits, 1 one does not or the compiler failed (one line), 2 bad input (one
+    line, raised). Progress lines on stderr as each program compiles."""
     target = parse_target(target_name)
     if prompt_tokens < 0 or response_tokens < 0:
         raise cli.UsageError("--prompt-tokens and --response-tokens must be >= 0 (0: the default)")
     assumptions = costing.Assumptions.of(config, prompt_tokens, response_tokens)
+    if target.platform == "tpu":
+        print(f"compiling the step's programs for {target_name} (each may take minutes on a CPU)", file=sys.stderr)
     try:
-        report = compile_cli.compile_step(config, target, assumptions)
+        report = compile_cli.compile_step(config, target, assumptions,
+                                          progress=lambda line: print(line, file=sys.stderr, flush=True))
     except compile_cli.DoesNotFit as e:
         print(f"DOES NOT FIT on {target_name}: {e}", file=sys.stderr)
         print(what_lowers(config, target), file=sys.stderr)
+        return EXIT_DOES_NOT_FIT
+    except (compile_cli.CompilerFailed, compile_cli.CompileDied) as e:
+        print(f"{'' if isinstance(e, compile_cli.CompilerFailed) else 'error: '}{e}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT
     print(json.dumps(report) if as_json else compile_cli.text_report(report, config.train.steps))
     if not report["fits"]:

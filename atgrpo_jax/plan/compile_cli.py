@@ -5,12 +5,19 @@ memory per chip beside the planner's, its FLOPs, bytes and collectives, and a mo
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
+import pickle
+import re
+import signal
+import tempfile
+from typing import Callable
 
 from atgrpo_jax.plan import costing
 from atgrpo_jax.plan.compiled import COLLECTIVES, Analysis, analyze
 from atgrpo_jax.plan.architecture import model_config
 from atgrpo_jax.plan.memory import AGENTS, plan
-from atgrpo_jax.plan.programs import DoesNotFit, agent_names, step_programs  # noqa: F401  (DoesNotFit: callers)
+from atgrpo_jax.plan.programs import DoesNotFit, agent_names, compile_progress, step_programs
 from atgrpo_jax.plan.targets import GiB, Target
 from atgrpo_jax.sharding import MeshConfig, pool_sizes
 from atgrpo_jax.train.roles import role_config
@@ -57,8 +64,129 @@ def model_step(config, target: Target, assumptions: costing.Assumptions, agents:
     return costing.step_time(model_config(config), config, target.chip, work, pools > 1, assumptions)
 
 
-def compile_step(config, target: Target, assumptions: costing.Assumptions, devices=None) -> dict:
-    """Every program of a training step compiled for `target`; the report as a dict (the --json object)."""
+class CompilerFailed(Exception):
+    """The compiler aborted (a failed CHECK ends its process) or failed an internal check compiling one
+    program: a compiler bug, not the config's. The message is the command's one line."""
+
+    def __init__(self, program: str, pool: str, target: str, check: str, aborted: bool = True):
+        super().__init__(f"libtpu {'aborted' if aborted else 'failed'} compiling {program} of {pool} for {target} "
+                         f"(a compiler bug: {check}); try another slice or cut (--config.policy.pools=False keeps "
+                         "every policy on all chips) or another libtpu (pip install -U \"jax[tpu]\")")
+        self.program, self.pool, self.target, self.check, self.aborted = program, pool, target, check, aborted
+
+    def __reduce__(self):  # raised in the child, raised again in the command
+        return CompilerFailed, (self.program, self.pool, self.target, self.check, self.aborted)
+
+
+class CompileDied(Exception):
+    """The compile's process ended without a report and without a compiler CHECK (killed, out of memory)."""
+
+
+# What a failed CHECK (the process aborts) or RET_CHECK (an INTERNAL error) in libtpu says, and where.
+_CHECK = re.compile(r"(\S+\.cc:\d+)\] (Check failed: .*?)\s*$")
+_RET_CHECK = re.compile(r"RET_CHECK failure \((\S+\.cc:\d+)\) (.*?)(?: :: |$)", re.M)
+NO_PROGRAM = ("its programs", "the step")  # (program, pool) named when the compiler died before the first
+
+
+def compile_step(config, target: Target, assumptions: costing.Assumptions, devices=None,
+                 progress: Callable[[str], None] | None = None, work: Callable | None = None) -> dict:
+    """Every program of a training step compiled for `target`; the report as a dict (the --json object).
+
+    On a TPU target the compiles run in a child process: libtpu ends its process on a failed internal
+    CHECK, so a compiler bug ends that child, not the command, and comes back as one CompilerFailed
+    naming the program it was compiling. `devices` given (or a GPU): in this process. progress(line):
+    a line as each program starts and ends compiling. work: what the child runs (`_compile_here`'s
+    signature, a module-level function)."""
+    work = work or _compile_here
+    if devices is not None or target.platform != "tpu":
+        return work(config, target, assumptions, devices, progress and (lambda line, _: progress(line)))
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    with tempfile.NamedTemporaryFile("w+", prefix="atgrpo-compile-", suffix=".log") as log:
+        child = ctx.Process(target=_child, args=(work, config, target, assumptions, send, log.name), daemon=True)
+        child.start()
+        send.close()
+        current, result = NO_PROGRAM, None
+        try:
+            while result is None:
+                try:
+                    kind, *body = receive.recv()
+                except EOFError:  # the child ended without a result: aborted by the compiler, or killed
+                    break
+                if kind == "line":
+                    current = tuple(body[1])
+                    if progress:
+                        progress(body[0])
+                else:
+                    result = (kind, body[0])
+        finally:
+            child.join()
+        if result is None:
+            raise _died(child.exitcode, current, target.name, log.name)
+    kind, value = result
+    if kind == "error":
+        raise value
+    return value
+
+
+def _died(exitcode, current: tuple[str, str], target: str, log_path: str) -> Exception:
+    """The error of a child that ended without a report: the compiler's failed CHECK where it printed one."""
+    with open(log_path, errors="replace") as f:
+        lines = f.read().splitlines()
+    check = next((f"{m.group(2)} at {m.group(1)}" for m in map(_CHECK.search, lines) if m), None)
+    if check or exitcode == -signal.SIGABRT:
+        return CompilerFailed(*current, target, check or "SIGABRT, no CHECK printed")
+    how = f"signal {-exitcode}" if exitcode and exitcode < 0 else f"exit {exitcode}"
+    why = " (killed: out of memory?)" if exitcode == -signal.SIGKILL else ""
+    return CompileDied(f"compiling {current[0]} of {current[1]} for {target}: the compile's process ended "
+                       f"({how}){why} without a report")
+
+
+def _child(work, config, target: Target, assumptions, send, log_path: str) -> None:
+    """plan --compile's child: what libtpu prints (a CHECK's stack trace among it) goes to `log_path`;
+    ("line", text, (program, pool)) as each compile starts and ends, then ("report", dict) or
+    ("error", exception) go to `send`."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    try:
+        result = ("report", work(config, target, assumptions, None,
+                                 lambda line, current: send.send(("line", line, current))))
+    except Exception as e:  # noqa: BLE001  (sent to the command, which raises it)
+        m = _RET_CHECK.search(str(e))
+        if m:  # an INTERNAL error of the compiler: one line naming the program
+            e = CompilerFailed(*getattr(e, "_atgrpo_program", NO_PROGRAM), target.name,
+                               f"RET_CHECK {m.group(2)} at {m.group(1)}", aborted=False)
+        try:
+            pickle.loads(pickle.dumps(e))
+        except Exception:  # noqa: BLE001  (an exception that cannot travel: its type and first line)
+            e = RuntimeError(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        result = ("error", e)
+    send.send(result)
+    send.close()
+
+
+def _compile_here(config, target: Target, assumptions, devices, progress) -> dict:
+    """The report, compiled in this process; progress(line, (program, pool)) as each program starts and ends.
+    An exception raised on the way carries the program it was compiling (`_atgrpo_program`)."""
+    current = NO_PROGRAM
+
+    def report(program, seconds):
+        nonlocal current
+        current = (program.name, program.pool)
+        if progress is not None:
+            progress(f"compiling {program.name} of {program.pool} for {target.name}" if seconds is None else
+                     f"  compiled {program.name} of {program.pool} in {seconds:.0f} s", current)
+
+    try:
+        with compile_progress(report):
+            return _compile_report(config, target, assumptions, devices)
+    except Exception as e:
+        e._atgrpo_program = current
+        raise
+
+
+def _compile_report(config, target: Target, assumptions: costing.Assumptions, devices=None) -> dict:
     steps = step_programs(config, target.devices() if devices is None else devices, target.hosts, target.on_one_host)
     hbm = target.chip.hbm_bytes
     plans = planned(config, target)

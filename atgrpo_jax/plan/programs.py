@@ -19,9 +19,11 @@ case: one sample per row at the widest row the config allows (train/step.py pack
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
+import time
 from typing import Any, Callable
 
 import jax
@@ -40,7 +42,8 @@ from atgrpo_jax.plan.architecture import model_config
 from atgrpo_jax.plan.memory import AGENTS
 from atgrpo_jax.sampling import decode as dec
 from atgrpo_jax.sampling.generate import bucket_for
-from atgrpo_jax.sharding import RULES, TRAIN_RULES, batch_shards, logical_sharding, make_mesh, platform_of, sub_meshes
+from atgrpo_jax.sharding import (RULES, TRAIN_RULES, batch_shards, logical_sharding, make_mesh, platform_of,
+                                 pool_compiler_options, sub_meshes)
 from atgrpo_jax.train.batch import fine_bucket, length_bucket
 from atgrpo_jax.train.policies import SHARED_ADAPTER, on_mesh
 from atgrpo_jax.train.roles import role_config
@@ -54,12 +57,28 @@ _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, None: 1, "": 1}
 
 
 class DoesNotFit(Exception):
-    """A program the compiler refused for lack of memory on the target's chip."""
+    """A program the compiler refused for lack of memory on the target's chip (`name` of `pool`)."""
 
-    def __init__(self, program: "Program", need: int, have: int):
-        super().__init__(f"{program.name} of {program.pool} needs {need / 2**30:.2f} GiB per chip, more than "
+    def __init__(self, name: str, pool: str, need: int, have: int):
+        super().__init__(f"{name} of {pool} needs {need / 2**30:.2f} GiB per chip, more than "
                          f"the {have / 2**30:.2f} GiB the compiler may use of each chip")
-        self.program, self.need, self.have = program, need, have
+        self.name, self.pool, self.need, self.have = name, pool, need, have
+
+    def __reduce__(self):  # raised in plan --compile's child process, raised again in the command's
+        return DoesNotFit, (self.name, self.pool, self.need, self.have)
+
+
+_PROGRESS: list[Callable] = []  # called as f(program, seconds): seconds None before its compile starts
+
+
+@contextlib.contextmanager
+def compile_progress(report: Callable):
+    """Inside: `report(program, None)` before each program compiles and `report(program, seconds)` after."""
+    _PROGRESS.append(report)
+    try:
+        yield
+    finally:
+        _PROGRESS.remove(report)
 
 
 @dataclasses.dataclass
@@ -76,6 +95,7 @@ class Program:
     rows: int = 0  # rows x length: the tokens one call processes (prefill, log-probs, update)
     length: int = 0
     reported: bool = True  # False: a helper the report leaves out (it only feeds the next program)
+    compile_s: float = 0.0  # seconds its compile took (set by `compiled`)
     _compiled: Any = None
 
     def lower(self):
@@ -85,6 +105,9 @@ class Program:
     def compiled(self):
         """The compiled program (once); DoesNotFit when the compiler refuses it for lack of memory."""
         if self._compiled is None:
+            for report in _PROGRESS:
+                report(self, None)
+            start = time.perf_counter()
             try:
                 self._compiled = self.lower().compile()
             except Exception as e:  # noqa: BLE001  (XlaRuntimeError: RESOURCE_EXHAUSTED with the sizes in its text)
@@ -92,7 +115,10 @@ class Program:
                 if "RESOURCE_EXHAUSTED" not in str(e) or not m:
                     raise
                 need, have = (float(m.group(i)) * _UNITS[m.group(i + 1)] for i in (1, 3))
-                raise DoesNotFit(self, int(need) + self.resident, int(have)) from None
+                raise DoesNotFit(self.name, self.pool, int(need) + self.resident, int(have)) from None
+            self.compile_s = time.perf_counter() - start
+            for report in _PROGRESS:
+                report(self, self.compile_s)
         return self._compiled
 
 
@@ -323,7 +349,8 @@ def _update_programs(config, s: PoolState, others, sampling, vocab_limit, tx) ->
     how = scoring_of(scored_as(config, sampling), vocab_limit)
     loss = config.loss
     logprobs_fn, update_fn = update_steps(s.graphdef, tx, loss, config.loss.logprob_chunk, how,
-                                          train_head=not jax.tree.leaves(s.frozen))
+                                          train_head=not jax.tree.leaves(s.frozen),
+                                          compiler_options=pool_compiler_options(s.mesh))
     width = length_bucket(r.max_prompt_len + config.rollout.longest_response())
     rows = length_bucket(o.mini_batch_size, 1)
     rows = -(-max(rows, batch_shards(s.mesh)) // batch_shards(s.mesh)) * batch_shards(s.mesh)

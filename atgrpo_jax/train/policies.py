@@ -24,7 +24,7 @@ from atgrpo_jax.models.lora import attach_lora, merge_lora, split_lora
 from atgrpo_jax.models.qwen3 import Qwen3
 from atgrpo_jax.sampling import generate
 from atgrpo_jax.sampling.cache import shard_model
-from atgrpo_jax.sharding import TRAIN_RULES
+from atgrpo_jax.sharding import TRAIN_RULES, pool_compiler_options
 from atgrpo_jax.train.sections import Sharing
 from atgrpo_jax.train.update import Packed, TrainState, init_state, make_update_fns, with_lr
 
@@ -180,7 +180,7 @@ def build_policies(spec: PolicySpec, base: Qwen3, agent_names, tx, model_copy: C
         graphdef, params = nnx.split(trained)
         frozen = nnx.State({})
         params = cast_floats(params, jnp.float32) if lower else params
-        fns = make_update_fns(graphdef, frozen, tx_of(i), loss_cfg, chunk, how)
+        fns = make_update_fns(graphdef, frozen, tx_of(i), loss_cfg, chunk, how, pool_compiler_options(mesh))
         return Policy(name, graphdef, frozen, init_state(params, tx_of(i)), fns, mesh=mesh, local_mesh=local,
                       sample_dtype=model.cfg.weight_dtype if lower else None, regather=regather)
 
@@ -194,8 +194,8 @@ def build_policies(spec: PolicySpec, base: Qwen3, agent_names, tx, model_copy: C
             adapted = attach_lora(base, spec.lora_rank, spec.lora_alpha, spec.seed + i)
             adapted = shard_model(adapted, mesh) if isinstance(mesh, jax.sharding.Mesh) else adapted
             graphdef, adapters, frozen = split_lora(adapted)
-            fns = make_update_fns(graphdef, frozen, tx_of(i), loss_cfg, chunk, how)
             mesh_i, local = meshes(i)
+            fns = make_update_fns(graphdef, frozen, tx_of(i), loss_cfg, chunk, how, pool_compiler_options(mesh_i))
             out.append(Policy(f"lora_{name}", graphdef, frozen, init_state(adapters, tx_of(i)), fns, is_lora=True,
                               mesh=mesh_i, local_mesh=local))
         return out

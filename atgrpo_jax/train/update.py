@@ -154,7 +154,8 @@ def apply_if_finite(tx, state: TrainState, grads, loss):
     return TrainState(params, opt_state, state.step + ok.astype(jnp.int32)), grad_norm, ok
 
 
-def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how: SampledFrom = SampledFrom()):
+def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how: SampledFrom = SampledFrom(),
+                    compiler_options: dict | None = None):
     """(logprobs_fn, update_fn) for one policy; tokens are scored under the distribution the sampler drew
     them from (`how`, and each token's temperature, top-p and repetition penalty in the batch).
 
@@ -163,21 +164,25 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how:
     -> logp [R, M]; update_fn(state, packed) -> (state, metrics), which
     skips the step (and says so in metrics["skipped"]) when the loss or the
     gradient is not finite, so a NaN never reaches the params. `frozen` reaches the jitted
-    programs (`update_steps`) as an argument, never as a constant compiled into them.
+    programs (`update_steps`) as an argument, never as a constant compiled into them. compiler_options:
+    XLA's, for the policy's pool (`sharding.pool_compiler_options`).
     """
-    logprobs, update = update_steps(graphdef, tx, loss_cfg, chunk, how, train_head=not jax.tree.leaves(frozen))
+    logprobs, update = update_steps(graphdef, tx, loss_cfg, chunk, how, train_head=not jax.tree.leaves(frozen),
+                                    compiler_options=compiler_options)
     return (lambda params, packed: logprobs(params, packed, frozen)), \
         (lambda state, batch: update(state, batch, frozen))
 
 
-def update_steps(graphdef, tx, loss_cfg: LossConfig, chunk: int, how: SampledFrom, train_head: bool):
+def update_steps(graphdef, tx, loss_cfg: LossConfig, chunk: int, how: SampledFrom, train_head: bool,
+                 compiler_options: dict | None = None):
     """The jitted logprobs(params, packed, frozen) and update(state, packed, frozen) (the state donated)
     of `make_update_fns`. train_head: the LM head is trained (False: it sits in a frozen LoRA base)."""
+    options = compiler_options or None
 
     def model_of(params, frozen):
         return nnx.merge(graphdef, params, frozen)
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=options)
     def logprobs_fn(params, packed: Packed, frozen):
         """log p [R, M] of the batch's scored entries."""
         return packed_logprobs(model_of(params, frozen), packed, chunk, how)
@@ -208,7 +213,7 @@ def update_steps(graphdef, tx, loss_cfg: LossConfig, chunk: int, how: SampledFro
                                           p.is_weight, seq_log_ratio)
         return loss, dict(metrics, loss=loss)
 
-    @functools.partial(jax.jit, donate_argnums=0)  # the old state's buffers become the new one's
+    @functools.partial(jax.jit, donate_argnums=0, compiler_options=options)  # the old state's buffers: the new one's
     def update_fn(state: TrainState, batch: Packed, frozen):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, frozen)
         new_state, grad_norm, ok = apply_if_finite(tx, state, grads, loss)
