@@ -17,7 +17,7 @@ from atgrpo_jax.plan import costing
 from atgrpo_jax.plan.compiled import COLLECTIVES, Analysis, analyze
 from atgrpo_jax.plan.architecture import model_config
 from atgrpo_jax.plan.memory import AGENTS, plan
-from atgrpo_jax.plan.programs import DoesNotFit, agent_names, compile_progress, step_programs
+from atgrpo_jax.plan.programs import DoesNotFit, agent_names, compile_progress, step_programs  # noqa: F401  (DoesNotFit: callers)
 from atgrpo_jax.plan.targets import GiB, Target
 from atgrpo_jax.sharding import MeshConfig, pool_sizes
 from atgrpo_jax.train.roles import role_config
