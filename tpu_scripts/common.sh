@@ -112,7 +112,7 @@ preflight() {
     return 0
   fi
   local verdict
-  verdict=$(grep -E '^(DOES NOT FIT|error:)' <<<"$err" | tail -n 1)
+  verdict=$(grep -E '^(DOES NOT FIT|error:|libtpu (aborted|failed) compiling)' <<<"$err" | tail -n 1)
   if [[ -z "$verdict" ]]; then
     echo "error: the preflight could not run (install this project here: pip install -e \".[tpu]\"; or pass --no-preflight): $(tail -n 1 <<<"$err")" >&2
     exit 2
