@@ -10,7 +10,7 @@ from atgrpo_jax.sections import Section, key
 class EnvSettings(Section):
     PATH = "env"
 
-    workflow: str = key("plan_path_tool_plan", "a registered workflow name (atgrpo_jax/envs/registry.py) or "
+    workflow: str = key("plan_path_tool_plan", "a registered workflow name (envs/registry.py) or "
                         '"package.module:factory"')
     single_agent: bool = key(False, "the workflow's one-agent variant (the paper's single-agent baseline)")
     kwargs: dict = key({}, "keyword arguments of the workflow's factory; any key may be set")

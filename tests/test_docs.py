@@ -32,3 +32,19 @@ def test_user_docs_carry_no_working_notes():
     for page in pages:
         text = open(page, encoding="utf-8").read()
         assert not re.search(r"\b[Ss]top \d+\b|the issue's|\bre-run at [0-9a-f]{7}", text), page
+
+
+def test_cross_references_name_sections_and_files_that_exist():
+    """README "Section" names a README heading, and every repository path a page names in backticks
+    or plain text (tools/x.sh, docs/x.md, configs/x.py, ...) exists."""
+    pages = [os.path.join(ROOT, "README.md")] + [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(ROOT, "docs"))
+                                                 for f in fs if f.endswith(".md")]
+    headings = set(re.findall(r"^#+ (.+)$", open(os.path.join(ROOT, "README.md"), encoding="utf-8").read(), re.M))
+    path = re.compile(r"(?<![\w/.=-])((?:tools|docs|configs|atgrpo_jax|envs|tpu_scripts|tests)/[\w/.-]*\w\."
+                      r"(?:py|sh|md|jsonl|json))(?![\w])")  # (a command's --out=PATH is not there yet)
+    bad = []
+    for page in pages:
+        text = open(page, encoding="utf-8").read()
+        bad += [f"{page}: README \"{name}\"" for name in re.findall(r'README "([^"]+)"', text) if name not in headings]
+        bad += [f"{page}: {p}" for p in path.findall(text) if not os.path.exists(os.path.join(ROOT, p))]
+    assert not bad, bad

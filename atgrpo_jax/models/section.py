@@ -32,8 +32,8 @@ class ModelSettings(Section):
         "intermediates: 9 of a layer's 20 sequence-sized tensors kept, no matmul run twice (models/qwen3.py)",
         resumable=True)  # how the layers run, never the math (rounding aside); so are the next ones marked so
     attention: str = key("auto", "auto|xla|chunked|splash|cudnn; auto: splash on TPU where it applies, cuDNN on "
-                         "GPU, einsum on CPU for short rows, chunked (O(T) memory) otherwise; see README \"Long "
-                         "responses\"", choices=BACKENDS)
+                         "GPU, einsum on CPU for short rows, chunked (O(T) memory) otherwise; see docs/guides/gpu.md "
+                         "(long responses)", choices=BACKENDS)
     attention_block: int = key(512, "query/key block of the chunked backend", check=positive)
     decode_attention: str = key("xla", 'the sampler\'s decode steps: "xla" (einsums) or "pallas" (GPU: one Triton '
                                 "kernel per part that skips masked key blocks, models/decode_kernel.py; CPU: its "
