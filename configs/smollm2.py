@@ -46,6 +46,6 @@ def get_config():
     c.rollout.update(num_tasks=8, k=4, max_turns=1, temperature=1.0, max_prompt_len=64, prompt_buckets=(64,),
                      max_new_tokens=16, eval_temperature=0.0)
     c.algo.update(alpha=0.0, drop_low_mean_frac=0.0)
-    c.optim.update(lr=1e-5, schedule="constant", warmup_steps=0, mini_batch_size=32, weight_decay=0.0)
-    c.train.update(steps=40, eval_every=10, eval_tasks=64, checkpoint_every=10, keep_last=1)
+    c.optim.update(lr=2e-5, schedule="constant", warmup_steps=0, mini_batch_size=32, weight_decay=0.0)
+    c.train.update(steps=30, eval_every=10, eval_tasks=64, checkpoint_every=10, keep_last=1)
     return c

@@ -126,6 +126,36 @@ def run_seed(args, seed: int, model_dir: str, common: dict) -> dict:
     return result
 
 
+def plot_curves(result: dict, out_png: str) -> None:
+    """Held-out accuracy of both sides against step and against the seconds of training up to it (the
+    steps' own time: the evaluations between them are not counted), one line per side and seed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for side, style in (("ours", "-o"), ("trl", "--s")):
+        for i, seed in enumerate(result["seeds"]):
+            points = sorted((int(k), v) for k, v in seed[side]["accuracy"].items())
+            if result.get("start_accuracy") is not None:
+                points = [(0, result["start_accuracy"])] + points
+            clock, total = {0: 0.0}, 0.0
+            for s in seed[side]["steps"]:  # (steps 1, 2, ...: each side logs every step)
+                total += s["seconds"]
+                clock[s["step"]] = total
+            label = f"{'this project' if side == 'ours' else 'TRL'} seed {i}"
+            by_step.plot([p for p, _ in points], [a for _, a in points], style, label=label)
+            by_time.plot([clock.get(p, float("nan")) / 60 for p, _ in points], [a for _, a in points], style, label=label)
+    by_step.set_xlabel("training step")
+    by_time.set_xlabel("minutes of training (evaluations not counted)")
+    by_step.set_ylabel("held-out accuracy (greedy)")
+    by_step.legend()
+    fig.suptitle(f"{result['model']}: this project and TRL, the same work per step")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m atgrpo_jax.bench trl", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a Llama/Qwen checkpoint with a chat template")
@@ -165,8 +195,12 @@ def main(argv: list[str]) -> int:
             print(f"{side + f' s{i}':10}{r['median_step_s']:>15.1f}, {r['min_step_s']:6.1f}"
                   f"{r['sampled_tokens_per_s']:>15.1f}{r['peak_rss_gb']:>8.2f} GB  {acc}")
     print(f"step_time_ratio (TRL / ours, median over seeds): {ratio:.2f}x")
-    print_json_last({"benchmark": "trl", "machine": notes, "model": args.model, "steps": args.steps,
-                     "evals": args.evals, "start_accuracy": start_accuracy, "step_time_ratio": ratio,
-                     "same_work": [list(x) for x in SAME_WORK], "differences": DIFFERENCES, "seeds": seeds},
-                    args.json)
+    result = {"benchmark": "trl", "machine": notes, "model": args.model, "steps": args.steps, "evals": args.evals,
+              "start_accuracy": start_accuracy, "step_time_ratio": ratio, "same_work": [list(x) for x in SAME_WORK],
+              "differences": DIFFERENCES, "seeds": seeds}
+    with open(os.path.join(args.workdir, "bench_trl.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    plot_curves(json.loads(json.dumps(result)), os.path.join(args.workdir, "curves.png"))  # (str keys, as read back)
+    print(f"figures: {args.workdir}/bench_trl.json, curves: {args.workdir}/curves.png")
+    print_json_last(result, args.json)
     return 0

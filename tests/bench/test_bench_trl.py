@@ -54,3 +54,5 @@ def test_the_command_runs_both_sides_and_reports_ratios_and_accuracies(tmp_path)
     assert sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "bench" / "seed0" / "trl" / "checkpoint-*"))) \
         == ["checkpoint-1", "checkpoint-2"]
     assert "step_time_ratio (TRL / ours" in proc.stdout
+    assert (tmp_path / "bench" / "curves.png").stat().st_size > 0
+    assert json.loads((tmp_path / "bench" / "bench_trl.json").read_text())["step_time_ratio"] == out["step_time_ratio"]
