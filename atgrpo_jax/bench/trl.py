@@ -190,8 +190,8 @@ def main(argv: list[str]) -> int:
     for side in ("ours", "trl"):
         for i, s in enumerate(seeds):
             r = s[side]
-            acc = ", ".join(f"{k}: {v:.3f}" for k, v in ({0: start_accuracy} if start_accuracy is not None else {}
-                                                          | r["accuracy"]).items())
+            start = {0: start_accuracy} if start_accuracy is not None else {}
+            acc = ", ".join(f"{k}: {v:.3f}" for k, v in (start | r["accuracy"]).items())
             print(f"{side + f' s{i}':10}{r['median_step_s']:>15.1f}, {r['min_step_s']:6.1f}"
                   f"{r['sampled_tokens_per_s']:>15.1f}{r['peak_rss_gb']:>8.2f} GB  {acc}")
     print(f"step_time_ratio (TRL / ours, median over seeds): {ratio:.2f}x")

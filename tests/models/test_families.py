@@ -108,3 +108,31 @@ def test_qwen2_biases_in_the_fused_per_layer_decode_step_sample_the_rolled_loops
     a, b = (generate(m, [[5, 9, 5, 30], [7, 7]], **kw) for m in (rolled, per_layer))
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_the_gradient_of_a_tied_llama_matches_transformers(tmp_path):
+    """What the update trains: the mean token log-likelihood's gradient, through the tied embedding that is
+    both the input table and the LM head (SmolLM2's layout), equal to transformers' in loss and norm."""
+    import jax.numpy as jnp
+
+    hf = make_hf_checkpoint(str(tmp_path), vocab=64, hidden=32, inter=48, layers=2, heads=4, kv_heads=2, head_dim=8,
+                            family="llama", tied=True)
+    ours = load_pretrained(str(tmp_path))
+    tokens = np.random.RandomState(0).randint(0, 64, (2, 12))
+    hf.train()
+    logp = torch.log_softmax(hf(input_ids=torch.tensor(tokens)).logits[:, :-1].float(), -1)
+    loss_t = -logp.gather(-1, torch.tensor(tokens[:, 1:])[..., None]).mean()
+    loss_t.backward()
+    norm_t = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in hf.parameters() if p.grad is not None)))
+    graphdef, params, rest = nnx.split(ours, nnx.Param, ...)
+
+    def loss(params):
+        logits, _ = nnx.merge(graphdef, params, rest)(jnp.asarray(tokens), jnp.tile(jnp.arange(12), (2, 1)))
+        lp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), -1)
+        return -jnp.take_along_axis(lp, jnp.asarray(tokens[:, 1:])[..., None], -1).mean()
+
+    loss_o, grads = jax.value_and_grad(loss)(params)
+    norm_o = float(np.sqrt(sum(np.sum(np.asarray(g, np.float64) ** 2) for g in jax.tree.leaves(grads))))
+    np.testing.assert_allclose(float(loss_o), float(loss_t), rtol=1e-6)
+    np.testing.assert_allclose(norm_o, norm_t, rtol=1e-5)
+    assert norm_o > 0.1

@@ -48,3 +48,27 @@ def test_a_missing_wheel_or_a_file_that_is_not_gguf_is_one_line(tmp_path, monkey
     with pytest.raises(CheckpointError, match=f"^model.hf_path={re.escape(str(bad))}: .* is not a GGUF model"):
         local_model_dir(str(bad))
     assert list((tmp_path / "cache" / "gguf").iterdir()) == []  # nothing half-made is left
+
+
+@pytest.mark.full  # tiers.py: a real 135M model's compiles and steps (~1-2 minutes)
+def test_configs_smollm2_trains_through_the_python_api_on_a_user_s_data_and_reward(tmp_path):
+    """The README's real model, through the API with the user's own rows and a TRL-style reward."""
+    import os
+
+    from atgrpo_jax import Trainer
+
+    def reward(prompts, completions, answer, **kwargs):
+        return [1.0 if str(a) in c else 0.0 for c, a in zip(completions, answer)]
+
+    rows = [{"prompt": f"What is {a} + {b}? Reply with just the number.", "answer": a + b} for a in (3, 4) for b in (5, 6)]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    trainer = Trainer(os.path.join(root, "configs", "smollm2.py"), workdir=str(tmp_path / "run"), reward_fns=reward,
+                      train_dataset=rows[:3], eval_dataset=rows[3:],
+                      overrides={"train.steps": 2, "train.eval_every": 2, "train.eval_tasks": 1, "rollout.num_tasks": 2,
+                                 "rollout.k": 2, "rollout.max_new_tokens": 8, "optim.mini_batch_size": 4})
+    metrics = trainer.train()
+    assert 0.0 <= metrics["eval_success"] <= 1.0
+    from atgrpo_jax.train.metrics import read_metrics
+    rows_logged = [r for r in read_metrics(str(tmp_path / "run")) if "loss" in r]
+    assert [r["step"] for r in rows_logged] == [1, 2] and all(r["skipped"] == 0 for r in rows_logged)
+    assert all(np.isfinite(r["loss"]) and r["completion_len_max"] <= 8 for r in rows_logged)
