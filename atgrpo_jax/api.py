@@ -71,7 +71,8 @@ def _records(data, what: str) -> list[dict]:
             return read_records(data)
         except ValueError as e:
             raise cli.UsageError(f"{what}: {e}") from None
-    _dataset(data, what)  # the type check
+    if not _is_records(data):
+        _dataset(data, what)  # (raises the type error, naming what is accepted)
     return list(data.to_list() if hasattr(data, "to_list") else data)
 
 
@@ -93,11 +94,16 @@ def hold_out(rows: list[dict], share: float = HELD_OUT) -> tuple[list[dict], lis
     return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
 
 
+def _is_records(data) -> bool:
+    """A list of dicts or a `datasets.Dataset`."""
+    return hasattr(data, "to_list") or (isinstance(data, (list, tuple)) and all(isinstance(r, dict) for r in data))
+
+
 def _dataset(data, what: str) -> str:
     """A path or hf: name as it is; records (a list of dicts, a `datasets.Dataset`) under a `py:` name."""
     if isinstance(data, str):
         return data
-    if hasattr(data, "to_list") or (isinstance(data, (list, tuple)) and all(isinstance(r, dict) for r in data)):
+    if _is_records(data):
         return register_object(data, "data")
     raise cli.UsageError(f"{what}: a path, an hf: name, a list of dicts or a datasets.Dataset, got "
                          f"{type(data).__name__}")

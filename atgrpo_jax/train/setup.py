@@ -52,19 +52,20 @@ class Run:
         """Agent `agent`'s chat prompt ids (its thinking mode), cut from the left to rollout.max_prompt_len."""
         ids = encode_chat(self.tokenizer, messages, enable_thinking=self.sampling[agent].thinking)
         limit = self.config.rollout.max_prompt_len
-        for kind, text in prompt_warnings(self.tokenizer, messages, len(ids), limit, f"agent {agent}"):
+        for kind, text in prompt_warnings(self.tokenizer, messages, len(ids), limit, f"agent {agent}", self.warned):
             if kind not in self.warned and jax.process_index() == 0:  # once per run and kind: not per prompt
                 self.warned.add(kind)
                 print(f"warning: {text}", file=sys.stderr, flush=True)
         return ids[-limit:]
 
 
-def prompt_warnings(tokenizer, messages, length: int, limit: int, who: str) -> list[tuple[str, str]]:
+def prompt_warnings(tokenizer, messages, length: int, limit: int, who: str, said=()) -> list[tuple[str, str]]:
     """(kind, message) for what would silently change a prompt: characters a vocabulary has no id for
-    (they become <unk>) and a prompt longer than rollout.max_prompt_len (its start is cut)."""
+    (they become <unk>) and a prompt longer than rollout.max_prompt_len (its start is cut). Kinds in
+    `said` are not looked for again (the unk check encodes the prompt a second time)."""
     out = []
     unk = tokenizer.unk_token_id
-    if unk is not None:
+    if unk is not None and "unk" not in said:
         text = "".join(str(m.get("content", "")) for m in messages)
         missing = []  # encoded, not looked up: a byte-level BPE has no token " " (it is "Ġ") yet encodes it
         if unk in tokenizer(text, add_special_tokens=False)["input_ids"]:
