@@ -11,6 +11,9 @@ worst, a temporary directory that the next writing `Checkpointer` deletes
 run's directory (an evaluator) must pass `read_only=True`, or it would delete
 the trainer's in-progress save.
 
+Each step folder also holds `manifest.json` (manifest.py): every file's size and
+content hash, written last; `restore` verifies it before any array is read.
+
 Saves are asynchronous by default: `save` returns once the arrays are copied
 off the device (the caller may then donate or delete them) and a background
 thread writes them. `wait()` / `close()` block until it is done; the queries
@@ -48,6 +51,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from atgrpo_jax import workdir as wd
+from atgrpo_jax.train import manifest
+from atgrpo_jax.train.manifest import CheckpointDamaged
 from atgrpo_jax.train.orbax_quiet import quiet_orbax, quiet_orbax_leftovers
 
 log = logging.getLogger(__name__)
@@ -189,6 +194,7 @@ class Checkpointer:
         self.best_mode = best_mode
         self.read_only = read_only
         self.save_every = save_every
+        self._async = async_save
         policies = [ocp.checkpoint_managers.LatestN(n=keep_last or None)]
         best_fn = None
         if best_metric is not None:
@@ -202,12 +208,16 @@ class Checkpointer:
             preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(policies),
             cleanup_tmp_directories=not read_only,  # leftovers of a killed save
             enable_async_checkpointing=async_save,
+            # the manifest, written in the step's temporary folder before orbax renames it into place
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest) if async_save else None,
             create=not read_only,
             read_only=read_only,
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_names=("state", "meta", "extra"))
         self._in_flight: int | None = None  # the step of an asynchronous save not known to be done
+        self._writing: int | None = None  # the step whose save is writing files (its manifest comes last)
+        self._verified: set[int] = set()  # steps this object verified against their manifests
 
     # -- saving -----------------------------------------------------------------------------
 
@@ -244,11 +254,25 @@ class Checkpointer:
             items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(record))
             if extra is not None:  # arrays a resume needs besides the state (system.staleness: the sampler's)
                 items["extra"] = ocp.args.StandardSave(extra)
+            self._writing = step
             saved = self._manager.save(step, force=force, metrics=tracked, args=ocp.args.Composite(**items))
+            if saved and not self._async:
+                self._write_manifest(wd.join(self.directory, str(step)))
         except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many kinds
             raise SaveError(step, self.directory, e) from e
         self._in_flight = step if saved else None
         return bool(saved)
+
+    def _write_manifest(self, step_dir: str | None = None):
+        """The manifest of the step being saved, by the primary process (every process's files are written
+        by now). Asynchronous saves: in the step's temporary folder, just before orbax renames it."""
+        step = self._writing
+        if step is None or jax.process_index() != 0:
+            return
+        if step_dir is None:
+            pending = sorted(wd.as_epath(self.directory).glob(f"{step}.orbax-checkpoint-tmp*"))
+            step_dir = str(pending[-1]) if pending else wd.join(self.directory, str(step))  # a store: in place
+        manifest.write(step_dir, step)
 
     def wait(self):
         """Block until an in-flight asynchronous save is complete; SaveError if it failed."""
@@ -299,14 +323,31 @@ class Checkpointer:
         """The metrics saved with `step`."""
         return self._read_record(step)["metrics"]
 
+    def verify(self, step: int) -> None:
+        """CheckpointDamaged, naming the file, unless the folder of `step` holds what its manifest lists
+        (manifest.verify; checked once per step by this object)."""
+        if step not in self._verified:
+            manifest.verify(wd.join(self.directory, str(step)), step)
+            self._verified.add(step)
+
+    def newest_verified(self) -> int | None:
+        """The newest step whose files verify (a "last good checkpoint"), None if none does."""
+        for step in reversed(self.all_steps()):
+            try:
+                self.verify(step)
+            except (CheckpointDamaged, OSError):
+                continue
+            return step
+        return None
+
     def restore_extra(self, step: int, target):
-        """The `extra` arrays saved with `step` in `target`'s structure, or None if it has none."""
+        """The `extra` arrays saved with `step` in `target`'s structure (verified first), or None if it has none."""
         self.wait()
-        try:
-            restored = self._manager.restore(
-                step, args=ocp.args.Composite(extra=ocp.args.StandardRestore(_abstract(target))))
-        except Exception:  # noqa: BLE001 - saved without extra (or unreadable): the caller does without
+        self.verify(step)
+        if not wd.exists(wd.join(self.directory, str(step), "extra")):
             return None
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(extra=ocp.args.StandardRestore(_abstract(target))))
         return restored.extra
 
     def saved_names(self, step: int | None = None) -> list[str]:
@@ -323,7 +364,8 @@ class Checkpointer:
         shardings, e.g. `jax.eval_shape` of the state init plus its shardings)
         the state comes back in the target's structure, dtypes and shardings, so
         a sharded state restores sharded. Without it, containers come back as
-        orbax stores them (dicts and lists) on the saved devices.
+        orbax stores them (dicts and lists) on the saved devices. The step's files
+        are verified against its manifest first (CheckpointDamaged names the file).
         """
         if step is None:
             step = self.latest_step()
@@ -334,6 +376,7 @@ class Checkpointer:
             if step not in self._manager.all_steps():
                 raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; "
                                         f"have {sorted(self._manager.all_steps())}")
+        self.verify(step)  # before any array is read
         state_args = ocp.args.StandardRestore(None if target is None else _abstract(target))
         restored = self._manager.restore(
             step, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore()))

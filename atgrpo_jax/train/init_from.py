@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from atgrpo_jax import workdir as wd
 from atgrpo_jax.errors import ConfigError
+from atgrpo_jax.train import manifest
 from atgrpo_jax.train.checkpoint import Checkpointer, _abstract, short_cause
 from atgrpo_jax.train.orbax_quiet import quiet_orbax
 
@@ -52,6 +53,10 @@ def load_weights(model, source: str):
     directory, step, name = source_checkpoint(source)
     graphdef, state = nnx.split(model)
     target = {name: {"params": _abstract(state)}}  # a TrainState's params, saved under the policy's name
+    try:
+        manifest.verify(wd.join(directory, str(step)), step)
+    except manifest.CheckpointDamaged as e:
+        raise ConfigError(f"{KEY}: checkpoint {step} of {source} is damaged ({e})") from None
     quiet_orbax()
     reader = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())  # the step's "state" item alone
     try:

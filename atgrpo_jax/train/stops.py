@@ -64,16 +64,24 @@ def ending_in_one_line(ckpt: checkpoint.Checkpointer, writer, bar, step: Callabl
 
 
 def close_keeping(ckpt: checkpoint.Checkpointer) -> int | None:
-    """The last complete checkpoint, the checkpointer closed, on a run's way out after another error (a save
-    still in flight that failed too is not reported over it)."""
+    """The newest checkpoint that verifies, the checkpointer closed, on a run's way out after another error
+    (a save still in flight that failed too is not reported over it)."""
     try:
         ckpt.close()
     except checkpoint.SaveError:
         pass
-    try:
-        return max(step_dirs(ckpt.directory), default=None) if not wd.is_remote(ckpt.directory) else None
-    except OSError:
+    if wd.is_remote(ckpt.directory):
         return None
+    try:
+        for step in reversed(step_dirs(ckpt.directory)):
+            try:
+                ckpt.verify(step)
+                return step
+            except checkpoint.CheckpointDamaged:
+                continue
+    except OSError:
+        pass
+    return None
 
 
 def save_failed(e: checkpoint.SaveError) -> cli.RunStopped:
@@ -83,7 +91,7 @@ def save_failed(e: checkpoint.SaveError) -> cli.RunStopped:
 def diverged_stop(ckpt, streaks: dict, step: int, limit: int) -> cli.RunStopped:
     """The run's one line when a policy's updates were skipped `limit` times in a row."""
     name = max(streaks, key=streaks.get)
-    kept = ckpt.latest_step()
+    kept = ckpt.newest_verified()
     ckpt.close()
     who = f"policy {name}'s" if len(streaks) > 1 else "the"
     return cli.RunStopped(f"error: diverged at step {step}: {who} last {streaks[name]} updates were skipped "

@@ -9,28 +9,41 @@ from faults_util import (FINISHED, assert_no_traceback, copy_run, metrics_rows, 
                          train_args)
 
 
-def truncate_largest_data_file(step_dir):
+def largest_data_file(step_dir):
     files = [os.path.join(root, f) for root, _, names in os.walk(step_dir / "state") for f in names]
-    biggest = max(files, key=os.path.getsize)
+    return max(files, key=os.path.getsize)
+
+
+def flip_64_bytes_of_largest_data_file(step_dir):
+    """64 bytes inverted in the middle of the state's largest file, its size unchanged (a bad disk, a bad copy)."""
+    biggest = largest_data_file(step_dir)
     with open(biggest, "r+b") as f:
-        f.truncate(os.path.getsize(biggest) // 2)
+        f.seek(os.path.getsize(biggest) // 2)
+        data = f.read(64)
+        f.seek(os.path.getsize(biggest) // 2)
+        f.write(bytes(b ^ 0xFF for b in data))
+    return os.path.relpath(biggest, step_dir)
 
 
 def test_damaged_newest_checkpoints_fall_back_and_resume_exactly(finished_run, tmp_path):
     work = copy_run(finished_run, tmp_path / "run")
     ckpts = work / "checkpoints"
-    truncate_largest_data_file(ckpts / "4")  # a data file cut short (disk full, a killed copy)
+    shutil.copytree(ckpts / "1", ckpts / "6")  # a folder named for another step than it holds
+    flipped = flip_64_bytes_of_largest_data_file(ckpts / "4")  # restores without an error: only its hash tells
     (ckpts / "3" / "state" / "_METADATA").write_text("garbage")
     shutil.rmtree(ckpts / "2" / "state")  # the arrays are gone
     proc = run(train_args(work, *FINISHED))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_no_traceback(proc)
     lines = stderr_lines(proc)
-    for step, then in ((4, "trying checkpoint 3"), (3, "trying checkpoint 2"), (2, "trying checkpoint 1")):
-        assert any(re.match(rf"checkpoint {step} in .* does not restore \(.+\); {then}$", x) for x in lines), lines
+    causes = {6: r"the folder 6 holds step 1 \(its manifest.json says so\)",
+              4: re.escape(flipped) + r" differs from its manifest \(content hash\)", 3: "state/_METADATA .+", 2: ".+"}
+    for step, then in ((6, 4), (4, 3), (3, 2), (2, 1)):
+        assert any(re.fullmatch(rf"checkpoint {step} in .* does not restore \({causes[step]}\); trying checkpoint {then}",
+                                x) for x in lines), lines
     assert "resuming at step 1" in proc.stdout
     assert sorted(os.listdir(ckpts)) == ["1", "2", "3", "4"]  # 2..4 written again
-    assert len(os.listdir(work / "checkpoints.unreadable")) == 3  # the damaged ones, kept for a post-mortem
+    assert len(os.listdir(work / "checkpoints.unreadable")) == 4  # the damaged ones, kept for a post-mortem
     assert metrics_rows(work) == metrics_rows(finished_run)  # steps 2..4 again, bitwise as the first time
 
 
@@ -82,7 +95,7 @@ def test_evaluate_and_export_of_a_checkpoint_that_does_not_restore_say_so_in_one
     from faults_util import ROOT
 
     work = copy_run(finished_run, tmp_path / "run")
-    truncate_largest_data_file(work / "checkpoints" / "4")
+    flip_64_bytes_of_largest_data_file(work / "checkpoints" / "4")  # found by its manifest, before any array is read
     commands = {"evaluate": ["--out=" + str(tmp_path / "eval")], "export": ["--out=" + str(tmp_path / "hf")]}
     procs = {name: subprocess.Popen([sys.executable, "-m", f"atgrpo_jax.{name}", f"--checkpoint={work}", *args],
                                     cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
