@@ -47,6 +47,11 @@ from atgrpo_jax.envs.sandbox import Limits
 from atgrpo_jax.envs.text_state import clip_head, obj_array, step_frame
 from atgrpo_jax.envs.workflow import Agent, Messages, StepOut, as_reference
 
+# The reference's validate_sample_num (C:70): its engine evaluates len(problems) // this many "environment
+# batches" of this many problems each, so only a multiple of it is evaluated (docs/paper.md, "Recipes", row 13)
+REFERENCE_VALIDATE_SAMPLES = 5
+
+
 @dataclasses.dataclass(frozen=True)
 class CodeRewards:
     coder_unparsable: float = 0.0
@@ -96,9 +101,11 @@ class CodeWorkflow:
     # and nothing else (no untagged block); False: an untagged block when no block is tagged python
     one_eval_sample: bool | None = None  # True (reference): one episode per evaluation problem (avg@1)
     # whatever train.eval_k says; False: train.eval_k episodes
+    drop_eval_remainder: bool | None = None  # True (reference): an evaluation split is its first
+    # REFERENCE_VALIDATE_SAMPLES x floor(N / REFERENCE_VALIDATE_SAMPLES) problems (HumanEval: 160 of 164); False: all
 
     def __post_init__(self):
-        for switch in ("python_blocks_only", "one_eval_sample"):
+        for switch in ("python_blocks_only", "one_eval_sample", "drop_eval_remainder"):
             object.__setattr__(self, switch, as_reference(getattr(self, switch), self.recipe))
         for name in ("train_sets", "test_sets"):
             if isinstance(getattr(self, name), str):
@@ -126,13 +133,18 @@ class CodeWorkflow:
             raise ValueError(f"split must be 'train', 'valid' or a test set ({', '.join(tests)}), got {split!r}")
         return self._load(tests[split])
 
+    def _evaluated(self, split: str) -> int:
+        """How many problems of an evaluation split are evaluated (drop_eval_remainder: the reference's cut)."""
+        size = len(self._pool(split))
+        return size - size % REFERENCE_VALIDATE_SAMPLES if self.drop_eval_remainder else size
+
     @functools.cached_property
     def templates(self) -> Prompts:
         return Prompts("code", self.prompt_dir)
 
     @property
     def splits(self) -> dict[str, int]:
-        return {s: len(self._pool(s)) for s in ("valid", *self.test_splits)}
+        return {s: self._evaluated(s) for s in ("valid", *self.test_splits)}
 
     @property
     def test_splits(self) -> tuple[str, ...]:
@@ -153,8 +165,8 @@ class CodeWorkflow:
         """Training draws ids from an endless stream (taken modulo the pool); an evaluation split's
         ids index its problems, each problem once."""
         pool = self._pool(split)
-        if split != "train" and any(int(i) >= len(pool) for i in task_ids):
-            raise ValueError(f"split {split!r} has {len(pool)} problems; task ids must be below that")
+        if split != "train" and any(int(i) >= self._evaluated(split) for i in task_ids):
+            raise ValueError(f"split {split!r} has {self._evaluated(split)} problems; task ids must be below that")
         rows = [pool[int(i) % len(pool)] for i in task_ids]
         n = len(rows)
         cap = self.max_train_gt_tests if split == "train" and self.max_train_gt_tests is not None else self.max_gt_tests

@@ -8,8 +8,14 @@ parses: its empty answer moves nothing), for a role that only simulates its
 actions on a copy (the tool agent, the planner) it is the reward of the
 environment's latest real step (a constant within the group). A "step reward"
 is the sum of the game's per-move rewards over the answer's actions (cut to
-`game.max_actions`). Turns after the environment is done get zero rewards and
-no sandbox runs.
+`game.max_actions`, or with `uncut_answers` all of them). Turns after the
+environment is done get zero rewards and no sandbox runs.
+
+With `format_errors` (the reference's state.step, docs/paper.md "Recipes"), a
+list whose items the game's step cannot read as actions (a move game's list
+with an item that is not a string, a Sudoku list that is neither a full grid
+nor [row, col, digit] triples) moves nothing: the plan agent's answer is no
+answer, the tool agent's output scores `FORMAT_PENALTY`.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import re
 from typing import Any
 
 from atgrpo_jax.envs.games import GridGame
-from atgrpo_jax.envs.grid import INVALID, LETTERS
+from atgrpo_jax.envs.grid import INVALID, LETTERS, literal_list
 from atgrpo_jax.envs.parsers import extract_after_marker
 from atgrpo_jax.envs.workflow import as_reference
 
@@ -31,6 +37,38 @@ MAX_TURNS = 10_000  # a sanity bound on WorkflowConfig.max_turns
 _LIST_CHARS = 20_000  # an output's text after the actions marker that is parsed
 MOVE_GAMES = ("plan_path", "sokoban")  # games whose actions are U/D/L/R moves
 MOVES = tuple(LETTERS)  # a move's code is its index
+# With uncut_answers, how many actions of one answer are read at most: more than a 2048-token reply can spell
+UNCUT_MAX_ACTIONS = 4096
+# The reference's state.step reward for a list it cannot read as actions (docs/paper.md, "Recipes", row 4)
+FORMAT_PENALTY = -1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FormatError:
+    """A printed action list the game's step rejects as a whole (with `format_errors`): no move, FORMAT_PENALTY."""
+
+    items: list
+
+
+def step_reads(items: list, game: GridGame) -> bool:
+    """Whether the reference's state.step reads `items` as actions: in the move games every item is a
+    string (unknown ones are invalid moves), in Sudoku the list is a full grid of digits 1..size or
+    [row, col, digit] triples; anything else it scores as an invalid format."""
+    if game.name in MOVE_GAMES:
+        return all(isinstance(item, str) for item in items)
+    size = getattr(game.module, "SIZE", None)
+    if len(items) == size and all(isinstance(row, list) and len(row) == size for row in items):
+        try:
+            return all(1 <= int(value) <= size for row in items for value in row)
+        except (TypeError, ValueError):
+            return False
+    return all(isinstance(item, list) and len(item) == 3 for item in items)
+
+
+def _unreadable(text: str | None, game: GridGame) -> bool:
+    """Whether the first bracketed list of `text` is one the game's step rejects (`step_reads`)."""
+    items = literal_list(text) if isinstance(text, str) else None
+    return isinstance(items, list) and not step_reads(items, game)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +148,11 @@ class WorkflowConfig:
     # cell marked and stated. Games without a static view (Sokoban, Sudoku) show their state either way
     whole_grid_answer: bool | None = None  # True (reference): the Sudoku tool agent is asked to print the whole
     # solved grid; False: its placements (either parses). Games without a grid answer ask for moves either way
+    format_errors: bool | None = None  # True (reference): a list the game's step cannot read as actions (`[1, 2]`,
+    # `["U", 1]`, `[true]` in a move game) is a format error: the plan agent's answer is no answer, the tool
+    # agent's output FORMAT_PENALTY, nothing moves; False: each such item is an invalid move
+    uncut_answers: bool | None = None  # True (reference): every action of an answer is played, however many;
+    # False: the first game.max_actions (Plan-Path 64, Sokoban 100, Sudoku 16)
 
     def __post_init__(self):
         self.strict_answer = as_reference(self.strict_answer, self.recipe)
@@ -119,11 +162,14 @@ class WorkflowConfig:
         self.static_observation = as_reference(self.static_observation, self.recipe)
         self.whole_grid_answer = as_reference(self.whole_grid_answer, self.recipe)
         self.handoff_next_turn = as_reference(self.handoff_next_turn, self.recipe)
+        self.format_errors = as_reference(self.format_errors, self.recipe)
+        self.uncut_answers = as_reference(self.uncut_answers, self.recipe)
 
 
-def actions_from_output(stdout: str, game: GridGame) -> list[int] | None:
+def actions_from_output(stdout: str, game: GridGame, format_errors: bool = False) -> list[int] | FormatError | None:
     """Actions from the last `**Actions List**:` line a program printed; [] for an empty list `[]`
-    (which the tool agent's prompt allows), None when nothing parses."""
+    (which the tool agent's prompt allows), None when nothing parses; `format_errors`: a FormatError
+    for a list the game's step rejects (`step_reads`)."""
     if not isinstance(stdout, str):
         return None
     at = stdout.rfind(ACTIONS_MARKER)
@@ -134,44 +180,69 @@ def actions_from_output(stdout: str, game: GridGame) -> list[int] | None:
     rest = stdout[at:].split(":", 1)[1][:_LIST_CHARS]
     if rest.strip().split("\n", 1)[0].replace(" ", "") == "[]":
         return []
+    if format_errors and _unreadable(rest, game):
+        return FormatError(literal_list(rest))
     return game.parse_list(rest)
 
 
-def reference_tool_actions(output: str, game: GridGame) -> list[int] | None:
+def _tool_candidate_ok(items: list, game: GridGame, kind: str) -> bool:
+    """Whether the reference's output parser keeps a candidate list (`stateful/utils.py:100-174`):
+    Plan-Path needs every item one of U, D, L, R; Sudoku a non-empty list whose first item is a list,
+    or, on the `**Actions List**:` line only, a list of triples (so `[]` there parses); Sokoban any list."""
+    if game.name == "plan_path":
+        return all(isinstance(a, str) and a in MOVES for a in items)
+    if game.name == "sudoku":
+        rows = bool(items) and isinstance(items[0], list)
+        if kind == "marked":
+            return (rows and all(isinstance(row, list) and row for row in items)) or \
+                all(isinstance(step, list) and len(step) == 3 for step in items)
+        return rows
+    return True
+
+
+def _as_actions(items: list, game: GridGame, format_errors: bool) -> list[int] | FormatError:
+    """A list the reference accepted, as action codes; with `format_errors`, a FormatError where the
+    game's step rejects it; in the move games an item other than "U", "D", "L", "R" is an invalid move."""
+    if format_errors and not step_reads(items, game):
+        return FormatError(items)
+    if game.name in MOVE_GAMES:
+        return [MOVES.index(a) if isinstance(a, str) and a in MOVES else INVALID for a in items][:game.max_actions]
+    return [] if not items else game.parse_list(json.dumps(items))
+
+
+def reference_tool_actions(output: str, game: GridGame, format_errors: bool = False) -> list[int] | FormatError | None:
     """The tool agent's actions as the reference system reads its program's output (`as_reference_reports`
     of the run): none from an "error:..." (stderr) output; else the last `**Actions List**: [...]`, then
-    the last `Actions: [...]`, then the first line that is a bracketed list; in Plan-Path each item must
-    be exactly "U", "D", "L" or "R" (else that candidate is skipped), in Sokoban any item is a move
-    (unknown ones invalid), in Sudoku a list of [row, col, digit] triples or grid rows."""
+    the last `Actions: [...]`, then the first line that is a bracketed list, each kept or skipped as
+    `_tool_candidate_ok` says; the kept list as `_as_actions` reads it."""
     if not isinstance(output, str) or output.startswith("error:"):
         return None
-    marked = [m[-1] for m in (re.findall(pattern, output, re.DOTALL)
-                              for pattern in (r"\*\*Actions List\*\*:\s*(\[.*?\])", r"Actions:\s*(\[.*?\])")) if m]
+    candidates = [("marked", m[-1]) for m in [re.findall(r"\*\*Actions List\*\*:\s*(\[.*?\])", output, re.DOTALL)]
+                  if m]
+    candidates += [("plain", m[-1]) for m in [re.findall(r"Actions:\s*(\[.*?\])", output, re.DOTALL)] if m]
     lines = [line.strip() for line in output.strip().split("\n")]
-    for text in marked + [line for line in lines if line.startswith("[") and line.endswith("]")]:
+    candidates += [("line", line) for line in lines if line.startswith("[") and line.endswith("]")]
+    for kind, text in candidates:
         try:
             items = ast.literal_eval(text)
         except Exception:  # noqa: BLE001 - the reference's eval() failing: the next candidate
             continue
-        if not isinstance(items, list):
-            continue
-        if game.name == "plan_path" and not all(isinstance(a, str) and a in MOVES for a in items):
-            continue
-        if game.name == "sudoku" and not (items and all(isinstance(row, list) for row in items)):
-            continue
-        if game.name in MOVE_GAMES:
-            return [MOVES.index(a) if isinstance(a, str) and a in MOVES else INVALID for a in items][:game.max_actions]
-        return game.parse_list(json.dumps(items))
+        if isinstance(items, list) and _tool_candidate_ok(items, game, kind):
+            return _as_actions(items, game, format_errors)
     return None
 
 
-def actions_from_answer(text: str, game: GridGame, strict: bool = False) -> list[int] | None:
+def actions_from_answer(text: str, game: GridGame, strict: bool = False,
+                        format_errors: bool = False) -> list[int] | None:
     """Actions after the last `####` line outside code blocks (None if absent or empty); `strict`:
-    as the reference reads them (`reference_answer`)."""
+    as the reference reads them (`reference_answer`); `format_errors`: None for a list the game's
+    step rejects (`step_reads`), as the reference scores it (-1 for the format, -1 team: -2 in all)."""
 
     if strict:
-        return reference_answer(text, game)
+        return reference_answer(text, game, format_errors)
     rest = extract_after_marker(text, "####")
+    if format_errors and _unreadable(rest, game):
+        return None
     actions = game.parse_list(rest) if rest is not None else None
     return actions or None
 
@@ -179,10 +250,11 @@ def actions_from_answer(text: str, game: GridGame, strict: bool = False) -> list
 _REFERENCE_ANSWER = re.compile(r"(?m)^\s*####\s+(.+)$", re.DOTALL)
 
 
-def reference_answer(text: str, game: GridGame) -> list[int] | None:
-    """The plan agent's actions as the reference system reads them: everything from the first `#### `
-    line to the end of the text must be one bracketed list (a Python or JSON literal, or bare U/D/L/R
-    items); in the move games an item other than "U", "D", "L", "R" is an invalid move."""
+def reference_answer(text: str, game: GridGame, format_errors: bool = False) -> list[int] | None:
+    """The plan agent's actions as the reference system reads them (`stateful/utils.py:22-65`): everything
+    from the first `#### ` line to the end of the text must be one bracketed list (a Python or JSON literal,
+    or bare U/D/L/R items; Python's literal_eval reads a second `####` line after the list as a comment, so
+    the first list counts); then as `_as_actions` reads it (a format error is no answer)."""
     found = _REFERENCE_ANSWER.findall(text) if isinstance(text, str) else []
     body = found[-1].strip() if found else ""
     if not (body.startswith("[") and body.endswith("]")):
@@ -201,6 +273,5 @@ def reference_answer(text: str, game: GridGame) -> list[int] | None:
         items = [item for item in bare if item] if all(item in MOVES for item in bare if item) else None
     if not items:
         return None
-    if game.name in MOVE_GAMES:
-        return [MOVES.index(item) if item in MOVES else INVALID for item in items][:game.max_actions]
-    return game.parse_list(json.dumps(items))
+    actions = _as_actions(items, game, format_errors)
+    return None if isinstance(actions, FormatError) else actions

@@ -46,9 +46,9 @@ import numpy as np
 
 from atgrpo_jax.envs import grid, plan_path
 from atgrpo_jax.envs.games import GridGame, make_game
-from atgrpo_jax.envs.grid_roles import (ACTIONS_MARKER, DEFAULT_TOOL_PENALTY, KINDS, MAX_TURNS, NO_MOVE, Role,
-                                        WorkflowConfig, actions_from_answer, actions_from_output, make_roles,
-                                        reference_tool_actions)
+from atgrpo_jax.envs.grid_roles import (ACTIONS_MARKER, DEFAULT_TOOL_PENALTY, FORMAT_PENALTY, KINDS, MAX_TURNS,
+                                        NO_MOVE, UNCUT_MAX_ACTIONS, FormatError, Role, WorkflowConfig,
+                                        actions_from_answer, actions_from_output, make_roles, reference_tool_actions)
 from atgrpo_jax.envs.parsers import extract_code_block, reference_program
 from atgrpo_jax.envs.prompt_templates import Prompts
 from atgrpo_jax.envs.sandbox import run_many
@@ -117,7 +117,11 @@ class GridWorkflow:
         self.templates = Prompts("grid", c.prompt_dir)
         self.roles = tuple(roles[name] for name in KINDS[kind])
         self.agents = tuple(Agent(name, functools.partial(self._parse, roles[name])) for name in KINDS[kind])
-        self._reset, self._step = _compiled(self.game, self.config.seed)
+        # the game whose max_actions cuts a parsed answer: with uncut_answers none is cut, and the step plays
+        # an answer longer than game.max_actions in pieces of that length
+        self.parse_game = dataclasses.replace(self.game, max_actions=UNCUT_MAX_ACTIONS) if c.uncut_answers \
+            else self.game
+        self._reset, self._step, self._step_more = _compiled(self.game, self.config.seed)
 
     def compiled_step_count(self) -> int:
         """Compiled variants of the branch step (tests check it stays at one per B, K)."""
@@ -179,19 +183,23 @@ class GridWorkflow:
                     for j in range(k):
                         handoff[b, j] = self.game.module.short(actions[b][j]) if actions[b][j] else "?"
 
+        format_error = np.array([[isinstance(a, FormatError) for a in row] for row in actions]) & active[:, None]
+        actions = [[None if isinstance(a, FormatError) else a for a in row] for row in actions]
         parsed = np.array([[a is not None and len(a) > 0 for a in row] for row in actions]) & active[:, None]
         parsed_as = _texts((n_tasks, k))
         for b, j in zip(*np.nonzero(active[:, None].repeat(k, 1))):
             parsed_as[b, j] = self.game.show_actions(actions[b][j]) if parsed[b, j] else why[b, j]
         rows = [a if (a and active[b]) else None for b, row in enumerate(actions) for a in row]
-        padded = grid.pad_actions(rows, self.game.max_actions).reshape(n_tasks, k, -1)
-        new_env, reward = self._step(state.env, jnp.asarray(padded))
-        reward = np.asarray(reward, np.float32) * parsed
+        new_env, reward = self._play(state.env, rows, n_tasks, k)
+        reward = reward * parsed
         penalty = np.float32(role.penalty)
         if role.answer == "code":  # an empty printed list [] is an answer (no moves), not a format error
             empty = np.array([[a is not None and len(a) == 0 for a in row] for row in actions]) & active[:, None]
             penalty = np.where(empty, np.float32(self.config.tool_empty_reward), penalty)
             parsed_as[empty] = "an empty action list []"
+            penalty = np.where(format_error, np.float32(FORMAT_PENALTY), penalty)
+            for b, j in zip(*np.nonzero(format_error)):
+                parsed_as[b, j] = "unparsed: a list the game cannot read as actions"
         local = np.where(parsed, reward, penalty) * active[:, None]
         last_move = branch(state.last_move, k)
         if role.moves_env:
@@ -213,12 +221,24 @@ class GridWorkflow:
                        local_reward=local.astype(np.float32),
                        team_reward=team.astype(np.float32), parsed_as=parsed_as)
 
+    def _play(self, env, rows: list, n_tasks: int, k: int):
+        """Step every branch's actions (rows [B*K], None: no move) -> (env [B, K], summed reward [B, K]); an
+        answer longer than game.max_actions (uncut_answers) is played in pieces of that length."""
+        length = self.game.max_actions
+        pieces = max(1, -(-max((len(r) for r in rows if r), default=0) // length))
+        padded = grid.pad_actions(rows, pieces * length).reshape(n_tasks, k, pieces, length)
+        new_env, reward = self._step(env, jnp.asarray(padded[:, :, 0]))
+        for piece in range(1, pieces):
+            new_env, more = self._step_more(new_env, jnp.asarray(padded[:, :, piece]))
+            reward = reward + more
+        return new_env, np.asarray(reward, np.float32)
+
     # ------------------------------------------------------------ answers
 
     def _parse(self, role: Role, text: str) -> Any:
         """A role's answer -> action codes (None when nothing parses); the tool's -> its code block."""
         if role.answer == "list":
-            return actions_from_answer(text, self.game, self.config.strict_answer)
+            return actions_from_answer(text, self.parse_game, self.config.strict_answer, self.config.format_errors)
         if role.answer == "code":
 
             return extract_code_block(text)
@@ -248,16 +268,19 @@ class GridWorkflow:
         handoff = _texts((n_tasks, k), self.templates.render("handoff.j2", code=None, output="", actions=""))
         reasons = _texts((n_tasks, k), "unparsed: no ```python block")
         for (b, j), res in zip(jobs, results):
-            actions[b][j] = (reference_tool_actions(res.as_reference_reports, self.game)
-                             if self.config.reference_tool_output else actions_from_output(res.stdout, self.game))
+            read = reference_tool_actions if self.config.reference_tool_output else actions_from_output
+            text = res.as_reference_reports if self.config.reference_tool_output else res.stdout
+            actions[b][j] = read(text, self.parse_game, self.config.format_errors)
             reasons[b, j] = ("unparsed: the program " + ("timed out" if res.timed_out else "failed") if not res.ok
                          else "unparsed: no '**Actions List**: [...]' line in the program's output")
             output = _clip(res.stdout, _OUTPUT_CHARS, keep="tail") or "(no output)"
             if not res.ok:
                 why = "timed out" if res.timed_out else f"exit code {res.exit_code}"
                 output += f"\n[{why}] {_clip(res.stderr_tail, _STDERR_CHARS, keep='tail')}"
+            got = actions[b][j]  # a format error is shown as the list the program printed
+            shown = repr(got.items) if isinstance(got, FormatError) else self.game.show_actions(got)
             handoff[b, j] = self.templates.render("handoff.j2", code=_clip(codes[b][j], _CODE_CHARS), output=output,
-                                                  actions=self.game.show_actions(actions[b][j]))
+                                                  actions=shown)
         return actions, handoff, reasons
 
     # ------------------------------------------------------------ prompts
@@ -305,7 +328,11 @@ def _compiled(game: GridGame, seed: int):
         new, reward, _, _ = jax.vmap(per_task)(env, actions)
         return new, reward
 
-    return {split: make_reset(split) for split in grid.SPLITS}, jax.jit(branch_step)
+    def step_more(env, actions):  # env leaves [B, K] (already branched); actions [B, K, L]
+        new, reward, _, _ = jax.vmap(jax.vmap(lambda e, a: module.step(e, a, params)))(env, actions)
+        return new, reward
+
+    return {split: make_reset(split) for split in grid.SPLITS}, jax.jit(branch_step), jax.jit(step_more)
 
 
 def make_grid_workflow(kind: str, game: GridGame | str = "plan_path", params: Any = None,

@@ -191,6 +191,13 @@ class _MathVerifyWorker:
                 return None
             return self._ask(pred, reference, timeout_s)
 
+    def as_written(self, gold_text: str, target_text: str, timeout_s: float) -> bool | None:
+        """verify(parse(gold_text), parse(target_text)), nothing wrapped; None when math_verify cannot run."""
+        with self.lock:
+            if self.unavailable or (self.proc is None and not self._start()):
+                return None
+            return self._request({"as_written": [gold_text, target_text]}, timeout_s) == b"1\n"
+
     def extract(self, text: str, timeout_s: float) -> str | None:
         with self.lock:
             if self.unavailable or (self.proc is None and not self._start()):
@@ -232,6 +239,27 @@ def answer_anywhere(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> s
     if found is None and _WORKER.unavailable:
         found = extract_boxed(text)
     return found or ""
+
+
+def verify_as_written(gold_text: str | None, target_text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """math_verify's `verify(parse(gold_text), parse(target_text))` on the texts as they are, as the reference
+    system grades (docs/paper.md, "Recipes", row 10): nothing is wrapped in `$`, so a bare LaTeX ground truth
+    (`\\dfrac{1}{2}`, `2\\sqrt{3}`) parses to nothing or to a part of it, and no normalizing fallback; an
+    undecided or timed-out comparison is False. Raises when math_verify cannot run here: this grading is
+    math_verify's alone."""
+    if not isinstance(gold_text, str) or not isinstance(target_text, str) or not gold_text.strip() \
+            or not target_text.strip():
+        return False
+    return _verify_as_written_cached(gold_text, target_text, float(timeout_s))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _verify_as_written_cached(gold_text: str, target_text: str, timeout_s: float) -> bool:
+    reply = _WORKER.as_written(gold_text, target_text, timeout_s)
+    if reply is None:
+        raise RuntimeError("grading as the reference does (env.kwargs.verify_as_written) needs math_verify, which "
+                           "cannot run here: pip install math-verify")
+    return reply
 
 
 def grade_many(preds: Sequence[str | None], references: Sequence[str], **kwargs) -> list[bool]:

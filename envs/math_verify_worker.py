@@ -3,7 +3,8 @@
 Run as a script; reads one JSON line per request and writes one line: for
 `[pred, reference]`, `1` (equal), `0` (not equal) or `-` (math_verify could not
 decide); for `{"extract": text}`, the answer math_verify's parse finds anywhere
-in the text as a JSON string, or `-` for none.
+in the text as a JSON string, or `-` for none; for `{"as_written": [a, b]}`,
+`verify(parse(a), parse(b))` on the texts as given, nothing wrapped (`1`/`0`).
 math_verify's own timeouts use signal.alarm, which fails off the main thread
 and cannot stop long C-level big-integer arithmetic (e.g. 9^(9^9)); so they
 are disabled here and the parent kills this process when an answer takes too
@@ -37,6 +38,12 @@ def main() -> None:
     for line in sys.stdin:
         try:
             request = json.loads(line)
+            if isinstance(request, dict) and "as_written" in request:  # the reference's verify(parse(a), parse(b))
+                gold_text, target_text = request["as_written"]
+                gold, target = parse(gold_text, parsing_timeout=None), parse(target_text, parsing_timeout=None)
+                sys.stdout.write(("1" if verify(gold, target, timeout_seconds=None) else "0") + "\n")
+                sys.stdout.flush()
+                continue
             if isinstance(request, dict):
                 found = parse(request["extract"], parsing_timeout=None)
                 sys.stdout.write((json.dumps(str(found[-1])) if found else "-") + "\n")

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from atgrpo_jax.data import is_prepared_name, is_source, load_records, prepared_path, require_prepared, source_name
-from atgrpo_jax.envs.math_grading import answer_anywhere, grade
+from atgrpo_jax.envs.math_grading import answer_anywhere, grade, verify_as_written
 from atgrpo_jax.envs.parsers import extract_boxed, extract_code_block, reference_program
 from atgrpo_jax.envs.sandbox import Limits, run_many
 from atgrpo_jax.envs.text_state import clip_head, clip_middle, clip_tail, load_jsonl, obj_array, step_frame
@@ -120,6 +120,10 @@ class MathWorkflow:
     # to its first and last 500 characters, its answer, each program and its result); False: the latest replies
     draw_per_step: bool | None = None  # True (reference): each training step draws its problems at random,
     # distinct within the step (random.sample); False: consecutive problems of the pool, each once per pass
+    verify_as_written: bool | None = None  # True (reference): correct is math_verify's verify(parse(reply),
+    # parse(truth)) with the truth as written, not wrapped in `$` (so `\dfrac{1}{2}`, `(1,2)`, `2\sqrt{3}` never
+    # match), and agreement verify(parse(program output), parse(reply)); the reply whole with answer_anywhere,
+    # else its answer in `$`; False: `grade` (the truth in `$`, both orders, a normalizing fallback)
 
     def __post_init__(self):
         if isinstance(self.test_sets, str):
@@ -128,7 +132,7 @@ class MathWorkflow:
             pairs = sorted((str(k), str(v)) for k, v in dict(self.fields).items())
             object.__setattr__(self, "fields", tuple(pairs))
         for switch in ("answer_anywhere", "whole_reply_program", "failed_program_is_wrong", "draw_per_step",
-                       "full_history"):
+                       "full_history", "verify_as_written"):
             object.__setattr__(self, switch, as_reference(getattr(self, switch), self.recipe))
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
@@ -248,13 +252,30 @@ class MathWorkflow:
         if self.single_agent:
             return bool(out["reasoner_answer"][b, j])
         first, second = out["reasoner_answer"][b, j], out["tool_answer"][b, j]
-        return bool(first and second and (grade(first, second) or grade(second, first)))
+        if not (first and second):
+            return False
+        if self.verify_as_written:  # the reference: verify(the program's parsed output, the parsed reasoning)
+            return verify_as_written(self._as_written(out["tool_output"][b, j], second),
+                                     self._as_written(out["reasoner_response"][b, j], first))
+        return grade(first, second) or grade(second, first)
+
+    def _as_written(self, whole: str, answer: str) -> str:
+        """What verify_as_written parses for an agent: its whole text when answers are read anywhere (the
+        reference), else its extracted answer in `$`."""
+        return whole if self.answer_anywhere else f"${answer}$"
+
+    def _correct(self, whole: str, answer: str, truth: str) -> bool:
+        if not answer:
+            return False
+        if self.verify_as_written:
+            return verify_as_written(self._as_written(whole, answer), truth)
+        return grade(answer, truth)
 
     def _step_reasoner(self, out, grid, active, turn, local, parsed_as):
         r = self.rewards
         for b, j in active:
             answer = answer_anywhere(grid[b][j]) if self.answer_anywhere else extract_boxed(grid[b][j]) or ""
-            correct = bool(answer) and grade(answer, out["reference"][b, j])
+            correct = self._correct(grid[b][j], answer, out["reference"][b, j])
             out["reasoner_response"][b, j] = grid[b][j]
             out["reasoner_answer"][b, j] = answer
             out["reasoner_correct"][b, j] = correct
@@ -287,7 +308,7 @@ class MathWorkflow:
                 output, answer = f"(the program {reason})\n{clip_tail(result.stderr_tail, 800)}", ""
             else:
                 output, answer = result.stdout, tool_answer_from_output(result.stdout)
-            correct = bool(answer) and grade(answer, out["reference"][b, j])
+            correct = self._correct(output, answer, out["reference"][b, j])
             error = r.tool_wrong if self.failed_program_is_wrong else r.tool_error
             out["tool_code"][b, j] = codes[(b, j)] or ""
             out["tool_output"][b, j] = clip_head(output, 4000)
