@@ -80,6 +80,37 @@ def test_row_8_the_schedule_per_step_under_both_recipes():
     assert paper[0] == 0 and paper[10] == 1 and np.all(np.diff(paper[10:]) < 0) and paper[-1] > 0.3  # smooth
 
 
+def test_row_8_with_one_adapter_per_agent_each_update_steps_the_shared_scheduler_under_the_reference():
+    """L2: the reference calls update_actor once per agent (names sorted), each stepping one scheduler; its
+    warm-up of 10 scheduler steps ends after 5 training steps, then the plan agent (first by name) always
+    trains at lr and the tool agent always at 0.3 x lr."""
+    from atgrpo_jax.train.roles import scheduler_turns
+
+    names, per_agent = ("tool", "plan"), {}
+    for recipe, switches in (("paper", {}), ("reference", {}), ("reference", {"reference.shared_scheduler": False})):
+        c = paper_config("plan_path", "qwen3-1.7b")
+        c.recipe, c.policy.sharing = recipe, "lora"
+        for key, value in switches.items():
+            c[key.split(".")[0]][key.split(".")[1]] = value
+        c = resolve(c, weights=False)
+        lrs = [make_optimizer(c.optim, c.train.steps, c.reference.lr_schedule, turn)[1]
+               for turn in scheduler_turns(c, names, len(names))]
+        per_agent[recipe, bool(switches)] = np.array([[lr(s) / c.optim.lr for s in range(1, 21)] for lr in lrs])
+    tool, plan = per_agent["reference", False]
+    np.testing.assert_allclose(plan[:5], [0.3 + 0.7 * p / 10 for p in (0, 2, 4, 6, 8)])  # warm-up in 5 steps
+    np.testing.assert_allclose(tool[:5], [0.3 + 0.7 * p / 10 for p in (1, 3, 5, 7, 9)])
+    np.testing.assert_allclose(plan[5:], 1.0, atol=1e-12)
+    np.testing.assert_allclose(tool[5:], 0.3, atol=1e-12)
+    tool, plan = per_agent["paper", False]
+    np.testing.assert_array_equal(tool, plan)  # each adapter its own schedule: the same rate
+    assert tool[0] == 0 and tool[10] == 1 and np.all(np.diff(tool[10:]) < 0)
+    tool, plan = per_agent["reference", True]  # the switch back alone: the reference's alternation, shared
+    np.testing.assert_array_equal(tool, plan)
+    np.testing.assert_allclose(plan[10:14], [1, 0.3, 1, 0.3], atol=1e-12)
+    frozen = resolve(small("reference", **{"policy.sharing": "lora", "policy.frozen_agents": ("tool",)}))
+    assert scheduler_turns(frozen, names, 2) == [(0, 1), (0, 1)]  # a frozen agent's update never runs
+
+
 def test_row_6_the_update_scores_at_temperature_1_under_the_reference():
     c = resolve(paper_config("plan_path", "qwen3-1.7b"), weights=False)
     sampling = [c.rollout.agent("tool"), c.rollout.agent("plan")]

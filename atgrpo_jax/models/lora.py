@@ -1,21 +1,31 @@
 """Low-rank adapters on a frozen Qwen3 base (policy.sharing = "lora": one adapter per agent)."""
 from __future__ import annotations
 
+import math
+
 import jax
 from flax import nnx
 
 from atgrpo_jax.models.qwen3 import LoRAParam, Qwen3
 
 
-def attach_lora(model: Qwen3, rank: int, alpha: float, seed: int = 0) -> Qwen3:
+A_INITS = ("normal", "peft")  # how LoRA's A starts: N(0, 1/d_in), or peft's kaiming-uniform U(-1/sqrt(d), 1/sqrt(d))
+
+
+def attach_lora(model: Qwen3, rank: int, alpha: float, seed: int = 0, a_init: str = "normal") -> Qwen3:
     """A model sharing `model`'s base weights (no copy) with fresh adapters.
 
-    B starts at zero, so the adapted model computes exactly what the base does.
+    B starts at zero, so the adapted model computes exactly what the base does. A is drawn as `a_init`
+    says (A_INITS): "peft" is peft's default, `kaiming_uniform_(a=sqrt(5))` of an [r, d_in] weight.
     """
+    if a_init not in A_INITS:
+        raise ValueError(f"a_init: unknown {a_init!r}; known: {', '.join(A_INITS)}")
     cfg = model.cfg.replace(lora_rank=rank, lora_alpha=alpha)
     fresh = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(seed)))
     graphdef, _, _ = nnx.split(fresh, LoRAParam, ...)
     lora_state = _init_lora(cfg, seed)
+    if a_init == "peft":
+        lora_state = _peft_a(lora_state, seed)
     base = nnx.state(model, nnx.Param)
     return nnx.merge(graphdef, lora_state, base)
 
@@ -27,6 +37,19 @@ def _init_lora(cfg, seed: int):
 
     # jit + eval of only the LoRA leaves: XLA drops the unused base initializers.
     return jax.jit(build)()
+
+
+def _peft_a(lora_state, seed: int):
+    """The adapters with every A [L, d_in, r] redrawn as peft draws it: uniform on +-1/sqrt(d_in)."""
+    leaves = nnx.to_flat_state(lora_state)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    out = []
+    for key_i, (path, var) in zip(keys, leaves):
+        if str(path[-1]).startswith("lora_a_"):
+            shape, bound = var[...].shape, 1.0 / math.sqrt(var[...].shape[1])
+            var = var.replace(jax.random.uniform(key_i, shape, var[...].dtype, -bound, bound))
+        out.append((path, var))
+    return nnx.from_flat_state(out)
 
 
 def split_lora(model: Qwen3):

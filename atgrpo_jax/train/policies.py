@@ -42,8 +42,12 @@ class Policy:
     train.update, applied to the state this object keeps. Nothing outside assigns its fields."""
 
     def __init__(self, name: str, graphdef, frozen, state: TrainState, fns: tuple[Callable, Callable], *,
-                 is_lora: bool = False, mesh=None, local_mesh=None, sample_dtype=None, regather: bool = False):
+                 is_lora: bool = False, mesh=None, local_mesh=None, sample_dtype=None, regather: bool = False,
+                 samples_base: bool = False):
         self.name, self.graphdef, self.frozen, self.is_lora = name, graphdef, frozen, is_lora
+        # reference.shared_lora_samples_base: the sampler runs the base weights, the adapter left out (as the
+        # reference's L1 with LoRA samples, docs/paper.md "Recipes", row L); what is trained and exported keeps it
+        self.samples_base = samples_base
         self.mesh = mesh  # where its weights live and its update runs
         self.local_mesh = local_mesh  # with several processes: this process's part of `mesh` (it samples there)
         # Mixed precision: the trained params are float32 masters and the sampler runs a copy cast to the
@@ -55,7 +59,7 @@ class Policy:
         self._state = state
         self._logprobs_fn, self._update_fn = fns
         self._sampling: Snapshot | None = None  # the weights the sampler uses instead of the state's
-        self._merged = None  # (params, sampler model) cache
+        self._merged = None  # (params, sampler model, without adapter) cache
 
     @property
     def state(self) -> TrainState:
@@ -67,18 +71,20 @@ class Policy:
     def sampler_model(self) -> Qwen3:
         """The model the sampler runs (a snapshot's weights inside `sampling_with`): adapters merged into
         the weights once per update (the merge is cached until the params change)."""
-        return self._runnable(self._state.params if self._sampling is None else self._sampling.params)
+        params = self._state.params if self._sampling is None else self._sampling.params
+        return self._runnable(params, without_adapter=self.samples_base)
 
-    def _runnable(self, params) -> Qwen3:
+    def _runnable(self, params, without_adapter: bool = False) -> Qwen3:
         if not self.is_lora and self.sample_dtype is None and not self.regather:
             return self.model(params)
-        if self._merged is None or self._merged[0] is not params:
+        if self._merged is None or self._merged[0] is not params or self._merged[2] != without_adapter:
             if self.is_lora:
-                model = merge_lora(self.model(params))
+                adapters = jax.tree.map(jnp.zeros_like, params) if without_adapter else params
+                model = merge_lora(self.model(adapters))
             else:
                 model = self.model(params if self.sample_dtype is None else cast_floats(params, self.sample_dtype))
                 model = shard_model(model, self.mesh) if self.regather else model
-            self._merged = (params, model)
+            self._merged = (params, model, without_adapter)
         return self._merged[1]
 
     def export_model(self) -> Qwen3:
@@ -153,6 +159,8 @@ class PolicySpec:
     seed: int = 0  # of the adapters (one more per agent)
     master_dtype: str = "float32"
     how: SampledFrom = SampledFrom()
+    lora_a_init: str = "normal"  # models/lora.py:A_INITS
+    samples_base: bool = False  # one shared adapter (shared_lora) whose sampler runs the base (Policy.samples_base)
 
 
 def build_policies(spec: PolicySpec, base: Qwen3, agent_names, tx, model_copy: Callable[[int], Qwen3] | None = None,
@@ -191,12 +199,12 @@ def build_policies(spec: PolicySpec, base: Qwen3, agent_names, tx, model_copy: C
         mesh = getattr(base.embed[...].sharding, "mesh", None)  # the adapters live where the base does
         out = []
         for i, name in enumerate(agent_names if sharing.per_agent else [SHARED_ADAPTER]):
-            adapted = attach_lora(base, spec.lora_rank, spec.lora_alpha, spec.seed + i)
+            adapted = attach_lora(base, spec.lora_rank, spec.lora_alpha, spec.seed + i, spec.lora_a_init)
             adapted = shard_model(adapted, mesh) if isinstance(mesh, jax.sharding.Mesh) else adapted
             graphdef, adapters, frozen = split_lora(adapted)
             mesh_i, local = meshes(i)
             fns = make_update_fns(graphdef, frozen, tx_of(i), loss_cfg, chunk, how, pool_compiler_options(mesh_i))
             out.append(Policy(f"lora_{name}", graphdef, frozen, init_state(adapters, tx_of(i)), fns, is_lora=True,
-                              mesh=mesh_i, local_mesh=local))
+                              mesh=mesh_i, local_mesh=local, samples_base=spec.samples_base and not sharing.per_agent))
         return out
     return [plain(base, "policy", 0)]

@@ -25,6 +25,20 @@ def trained_agents(config, names: Sequence[str], step: int) -> list[bool]:
     return [name not in config.policy.frozen_agents and (now is None or name in now) for name in names]
 
 
+def scheduler_turns(config, names: Sequence[str], policies: int) -> list[tuple[int, int]]:
+    """Per policy, (its turn, turns per training step) on the learning-rate scheduler: (0, 1) each, its own
+    scheduler stepped once per training step; with reference.shared_scheduler and one LoRA adapter per agent
+    (L2), the reference's one scheduler, which every agent's update steps in turn, the agents in the order of
+    their names and the frozen ones skipped (docs/paper.md, "Recipes", row 8): agent k of n trains step s at
+    the scheduler's position (s - 1) * n + k. The paper workflows' names sort as the reference's do (plan
+    before tool, reasoner before tool, coder before tester)."""
+    sharing = config.policy.routing
+    if not (config.reference.shared_scheduler and sharing.lora and sharing.per_agent and policies == len(names)):
+        return [(0, 1)] * policies
+    order = sorted(name for name in names if name not in config.policy.frozen_agents)
+    return [(order.index(name), len(order)) if name in order else (0, 1) for name in names]
+
+
 def role_optim(config, role: str | None):
     """The optimizer settings of `role`'s policy: config.optim with the role's policy.role_optim keys
     (None, or a role with none: config.optim as it is)."""

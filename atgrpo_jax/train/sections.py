@@ -98,6 +98,17 @@ class ReferenceSettings(Section):
                                       "scripts set rank 0 and train it whole (row 9)")
     unshuffled_minibatches: bool | None = key(None, "mini-batches take the step's groups in the order they were "
                                               "collected, not shuffled (row 15)")
+    shared_scheduler: bool | None = key(None, "with one LoRA adapter per agent (L2), every agent's update steps "
+                                        "one shared lr scheduler, the agents in name order: with lr_schedule, "
+                                        "after the warm-up the first agent always trains at lr and the second at "
+                                        "min_lr_ratio x lr (row 8)")
+    peft_lora_init: bool | None = key(None, "LoRA's A starts as peft's default (kaiming-uniform with a = sqrt(5): "
+                                      "U(-1/sqrt(d), 1/sqrt(d)), variance 1/(3d)) instead of N(0, 1/d); B is zero "
+                                      "either way (row L)")
+    shared_lora_samples_base: bool | None = key(None, 'with one adapter for all agents ("shared_lora", L1 with '
+                                                "LoRA), rollouts and evaluation sample from the frozen base "
+                                                "weights, the adapter only scoring and training: the reference's "
+                                                "requests never name its adapter (row L)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ from atgrpo_jax.train import compile_cache
 from atgrpo_jax.train.config import AgentSampling, ConfigError
 from atgrpo_jax.train.init_from import load_weights
 from atgrpo_jax.train.policies import Policy, PolicySpec, build_policies
-from atgrpo_jax.train.roles import role_config, role_optim, roles_problem
+from atgrpo_jax.train.roles import role_config, role_optim, roles_problem, scheduler_turns
 from atgrpo_jax.train.update import make_optimizer
 from atgrpo_jax.train.validate import resolve
 
@@ -187,10 +187,12 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
     how = scoring_of(scored, limit)
     route = layout.route(len(names))
     per_agent_pool = int(route.max()) + 1 == len(names)  # one policy per agent: each on its agent's pool
+    turns = scheduler_turns(config, names, int(route.max()) + 1)
     optimizers = [make_optimizer(role_optim(config, names[i] if per_agent_pool else None), config.train.steps,
-                                 config.reference.lr_schedule) for i in range(int(route.max()) + 1)]  # verl's way
+                                 config.reference.lr_schedule, turns[i]) for i in range(int(route.max()) + 1)]
     spec = PolicySpec(layout, config.loss, config.lora.rank, config.lora.alpha, config.model.init_seed,
-                      config.optim.master_dtype, how)
+                      config.optim.master_dtype, how, "peft" if config.reference.peft_lora_init else "normal",
+                      config.reference.shared_lora_samples_base)
     policies = build_policies(spec, base, names, lambda i: optimizers[i][0],
                               model_copy=lambda i: role_model(config, names, i, pools[i], init_from, base),
                               meshes=lambda i: (pools[i], local_meshes[i]) if per_agent_pool else

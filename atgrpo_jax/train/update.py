@@ -84,12 +84,17 @@ def lr_factor(step: int, optim, total_steps: int, as_reference_runs: bool = Fals
     return max(floor if reference_cosine else 0.0, (1 - floor) / 2 * math.cos(math.pi * progress) + (1 + floor) / 2)
 
 
-def make_optimizer(optim, total_steps: int, as_reference_runs: bool = False
+def make_optimizer(optim, total_steps: int, as_reference_runs: bool = False, turn: tuple[int, int] = (0, 1)
                    ) -> tuple[optax.GradientTransformation, Callable]:
     """(AdamW with global-norm clipping, lr_at) where lr_at(training step) is the learning rate of that
     step (`lr_factor`). The rate is a hyperparameter in the optimizer state, set once per training step
-    (`with_lr`): verl counts its schedule in training steps, not in optimizer steps."""
-    lr_at = lambda step: optim.lr * lr_factor(step, optim, total_steps, as_reference_runs)  # noqa: E731
+    (`with_lr`): verl counts its schedule in training steps, not in optimizer steps. `turn` = (k, n): n
+    updates per training step share one scheduler and this is the k-th (train/roles.py:scheduler_turns)."""
+    k, n = turn
+
+    def lr_at(step: int) -> float:
+        return optim.lr * lr_factor((step - 1) * n + k + 1, optim, total_steps, as_reference_runs)
+
     adamw = optax.inject_hyperparams(optax.adamw)(learning_rate=lr_at(1), b1=optim.b1, b2=optim.b2,
                                                   weight_decay=optim.weight_decay)
     return optax.chain(optax.clip_by_global_norm(optim.grad_clip), adamw), lr_at
@@ -192,7 +197,9 @@ def update_steps(graphdef, tx, loss_cfg: LossConfig, chunk: int, how: SampledFro
         chunked log-prob pass (the loss is a weighted sum of per-token terms)."""
         model = model_of(params, frozen)
         w = aggregation_weights(p.scored, loss_cfg.aggregation, p.sample_len)
-        per_token = {"old": p.old_logp, "adv": p.adv, "w": w}
+        per_token = {"adv": p.adv, "w": w}
+        if p.old_logp is not None:  # None: the params that sampled are these, old = log p (`first_step_is_on_policy`)
+            per_token["old"] = p.old_logp
         if loss_cfg.kl_coef:
             per_token["ref"] = p.ref_logp
         if p.is_weight is not None:
@@ -209,8 +216,11 @@ def update_steps(graphdef, tx, loss_cfg: LossConfig, chunk: int, how: SampledFro
         loss, (logp, ent) = fused_head_loss(
             states, head, p.target, per_token, lambda lp, en, x: token_loss_terms(loss_cfg, lp, en, x), chunk,
             head_grad=train_head, **sampling)
-        _, metrics = weighted_policy_loss(loss_cfg, w, logp, p.old_logp, p.adv, p.ref_logp, ent,  # diagnostics
+        old = jax.lax.stop_gradient(logp) if p.old_logp is None else p.old_logp
+        _, metrics = weighted_policy_loss(loss_cfg, w, logp, old, p.adv, p.ref_logp, ent,  # diagnostics
                                           p.is_weight, seq_log_ratio)
+        if p.old_logp is None:  # the old log-probs no other pass computed, for the sampler's gap (train/pending.py)
+            metrics["old_logp"] = jax.lax.stop_gradient(logp)
         return loss, dict(metrics, loss=loss)
 
     @functools.partial(jax.jit, donate_argnums=0, compiler_options=options)  # the old state's buffers: the new one's
