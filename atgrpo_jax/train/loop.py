@@ -30,7 +30,8 @@ from atgrpo_jax.train.prefetch import Prefetch
 from atgrpo_jax.train.progress import say
 from atgrpo_jax.train.start import Opened, check_before_writing, held, open_run
 from atgrpo_jax.train.step import policy_states, train_step
-from atgrpo_jax.train.stops import Saver, diverged_stop, ending_in_one_line
+from atgrpo_jax.errors import StageTimeout
+from atgrpo_jax.train.stops import Saver, close_keeping, diverged_stop, ending_in_one_line, step_failed
 from atgrpo_jax.train.validate import resolve
 
 
@@ -93,11 +94,20 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, prin
                     "later steps reuse it", lead)
             tracer = Tracer()
             step_began = time.perf_counter()
+            held = saver.hold(step - 1)  # the last completed step, saved if this one fails
             try:
                 metrics = train_step(run, step, on_rollout=episode_logger(o, step), tracer=tracer,
                                      prefetch=prefetch, abandon=stop.requested)
             except guard.StepAbandoned:
                 raise stopped(step - 1) from None
+            except Exception as e:  # noqa: BLE001 - the user's reward, environment or workflow, a hung stage
+                deadline = t.preempt_deadline_s if isinstance(e, StageTimeout) else None
+                saved = saver.keep_held(step - 1, held, start, last, health.clean, deadline)
+                failed = step_failed(e, step, saved, close_keeping(ckpt))
+                if failed is None:
+                    raise
+                raise failed from None
+            held = None  # (its arrays are the update's now)
             metrics.update(pool_busy(tracer, run, time.perf_counter() - step_began))
             no_signal = health.record(metrics)
             if no_signal and lead:

@@ -31,6 +31,13 @@ def step_dirs(directory: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
 
 
+def has_checkpoints(workdir: str) -> bool:
+    """Whether `workdir` holds a step folder to resume from (an object store: a checkpoints/ folder, a
+    listing there is not free). A run that failed before its first save left none: it starts afresh."""
+    directory = wd.checkpoint_dir(workdir)
+    return wd.exists(directory) if wd.is_remote(directory) else bool(step_dirs(directory))
+
+
 def changes_from_saved(workdir: str, config) -> dict[str, tuple]:
     """{key: (the run's value, `config`'s)} of the keys in which `config` (resolved) differs from the run's
     config.json in `workdir`; {} without one."""

@@ -18,7 +18,7 @@ from atgrpo_jax.train.init_from import source_checkpoint
 from atgrpo_jax.train.lock import WorkdirLock
 from atgrpo_jax.train.metrics import MetricsWriter
 from atgrpo_jax.train.progress import ProgressBar, say
-from atgrpo_jax.train.resume import changes_from_saved, restore_or_start
+from atgrpo_jax.train.resume import changes_from_saved, has_checkpoints, restore_or_start
 from atgrpo_jax.train.step import set_policy_states
 from atgrpo_jax.train.update import lr_factor
 
@@ -32,7 +32,7 @@ def check_before_writing(config, workdir: str) -> None:
     wd.check_writable(workdir, "--workdir")
     if "wandb" in config.train.loggers and wandb_log.missing():
         raise ConfigError(f"config.train.loggers: 'wandb' needs {wandb_log.missing()}")
-    if config.model.init_from and not wd.exists(wd.checkpoint_dir(workdir)):
+    if config.model.init_from and not has_checkpoints(workdir):
         source_checkpoint(config.model.init_from)  # a resumed run restores its own checkpoint instead
     init_distributed(config.distributed)
 
@@ -108,7 +108,7 @@ def open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, le
     """Build the run, restore its newest checkpoint that restores (or start fresh), then open its outputs:
     nothing in the workdir changes before a state is in hand (its compilation cache aside)."""
     t = config.train
-    resumed = bool(wd.exists(wd.checkpoint_dir(workdir)))
+    resumed = has_checkpoints(workdir)
     changed = check_resume(config, workdir, allow_config_change) if resumed else {}
     say("building the run: tokenizer, model, workflow", lead)
     run = setup.build_run(config, workdir, init_from=not resumed)

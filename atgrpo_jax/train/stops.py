@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import threading
 from typing import Any, Callable
 
+import jax
+
 from atgrpo_jax import cli, workdir as wd
-from atgrpo_jax.errors import LogWriteError, StageTimeout
+from atgrpo_jax.errors import LogWriteError, StageTimeout, UsageError
 from atgrpo_jax.train import checkpoint, guard
 from atgrpo_jax.train.resume import step_dirs
 
@@ -28,6 +31,29 @@ class Saver:
         if force:
             self.ckpt.wait()
 
+    def hold(self, step: int) -> tuple:
+        """What a save of `step` holds, taken as it completes (references to its arrays, not copies), so that
+        it can still be saved if the next step fails before its update replaces them (`keep_held`)."""
+        return self.contents(step)
+
+    def keep_held(self, done: int, held: tuple, start: int, last: dict, healthy: bool,
+                  deadline_s: float | None = None) -> bool:
+        """Save step `done` from `hold(done)` when a later step failed; whether it is saved now. Not when it
+        is not new (or saved already) or not healthy, nor when the failed step's update had begun (its
+        arrays donated to the update, so they are gone). deadline_s: give up after this long (a stuck stage
+        may hold the device)."""
+        states, meta, extra = held
+        if done <= start or not healthy or self.ckpt.latest_step() == done:
+            return False
+        if any(isinstance(x, jax.Array) and x.is_deleted() for x in jax.tree.leaves((states, extra))):
+            return False
+
+        def save():
+            self.writer.sync()
+            self.ckpt.save(done, states, meta=meta, metrics=last, force=True, extra=extra)
+            self.ckpt.wait()
+        return within(deadline_s, save)
+
     def stopped(self, stop: guard.StopSignals, start: int, done: int, last: dict, healthy: bool) -> cli.RunStopped:
         """Save step `done` (if it is new and healthy) and stop with one line naming the signal."""
         if done > start and healthy and self.ckpt.latest_step() != done:
@@ -35,6 +61,50 @@ class Saver:
         kept = self.ckpt.latest_step()
         self.ckpt.close()
         return cli.RunStopped.by_signal(stop.name, stop.exit_code, done, kept)
+
+
+def within(seconds: float | None, fn: Callable[[], None]) -> bool:
+    """Run `fn` (in a helper thread when `seconds` is given); whether it finished in time. Its error is
+    raised here; one still running after `seconds` is left behind (a daemon thread: the process is
+    about to exit)."""
+    if seconds is None:
+        fn()
+        return True
+    finished, error = threading.Event(), []
+
+    def work():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            error.append(e)
+        finally:
+            finished.set()
+    threading.Thread(target=work, daemon=True, name="save within a deadline").start()
+    done = finished.wait(seconds)
+    if error:
+        raise error[0]
+    return done
+
+
+ONE_LINE = (UsageError, StageTimeout)  # a user's reward, data or config, a hung stage; anything else is a bug
+
+
+def step_failed(e: BaseException, step: int, saved: bool, kept: int | None) -> cli.RunStopped | None:
+    """The one line of a run whose step `step` raised `e` (a reward function, an environment, a workflow, a
+    stage timeout) after the last completed step was saved (`saved`) or not; `kept`: the newest checkpoint
+    that verifies. None for an error that keeps its traceback (a bug: the line is printed before it)."""
+    if saved:
+        what = f"checkpoint {kept} saved (the last completed step); fix the cause and run the same command to " \
+               f"resume from step {kept}"
+    elif kept is not None:
+        what = f"last checkpoint: {kept}; fix the cause and run the same command to resume from step {kept}"
+    else:
+        what = "no checkpoint yet; fix the cause and run the same command to start afresh"
+    if isinstance(e, ONE_LINE):
+        hard = isinstance(e, StageTimeout)  # its stuck thread is not waited for
+        return cli.RunStopped(f"error: at step {step}: {e}; {what}", 1 if hard else cli.EXIT_USAGE, hard=hard)
+    print(f"error: at step {step}: {type(e).__name__} (below); {what}", file=sys.stderr, flush=True)
+    return None
 
 
 @contextlib.contextmanager

@@ -108,12 +108,14 @@ def test_a_hung_environment_step_stops_the_cli_run_with_one_line(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.monotonic()
     proc = run(train_args(tmp_path / "run", "--config.env.workflow=hanging_workflow:make",
-                          "--config.system.stage_timeout_s=20", "--config.train.checkpoint_every=1"), env=env)
+                          "--config.system.stage_timeout_s=20", "--config.train.checkpoint_every=50"), env=env)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert_no_traceback(proc)
     line = stderr_lines(proc)[-1]
     assert re.fullmatch(r"error: at step 2: the stage 'environment step of agent 0 turn 0 of cohort 0' has run "
-                        r"2\d s, longer than system.stage_timeout_s=20; the run stopped \(last checkpoint: 1\)", line)
+                        r"2\d s, longer than system.stage_timeout_s=20; checkpoint 1 saved \(the last completed step\); fix "
+                        r"the cause and run the same command to resume from step 1", line)
+    assert os.listdir(tmp_path / "run" / "checkpoints") == ["1"]  # saved after the timeout, within its deadline
     assert len(stderr_lines(proc)) == 1, proc.stderr[-3000:]  # no abort of the stuck thread at exit
     assert time.monotonic() - t0 < 200  # not the 600 s of the hung step
 

@@ -77,7 +77,8 @@ def test_a_reward_function_that_exits_or_scores_too_high_is_one_line(tmp_path, f
     assert_no_traceback(proc)
     lines = stderr_lines(proc)
     assert proc.returncode == 2 and re.search(message, lines[-1]), proc.stderr[-3000:]
-    assert lines[-1].startswith("error: env.kwargs.reward_fn='prompt_reward_fns:")
+    assert lines[-1].startswith("error: at step 1: env.kwargs.reward_fn='prompt_reward_fns:")
+    assert lines[-1].endswith("; no checkpoint yet; fix the cause and run the same command to start afresh")
 
 
 NOT_TRAINABLE = [
