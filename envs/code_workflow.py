@@ -101,11 +101,14 @@ class CodeWorkflow:
     # and nothing else (no untagged block); False: an untagged block when no block is tagged python
     one_eval_sample: bool | None = None  # True (reference): one episode per evaluation problem (avg@1)
     # whatever train.eval_k says; False: train.eval_k episodes
+    end_checked_after_both: bool | None = None  # True (reference): whether the program passes every generated
+    # test, ending the episode, is checked only in the test writer's step; False: after each agent's step, so a
+    # new program that passes the earlier tests ends the episode before the test writer replies
     drop_eval_remainder: bool | None = None  # True (reference): an evaluation split is its first
     # REFERENCE_VALIDATE_SAMPLES x floor(N / REFERENCE_VALIDATE_SAMPLES) problems (HumanEval: 160 of 164); False: all
 
     def __post_init__(self):
-        for switch in ("python_blocks_only", "one_eval_sample", "drop_eval_remainder"):
+        for switch in ("python_blocks_only", "one_eval_sample", "drop_eval_remainder", "end_checked_after_both"):
             object.__setattr__(self, switch, as_reference(getattr(self, switch), self.recipe))
         for name in ("train_sets", "test_sets"):
             if isinstance(getattr(self, name), str):
@@ -217,7 +220,8 @@ class CodeWorkflow:
                                      else extract_code_block(grid[b][j])) or ""
             else:
                 out["gen_tests"][b, j] = extract_tests(kind, grid[b][j], self.max_generated_tests)
-        self._evaluate(out, active, run_ground_truth=is_coder)
+        self._evaluate(out, active, run_ground_truth=is_coder,
+                       check_end=not (is_coder and self.end_checked_after_both and not self.single_agent))
         team = np.where(state["done"][:, None], 0.0, out["gt_pass_rate"]).astype(np.float32)
         r = self.rewards
         if is_coder:
@@ -242,8 +246,9 @@ class CodeWorkflow:
                 parsed_as[b, j] = "unparsed: no tests (**Test Input:** / **Test Output:** pairs or asserts)"
         return StepOut(state=out, local_reward=local, team_reward=team, parsed_as=parsed_as)
 
-    def _evaluate(self, out, active, run_ground_truth: bool):
-        """Run programs on the generated tests (and, for a new program, the ground truth); update the state."""
+    def _evaluate(self, out, active, run_ground_truth: bool, check_end: bool = True):
+        """Run programs on the generated tests (and, for a new program, the ground truth); update the state
+        (`check_end`: and whether the episode ends, when the program passes every generated test)."""
         with_code = [(b, j) for b, j in active if out["code"][b, j]]
         jobs = [(out["problem"][b, j], out["code"][b, j], out["gen_tests"][b, j]) for b, j in with_code]
         if run_ground_truth:
@@ -259,7 +264,8 @@ class CodeWorkflow:
             if not out["code"][b, j]:
                 out["report"][b, j], out["passes_generated"][b, j] = "No program yet.", False
                 out["gt_pass_rate"][b, j] = 0.0
-            out["done"][b, j] = out["passes_generated"][b, j]
+            if check_end:
+                out["done"][b, j] = out["passes_generated"][b, j]
 
 
 def make_code_workflow(single_agent: bool = False, **kwargs) -> CodeWorkflow:

@@ -153,6 +153,10 @@ class WorkflowConfig:
     # agent's output FORMAT_PENALTY, nothing moves; False: each such item is an invalid move
     uncut_answers: bool | None = None  # True (reference): every action of an answer is played, however many;
     # False: the first game.max_actions (Plan-Path 64, Sokoban 100, Sudoku 16)
+    blind_program: bool | None = None  # True (reference): the tool agent's program reads nothing on its standard
+    # input (and its prompt does not offer it); False: the board (the prompt's view of it) on standard input
+    no_move_history: bool | None = None  # True (reference): prompts show no earlier turns; False: an "Earlier
+    # turns" list of the moves played and their rewards
 
     def __post_init__(self):
         self.strict_answer = as_reference(self.strict_answer, self.recipe)
@@ -164,6 +168,8 @@ class WorkflowConfig:
         self.handoff_next_turn = as_reference(self.handoff_next_turn, self.recipe)
         self.format_errors = as_reference(self.format_errors, self.recipe)
         self.uncut_answers = as_reference(self.uncut_answers, self.recipe)
+        self.blind_program = as_reference(self.blind_program, self.recipe)
+        self.no_move_history = as_reference(self.no_move_history, self.recipe)
 
 
 def actions_from_output(stdout: str, game: GridGame, format_errors: bool = False) -> list[int] | FormatError | None:

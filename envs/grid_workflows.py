@@ -257,7 +257,8 @@ class GridWorkflow:
 
         n_tasks, k = len(texts), len(texts[0])
         envs = jax.device_get(state.env)
-        grids = [self._board(jax.tree.map(lambda x: x[b], envs)) for b in range(n_tasks)]
+        grids = ["" if self.config.blind_program else self._board(jax.tree.map(lambda x: x[b], envs))
+                 for b in range(n_tasks)]
         extract = (lambda t: reference_program(t, unclosed_blocks=True)) if self.config.whole_reply_program \
             else extract_code_block
         codes = [[extract(t) if active[b] else None for t in row] for b, row in enumerate(texts)]
@@ -297,7 +298,9 @@ class GridWorkflow:
         whole = self.config.whole_grid_answer and role.answer == "code" and hasattr(game, "GRID_ANSWER_FORMAT")
         user = self.templates.render(
             "user.j2", rules=game.RULES, board=self.game.render(env), status=game.status(env),
-            static_view=game.static_view(env) if self._static() else None, history=history, handoff=handoff,
+            static_view=game.static_view(env) if self._static() else None,
+            history="" if self.config.no_move_history else history, handoff=handoff,
+            board_on_stdin=not self.config.blind_program,
             answer=role.answer, answer_format=game.GRID_ANSWER_FORMAT if whole else game.ANSWER_FORMAT,
             answer_example=game.GRID_ANSWER_EXAMPLE if whole else game.ANSWER_EXAMPLE, actions_marker=ACTIONS_MARKER)
         return self.templates.chat(role.system, user)

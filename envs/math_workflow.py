@@ -124,6 +124,9 @@ class MathWorkflow:
     # parse(truth)) with the truth as written, not wrapped in `$` (so `\dfrac{1}{2}`, `(1,2)`, `2\sqrt{3}` never
     # match), and agreement verify(parse(program output), parse(reply)); the reply whole with answer_anywhere,
     # else its answer in `$`; False: `grade` (the truth in `$`, both orders, a normalizing fallback)
+    end_checked_after_both: bool | None = None  # True (reference): whether the two answers agree, ending the
+    # episode, is checked only in the reasoner's step, so at every turn both agents generate and are scored;
+    # False: after each agent's step, so an agreeing tool answer ends the episode before the reasoner replies
 
     def __post_init__(self):
         if isinstance(self.test_sets, str):
@@ -132,7 +135,7 @@ class MathWorkflow:
             pairs = sorted((str(k), str(v)) for k, v in dict(self.fields).items())
             object.__setattr__(self, "fields", tuple(pairs))
         for switch in ("answer_anywhere", "whole_reply_program", "failed_program_is_wrong", "draw_per_step",
-                       "full_history", "verify_as_written"):
+                       "full_history", "verify_as_written", "end_checked_after_both"):
             object.__setattr__(self, switch, as_reference(getattr(self, switch), self.recipe))
         if self.valid_every < 2:
             raise ValueError(f"valid_every must be >= 2, got {self.valid_every}")
@@ -319,7 +322,8 @@ class MathWorkflow:
                                            f"Turn {turn + 1}, its result: {clip_middle(output.strip(), 500)}\n")
             local[b, j] = r.tool_correct if correct else r.tool_wrong if answer else error
             parsed_as[b, j] = f"printed {answer}" if answer else "unparsed: " + clip_head(output, 120)
-            out["done"][b, j] = self._agree(out, b, j)
+            if not self.end_checked_after_both:  # the reference checks only in its reasoner's step
+                out["done"][b, j] = self._agree(out, b, j)
 
 
 def make_math_workflow(single_agent: bool = False, **kwargs) -> MathWorkflow:

@@ -2,6 +2,8 @@
 answer and the tool agent's output (rows 3, 3b, 4), math grading (row 10) and the code evaluation set
 (row 13) of docs/paper.md, "Recipes". Each test feeds the same strings to both recipes and asserts both
 outcomes, then flips the one switch back alone."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,7 @@ from atgrpo_jax.envs.math_grading import grade, verify_as_written
 from atgrpo_jax.envs.math_workflow import MathWorkflow
 from atgrpo_jax.envs.registry import make_workflow
 from atgrpo_jax.envs.sandbox import Limits
+from atgrpo_jax.envs.workflow import take_branch
 
 RECIPES = ("paper", "reference")
 U, D, L, R = 0, 1, 2, 3
@@ -21,7 +24,9 @@ FAST = Limits(wall_s=5.0, cpu_s=5.0, memory_mb=512)
 
 
 def grid(recipe: str, game: str = "plan_path", **switches):
-    return make_workflow(f"{game}_tool_plan", recipe=recipe, sandbox_limits=FAST, sandbox_workers=2, **switches)
+    # seed 1: jitted steps of their own (test_grid_workflows.py counts the compiled variants of seed 0's)
+    return make_workflow(f"{game}_tool_plan", recipe=recipe, sandbox_limits=FAST, sandbox_workers=2, seed=1,
+                         **switches)
 
 
 def plan_step(wf, answer: str):
@@ -166,3 +171,72 @@ def test_row_13_the_reference_evaluates_a_multiple_of_five_problems():
     reference.reset([159], "humaneval")
     with pytest.raises(ValueError, match="humaneval' has 160 problems"):
         reference.reset([160], "humaneval")
+
+
+# ---------------------------------------------------------------- X1: when an episode ends
+
+
+def test_x1_a_math_episode_ends_only_after_the_reasoners_step_under_the_reference():
+    """Tool 7, reasoner 5 at turn 0; tool 5 at turn 1: the paper's episode ends there, the reference's
+    reasoner still replies at turn 1 and is scored."""
+    program = "```python\nprint({})\n```"
+    done_after = {}
+    for recipe, switches in (("paper", {}), ("reference", {}), ("reference", {"end_checked_after_both": False})):
+        wf = MathWorkflow(test_sets=("aime24",), limits=FAST, max_workers=2, recipe=recipe, tool_first=True,
+                          **switches)
+        state = wf.reset([0], "aime24")
+        state["reference"][0] = "5"
+        replies = [(0, 0, program.format(7)), (1, 0, "so \\boxed{5}"), (0, 1, program.format(5))]
+        for agent, turn, reply in replies:
+            state = take_branch(wf.step(state, agent, turn, [[reply]]).state, np.zeros(1, int))
+        done_after[recipe, bool(switches)] = bool(wf.done(state)[0])
+        if recipe == "reference" and not switches:
+            out = wf.step(state, 1, 1, [["again \\boxed{5}"]])  # the reasoner's turn-1 reply, scored
+            assert out.local_reward[0, 0] == 1.0 and wf.done(out.state)[0]
+    assert done_after == {("paper", False): True, ("reference", False): False, ("reference", True): True}
+
+
+def test_x1_a_code_episode_ends_only_after_the_test_writers_step_under_the_reference():
+    from atgrpo_jax.envs.code_problems import load_problems
+
+    add = next(n for n, p in enumerate(load_problems("apps_test")) if p.id == "apps-1069")
+    program = ("**Code:**\n```python\nt = int(input())\nfor _ in range(t):\n    a, b = map(int, input().split())\n"
+               "    print(a + b)\n```")
+    tests = "**Test Input:**\n```\n1\n2 3\n```\n**Test Output:**\n```\n5\n```"
+    done_after_coder = {}
+    for recipe in RECIPES:
+        wf = CodeWorkflow(train_sets=("mbpp_train",), test_sets=("apps_test",), limits=FAST, max_workers=2,
+                          recipe=recipe)
+        state = wf.reset([add], "apps_test")
+        state = take_branch(wf.step(state, 0, 0, [["no code yet"]]).state, np.zeros(1, int))
+        state = take_branch(wf.step(state, 1, 0, [[tests]]).state, np.zeros(1, int))
+        state = take_branch(wf.step(state, 0, 1, [[program]]).state, np.zeros(1, int))  # passes the test
+        done_after_coder[recipe] = bool(wf.done(state)[0])
+        if recipe == "reference":
+            assert wf.done(wf.step(state, 1, 1, [[tests]]).state)[0]  # the test writer's step ends it
+    assert done_after_coder == {"paper": True, "reference": False}
+
+
+# ---------------------------------------------------------------- X2: what a game's program and prompt see
+
+
+def test_x2_the_tool_program_reads_nothing_and_prompts_show_no_history_under_the_reference():
+    program = "```python\nimport sys\ndata = sys.stdin.read()\nprint(len(data))\nprint('**Actions List**: [\"U\"]')\n```"
+    seen = {}
+    for recipe, switches in (("paper", {}), ("reference", {}), ("reference", {"blind_program": False,
+                                                                             "no_move_history": False})):
+        wf = grid(recipe, **switches)
+        state = wf.reset([0], "test")
+        out = wf.step(state, 0, 0, [[program]])
+        # what the plan agent is shown of the run (this turn's, or with handoff_next_turn the next turn's)
+        handoff = str(out.state.handoff[0, 0]) + str(out.state.pending[0, 0])
+        state = take_branch(wf.step(take_branch(out.state, np.zeros(1, int)), 1, 0, [['#### ["U"]']]).state,
+                            np.zeros(1, int))
+        tool_prompt = wf.prompts(state, 0, 1)[0][-1]["content"]
+        read = int(re.search(r"Its output:\n```\n(\d+)", handoff).group(1))  # characters it read on stdin
+        seen[recipe, bool(switches)] = (read, "Earlier turns" in tool_prompt, "standard input" in tool_prompt)
+    board_chars = seen["paper", False][0]
+    assert board_chars and board_chars > 50  # the paper's: the board on standard input
+    assert seen["paper", False][1:] == (True, True)
+    assert seen["reference", False] == (0, False, False)
+    assert seen["reference", True][1:] == (True, True) and seen["reference", True][0] > 50  # both back
