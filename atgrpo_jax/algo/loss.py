@@ -82,6 +82,17 @@ def aggregation_weights(mask: jax.Array, how: str, sample_len: jax.Array | None 
     return AGGREGATIONS[how](mask, sample_len)
 
 
+# An old log-prob of +inf stands for "not computed": the update's first optimizer step on its own samples
+# takes the old log-probs from its own forward pass (train/pending.py:first_step_is_on_policy), so one
+# compiled update serves every mini-batch. A real log-prob is never above 0; a NaN stays a NaN.
+OWN_OLD_LOGP = float("inf")
+
+
+def resolved_old(old_logp, logp):
+    """The old log-probs, each OWN_OLD_LOGP entry replaced by the (constant) log-prob computed now."""
+    return jnp.where(old_logp == OWN_OLD_LOGP, jax.lax.stop_gradient(logp), old_logp)
+
+
 def clipped_surrogate(cfg: LossConfig, logp, old_logp, adv):
     """Per-token clipped policy-gradient loss and where a clip is active."""
     ratio = jnp.exp(logp - old_logp)
@@ -126,12 +137,12 @@ def k3_kl(ref_logp, logp):
 
 def token_loss_terms(cfg: LossConfig, logp, entropy, x: dict):
     """Per-token terms whose sum is weighted_policy_loss's loss. x holds, per token,
-    "old" (old log-prob), "adv", "w" (aggregation_weights), "ref" if kl_coef, "is" (is_weights) if
+    "old" (old log-prob, or OWN_OLD_LOGP), "adv", "w" (aggregation_weights), "ref" if kl_coef, "is" (is_weights) if
     the correction is on, and "seq_f", "seq_df" (`sequence_terms`) with the sequence-level ratio."""
     if "seq_f" in x:  # GSPO: the sample's surrogate, differentiated through this token's log-prob
         pg = x["seq_f"] + x["seq_df"] * (logp - jax.lax.stop_gradient(logp))
     else:
-        pg, _ = clipped_surrogate(cfg, logp, x["old"], x["adv"])
+        pg, _ = clipped_surrogate(cfg, logp, resolved_old(x["old"], logp), x["adv"])
     if "is" in x:
         pg = x["is"] * pg
     if cfg.kl_coef:

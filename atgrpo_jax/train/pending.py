@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from atgrpo_jax.algo.loss import is_weights
+from atgrpo_jax.algo.loss import OWN_OLD_LOGP, is_weights
 from atgrpo_jax.distributed import global_array, to_host
 from atgrpo_jax.sharding import batch_shards
 from atgrpo_jax.trace import Tracer
@@ -53,13 +53,17 @@ def start_update(run: Run, policy, batch: PolicyBatch, behavior_logprobs: bool =
     # once (every process holds the same batch); old and reference log-probs stay there.
     packed = packed_minibatches(run, policy, batch)
     placed = [mb.packed.placed(lambda x: global_array(x, policy.mesh)) for mb in packed]
-    logprobs = lambda params: [policy.logprobs(mb, params) for mb in placed]  # noqa: E731
+    logprobs = lambda params, mbs: [policy.logprobs(mb, params) for mb in mbs]  # noqa: E731
     if behavior_logprobs:
         old, recomputed = [global_array(mb.sampler_logp, policy.mesh) for mb in packed], None
+    elif first_step_is_on_policy(run):  # the first mini-batch's come out of its own update
+        own = global_array(np.full(packed[0].packed.target.shape, OWN_OLD_LOGP, np.float32), policy.mesh)
+        old = [own, *logprobs(policy.state.params, placed[1:])]
+        recomputed = [None, *old[1:]]
     else:
-        old = recomputed = logprobs(policy.state.params)
+        old = recomputed = logprobs(policy.state.params, placed)
     ref = run.ref_params.get(policy.name)  # the KL reference's log-probs, once per batch like old
-    ref_logp = [None] * len(placed) if ref is None else logprobs(ref)
+    ref_logp = [None] * len(placed) if ref is None else logprobs(ref, placed)
     cfg = run.config.loss  # the sampler's mismatch with the trainer, corrected by choice
     weights = [None] * len(placed) if cfg.is_correction == "none" else \
         [is_weights(cfg, old_mb, global_array(mb.sampler_logp, policy.mesh)) for mb, old_mb in zip(packed, old)]
@@ -72,9 +76,23 @@ def start_update(run: Run, policy, batch: PolicyBatch, behavior_logprobs: bool =
     return PendingUpdate(policy, metrics, recomputed, packed, batch.num_samples, int(batch.lengths()[1].sum()))
 
 
+def first_step_is_on_policy(run: Run) -> bool:
+    """Whether a batch's first optimizer step takes its old log-probs from its own forward pass (as TRL
+    does with one iteration), saving a forward pass of its mini-batch: its params are those the ratio is
+    taken against, and nothing before the update needs them (no importance correction, no sequence-level
+    ratio). Later mini-batches, and all of a second epoch, follow an optimizer step: theirs are computed
+    before the first update."""
+    cfg = run.config.loss
+    return run.config.optim.epochs == 1 and cfg.is_correction == "none" and cfg.ratio_level == "token"
+
+
 def finish_update(p: PendingUpdate) -> dict:
     """Wait for a dispatched update and read its metrics (once, at the end): their means, and the
-    gap between the recomputed old log-probs and the sampler's (0 when the two are one distribution)."""
+    gap between the old log-probs (recomputed, or the first step's own) and the sampler's (0 when the
+    two are one distribution)."""
+    own = [m.pop("old_logp") for m in p.metrics][0]  # sharded like the batch: read with to_host below
+    if p.old is not None and p.old[0] is None:
+        p.old[0] = own
     logs = jax.device_get(p.metrics)
     out = {k: float(np.mean([log[k] for log in logs])) for k in logs[0]}
     skipped = [bool(log["skipped"]) for log in logs]

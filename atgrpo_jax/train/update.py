@@ -24,7 +24,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from atgrpo_jax.algo.logprobs import Repeats, SampledFrom, first_seen, fused_head_loss, token_logprobs
-from atgrpo_jax.algo.loss import (LossConfig, aggregation_weights, sequence_log_ratio, sequence_terms,
+from atgrpo_jax.algo.loss import (LossConfig, aggregation_weights, resolved_old, sequence_log_ratio, sequence_terms,
                                   token_loss_terms, weighted_policy_loss)
 from atgrpo_jax.models.strategies import causal, packed
 
@@ -46,7 +46,7 @@ class Packed(NamedTuple):
     adv: jax.Array  # [R, M] float32: the token's advantage
     inv_temp: jax.Array  # [R, M] float32: 1 / the temperature the token was sampled at
     top_p: jax.Array  # [R, M] float32: the top-p it was sampled with (1: none)
-    old_logp: jax.Array | None = None  # [R, M]
+    old_logp: jax.Array | None = None  # [R, M]; OWN_OLD_LOGP entries: the update's own (algo/loss.py)
     ref_logp: jax.Array | None = None
     penalty: jax.Array | None = None  # [R, M] float32: the repetition penalty it was sampled with (None: none)
     sample: jax.Array | None = None  # [R, M] int32: the sample each scored token belongs to (with penalty or
@@ -197,9 +197,7 @@ def update_steps(graphdef, tx, loss_cfg: LossConfig, chunk: int, how: SampledFro
         chunked log-prob pass (the loss is a weighted sum of per-token terms)."""
         model = model_of(params, frozen)
         w = aggregation_weights(p.scored, loss_cfg.aggregation, p.sample_len)
-        per_token = {"adv": p.adv, "w": w}
-        if p.old_logp is not None:  # None: the params that sampled are these, old = log p (`first_step_is_on_policy`)
-            per_token["old"] = p.old_logp
+        per_token = {"old": p.old_logp, "adv": p.adv, "w": w}
         if loss_cfg.kl_coef:
             per_token["ref"] = p.ref_logp
         if p.is_weight is not None:
@@ -211,17 +209,15 @@ def update_steps(graphdef, tx, loss_cfg: LossConfig, chunk: int, how: SampledFro
             # first, so they take one more (forward-only) pass of the head
             now = token_logprobs(jax.lax.stop_gradient(states), jax.lax.stop_gradient(head), p.target, chunk,
                                  **sampling)[0]
-            seq_log_ratio = sequence_log_ratio(now - p.old_logp, p.sample, p.scored)
+            seq_log_ratio = sequence_log_ratio(now - resolved_old(p.old_logp, now), p.sample, p.scored)
             per_token["seq_f"], per_token["seq_df"] = sequence_terms(loss_cfg, seq_log_ratio, p.adv)
         loss, (logp, ent) = fused_head_loss(
             states, head, p.target, per_token, lambda lp, en, x: token_loss_terms(loss_cfg, lp, en, x), chunk,
             head_grad=train_head, **sampling)
-        old = jax.lax.stop_gradient(logp) if p.old_logp is None else p.old_logp
+        old = resolved_old(p.old_logp, logp)
         _, metrics = weighted_policy_loss(loss_cfg, w, logp, old, p.adv, p.ref_logp, ent,  # diagnostics
                                           p.is_weight, seq_log_ratio)
-        if p.old_logp is None:  # the old log-probs no other pass computed, for the sampler's gap (train/pending.py)
-            metrics["old_logp"] = jax.lax.stop_gradient(logp)
-        return loss, dict(metrics, loss=loss)
+        return loss, dict(metrics, loss=loss, old_logp=old)  # old_logp: for the sampler's gap (train/pending.py)
 
     @functools.partial(jax.jit, donate_argnums=0, compiler_options=options)  # the old state's buffers: the new one's
     def update_fn(state: TrainState, batch: Packed, frozen):

@@ -172,8 +172,10 @@ def test_packed_update_equals_unshared_rows(tiny, cfg):
     fresh = lambda: init_state(jax.tree.map(jnp.copy, params), tx)
     s_rows, m_rows = update(fresh(), rows)
     s_packed, m_packed = update(fresh(), packed)
-    for k in m_rows:
+    for k in set(m_rows) - {"old_logp"}:  # old_logp is per token, in each layout's own: checked on its own
         np.testing.assert_allclose(m_packed[k], m_rows[k], rtol=2e-5, atol=1e-7, err_msg=k)
+    scored = out.packed.scored
+    np.testing.assert_array_equal(np.asarray(m_packed["old_logp"])[scored], np.asarray(slots(old))[scored])
     assert float(m_rows["grad_norm"]) > 0
     for a, b in zip(jax.tree.leaves(s_rows.params), jax.tree.leaves(s_packed.params)):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
@@ -189,3 +191,30 @@ def test_fine_buckets_bound_padding_and_shapes(per_octave):
             assert size - n < n / per_octave, (n, size)
     for octave in range(7, 12):  # sizes in (2^octave, 2^(octave+1)]
         assert len({s for n, s in enumerate(sizes, start=1) if 2 ** octave < n <= 2 ** (octave + 1)}) == per_octave
+
+
+def test_a_first_step_that_takes_its_own_old_logprobs_equals_one_given_them(tiny):
+    """OWN_OLD_LOGP in place of the old log-probs (the first optimizer step on its own samples): the
+    loss, metrics and new params of the update given the recomputed ones, without their forward pass;
+    a NaN among given old log-probs still skips the step."""
+    from atgrpo_jax.algo.loss import OWN_OLD_LOGP
+    graphdef, params = tiny
+    mb, _ = minibatch()
+    packed = pack(mb).packed.placed()
+    tx, _ = make_optimizer(base_config().optim, 10)
+    cfg = LossConfig(kl_coef=0.0, entropy_coef=0.01, dual_clip=3.0)
+    logprobs_fn, update = make_update_fns(graphdef, nnx.State({}), tx, cfg, 16)
+    fresh = lambda: init_state(jax.tree.map(jnp.copy, params), tx)
+    recomputed = logprobs_fn(params, packed)
+    s_given, m_given = update(fresh(), packed._replace(old_logp=recomputed))
+    s_own, m_own = update(fresh(), packed._replace(old_logp=jnp.full(recomputed.shape, OWN_OLD_LOGP)))
+    scored = np.asarray(packed.scored)
+    np.testing.assert_allclose(np.asarray(m_own["old_logp"])[scored], np.asarray(recomputed)[scored], atol=1e-6)
+    for k in set(m_given) - {"old_logp"}:
+        np.testing.assert_allclose(m_own[k], m_given[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    assert float(m_own["ratio_mean"]) == pytest.approx(1.0, abs=1e-6) and float(m_own["clip_frac"]) == 0
+    assert float(m_own["grad_norm"]) > 0 and float(m_own["skipped"]) == 0
+    for a, b in zip(jax.tree.leaves(s_given.params), jax.tree.leaves(s_own.params)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+    _, m_nan = update(fresh(), packed._replace(old_logp=recomputed.at[0, 0].set(jnp.nan)))
+    assert float(m_nan["skipped"]) == 1

@@ -256,7 +256,11 @@ def test_old_logprobs_include_the_repetition_penalty():
         assert np.abs(np.asarray(policy.logprobs(unpenalized.placed())) - mb.sampler_logp)[scored].mean() > 0.01
         assert np.abs(np.asarray(policy.logprobs(plain.placed())) - mb.sampler_logp)[scored].mean() > 0.05
     assert shared > 0  # rows held several samples of one prompt: each saw its own response only
+    calls, recompute = [], policy.logprobs
+    policy.logprobs = lambda *a: calls.append(a) or recompute(*a)
     assert finish_update(start_update(run, policy, batch))["logprob_gap"] < 1e-4
+    # the first mini-batch's old log-probs came out of its own update (train/pending.py:first_step_is_on_policy)
+    assert len(calls) == len(packed_minibatches(run, policy, batch)) - 1 >= 1
 
 
 def test_decode_slots_sample_what_all_rows_at_once_do(run):
