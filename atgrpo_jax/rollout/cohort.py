@@ -80,6 +80,18 @@ class Cohort:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReferenceTree:
+    """Two behaviours of the reference's tree engine (docs/paper.md, "Recipes", X3), off by default.
+    shared_later_reward: a turn's later agents are scored on copies of the branch selected for its first
+    agent, so their K samples share that branch's reward (a group with no variance) and the episode
+    continues from it. drop_after_done: in a turn whose selected branch ends the episode, the samples of
+    the agents after the first are dropped (the reference breaks out of its loop before recording them)."""
+
+    shared_later_reward: bool = False
+    drop_after_done: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Stages:
     """What every stage needs (the same for every cohort of a step)."""
 
@@ -93,6 +105,7 @@ class Stages:
     # per agent: the optimizer step of the weights its policy samples with (recorded with each stage;
     # empty: not known). A rollout run in parts (InFlight) changes it between parts.
     versions: tuple[int, ...] = ()
+    reference_tree: ReferenceTree = ReferenceTree()
 
     def start(self, task_ids: np.ndarray, split: str, rows: np.ndarray) -> Cohort:
         return Cohort(rows, self.workflow.reset(task_ids[rows], split), np.zeros(len(rows), np.int32))
@@ -124,7 +137,13 @@ class Stages:
             reward = checked_rewards(local + np.float32(self.alpha) * team, live, k, where("combined"), tasks)
         mask = np.repeat(live[:, None], k, axis=1)
         best = np.argmax(np.where(mask, reward, -np.inf), axis=1)
+        quirks = self.reference_tree
+        if req.agent > 0 and quirks.shared_later_reward:  # every branch is a copy of the first agent's pick
+            best = next(r.best for r in reversed(c.records) if r.turn == req.turn and r.agent == 0)
+            local, team, reward = (np.repeat(x[np.arange(b), best][:, None], k, axis=1) for x in (local, team, reward))
         c.state = _where_live(live, take_branch(step.state, best), c.state)
+        if req.agent > 0 and quirks.drop_after_done:
+            mask &= ~np.asarray(self.workflow.done(c.state), bool)[:, None]
         parsed_as = step.parsed_as if step.parsed_as is not None else np.full((b, k), "", object)
         c.records.append(Record(req.turn, req.agent, *right_padded(req.prompts), out, reward, local, team,
                                 parsed_as, mask, best, self.versions[req.agent] if self.versions else -1))

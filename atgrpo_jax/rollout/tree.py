@@ -20,7 +20,7 @@ import numpy as np
 
 from atgrpo_jax.envs.text_state import obj_array
 from atgrpo_jax.envs.workflow import Workflow
-from atgrpo_jax.rollout.cohort import Record, Stages, combine, run_sync
+from atgrpo_jax.rollout.cohort import Record, ReferenceTree, Stages, combine, run_sync
 from atgrpo_jax.rollout.dispatch import Running, Schedule, run_async, run_watched, split_cohorts  # noqa: F401
 from atgrpo_jax.rollout.samples import SampleOut, Samples, concat
 from atgrpo_jax.rollout.section import PLAIN_GROUPINGS
@@ -116,24 +116,26 @@ def _record_samples(r: Record, k: int, streams: np.ndarray) -> Samples:
 
 def tree_rollout(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
                  split: str, *, k: int, max_turns: int, alpha: float, key: jax.Array, first_task: int = 0,
-                 schedule: Schedule | None = None):
+                 schedule: Schedule | None = None, reference_tree: ReferenceTree = ReferenceTree()):
     """AT-GRPO tree sampling: groups (task, agent, turn) of exactly K samples.
 
     Samples.task is a task's position in the step's task list: `first_task` + i
-    for task_ids[i] (a process rolling out a slice passes where it starts)."""
+    for task_ids[i] (a process rolling out a slice passes where it starts). reference_tree: the
+    reference engine's behaviours to reproduce (cohort.ReferenceTree)."""
     return begin_tree(workflow, sample_fn, encode, task_ids, split, k=k, max_turns=max_turns, alpha=alpha, key=key,
-                      first_task=first_task, schedule=schedule).run()
+                      first_task=first_task, schedule=schedule, reference_tree=reference_tree).run()
 
 
 def begin_tree(workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int], split: str, *,
                k: int, max_turns: int, alpha: float, key: jax.Array, first_task: int = 0,
-               schedule: Schedule | None = None) -> InFlight:
+               schedule: Schedule | None = None, reference_tree: ReferenceTree = ReferenceTree()) -> InFlight:
     """`tree_rollout`, not yet run (InFlight.run, or advance in parts, then result)."""
     streams = first_task + np.arange(len(task_ids))
     as_samples = lambda records: concat([_record_samples(r, k, streams) for r in records]) \
         if records else Samples.empty(k)  # noqa: E731
     # (a pool's early samples in the order merge_rollouts gives the whole step's)
-    stages = Stages(workflow, encode, k, max_turns, alpha, key, streams)  # streams: see cohort.prompt_keys
+    stages = Stages(workflow, encode, k, max_turns, alpha, key, streams,  # streams: see cohort.prompt_keys
+                    reference_tree=reference_tree)
 
     def post(records, success, turns):
         samples = as_samples(records)
@@ -205,6 +207,7 @@ class TreeRollout:
     """AT-GRPO's tree sampling (`tree_rollout`): one prompt per task and stage, K branches."""
 
     k: int
+    reference_tree: ReferenceTree = ReferenceTree()
 
     def prompts(self, tasks: int) -> int:
         """The most prompts one sample call gets for `tasks` tasks."""
@@ -212,11 +215,13 @@ class TreeRollout:
 
     def __call__(self, workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int],
                  split: str, **kw):
-        return tree_rollout(workflow, sample_fn, encode, task_ids, split, k=self.k, **kw)
+        return tree_rollout(workflow, sample_fn, encode, task_ids, split, k=self.k, reference_tree=self.reference_tree,
+                            **kw)
 
     def begin(self, workflow: Workflow, sample_fn: SampleFn, encode: Callable, task_ids: Sequence[int], split: str,
               **kw) -> InFlight:
-        return begin_tree(workflow, sample_fn, encode, task_ids, split, k=self.k, **kw)
+        return begin_tree(workflow, sample_fn, encode, task_ids, split, k=self.k, reference_tree=self.reference_tree,
+                          **kw)
 
 
 @dataclasses.dataclass(frozen=True)

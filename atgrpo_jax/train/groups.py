@@ -49,6 +49,27 @@ def step_rewards(run: Run, samples) -> tuple[jax.Array, jax.Array]:
     return jnp.asarray(samples.reward) + penalty, jnp.asarray(samples.mask)
 
 
+def lumped_ids(samples, k: int) -> np.ndarray:
+    """[G] the reference's group of each tree group: one per (task // k, agent, turn), as its key divides
+    the task index by K once more than it should (docs/paper.md, "Recipes", X3), numbered from 0."""
+    keys = np.stack([np.asarray(samples.task) // k, samples.agent, samples.turn], axis=1)
+    return np.unique(keys, axis=0, return_inverse=True)[1].ravel()
+
+
+def lump(values: np.ndarray, ids: np.ndarray, fill=0) -> tuple[np.ndarray, np.ndarray]:
+    """[G, K] rows joined per id into [M, W] (W: the most rows of one id x K; `fill` beyond), and the
+    [G, K] flat index of each entry into [M, W] (to scatter a lumped result back)."""
+    g, k = values.shape
+    slot = np.zeros(g, np.int64)
+    for i in range(g):  # the row's place among its id's rows, in group order
+        slot[i] = np.count_nonzero(ids[:i] == ids[i])
+    width = (int(slot.max()) + 1 if g else 1) * k
+    out = np.full((int(ids.max()) + 1 if g else 0, width), fill, dtype=values.dtype)
+    where = (ids[:, None] * width + slot[:, None] * k + np.arange(k)[None]).astype(np.int64)
+    out.reshape(-1)[where.ravel()] = values.ravel()
+    return out, where
+
+
 def score_groups(run: Run, samples, step: int, chosen: np.ndarray | None = None) -> Groups:
     """Advantages and filters of step `step`'s `samples` (all of them, or those of some policies alone:
     each group's figures, and the filters ranking within a policy or an agent, depend on its own scope
@@ -56,6 +77,8 @@ def score_groups(run: Run, samples, step: int, chosen: np.ndarray | None = None)
     chosen [G] bool: the groups dynamic sampling picked; the others are neither kept nor ranked."""
     c = run.config
     rewards, mask = step_rewards(run, samples)
+    if c.reference.lumped_groups and c.rollout.tree and samples.num_groups:
+        return _lumped_scores(run, samples, step, rewards, mask, chosen)
     adv = np.array(group_advantages(rewards, mask, c.algo.advantage))  # (a copy: written below)
     for name, estimator in c.algo.role_advantage.items():  # a group of one agent: that agent's estimator
         mine = samples.agent == [a.name for a in run.workflow.agents].index(name)
@@ -73,6 +96,33 @@ def score_groups(run: Run, samples, step: int, chosen: np.ndarray | None = None)
     if c.algo.drop_overlong:
         trained &= samples.response_len < budgets(run, samples)
     return Groups(adv, keep, trained)
+
+
+def _lumped_scores(run: Run, samples, step: int, rewards, mask, chosen) -> Groups:
+    """`score_groups` over the reference's lumped groups (`lumped_ids`): each lumped group's advantages
+    and filter verdict given back to every one of its rows."""
+    c = run.config
+    ids = lumped_ids(samples, c.rollout.k)
+    live = np.asarray(mask) if chosen is None else np.asarray(mask) & np.asarray(chosen)[:, None]
+    joined, where = lump(np.asarray(rewards, np.float32), ids)
+    joined_mask, _ = lump(np.asarray(mask, bool), ids, False)
+    joined_live, _ = lump(live, ids, False)
+    adv = np.array(group_advantages(jnp.asarray(joined), jnp.asarray(joined_mask), c.algo.advantage))
+    first = np.array([np.flatnonzero(ids == i)[0] for i in range(joined.shape[0])])
+    for name, estimator in c.algo.role_advantage.items():  # a lumped group is of one agent too
+        mine = samples.agent[first] == [a.name for a in run.workflow.agents].index(name)
+        if estimator != c.algo.advantage and mine.any():
+            adv[mine] = np.asarray(group_advantages(jnp.asarray(joined[mine]), jnp.asarray(joined_mask[mine]),
+                                                    estimator))
+    scope = {"policy": run.policy_of_agent[samples.agent[first]], "agent": samples.agent[first],
+             "batch": None}[c.algo.filter_scope]
+    keep = np.asarray(group_filter(jnp.asarray(joined), jnp.asarray(joined_live), c.algo.drop_low_mean_frac,
+                                   c.algo.drop_zero_variance, scope))[ids]
+    trains = np.array(trained_agents(c, [a.name for a in run.workflow.agents], step))
+    trained = keep[:, None] & trains[samples.sample_agent]
+    if c.algo.drop_overlong:
+        trained &= samples.response_len < budgets(run, samples)
+    return Groups(adv.reshape(-1)[where], keep, trained)
 
 
 def batch_of(run: Run, step: int, samples, groups: Groups, policy: int) -> PolicyBatch | None:

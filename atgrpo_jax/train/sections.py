@@ -109,6 +109,15 @@ class ReferenceSettings(Section):
                                                 "LoRA), rollouts and evaluation sample from the frozen base "
                                                 "weights, the adapter only scoring and training: the reference's "
                                                 "requests never name its adapter (row L)")
+    shared_later_reward: bool | None = key(None, "tree sampling: a turn's later agents are scored on copies of the "
+                                           "branch selected for its first agent, so their K samples share one "
+                                           "reward (a group with no variance) and the episode goes on from that "
+                                           "branch (X3)")
+    drop_after_done: bool | None = key(None, "tree sampling: in a turn whose selected branch ends the episode, "
+                                       "the samples of the agents after the first are dropped (X3)")
+    lumped_groups: bool | None = key(None, "tree sampling: advantages and filters see one group per (K "
+                                     "consecutive tasks, agent, turn), the reference's key dividing the task "
+                                     "index by K once too often (X3)")
 
 
 @dataclasses.dataclass(frozen=True)

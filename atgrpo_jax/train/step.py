@@ -20,6 +20,7 @@ import numpy as np
 from atgrpo_jax.algo.advantages import first_informative, group_filter
 from atgrpo_jax.distributed import gather_objects, task_slice
 from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE
+from atgrpo_jax.rollout.cohort import ReferenceTree
 from atgrpo_jax.rollout.router import make_sample_fn
 from atgrpo_jax.rollout.tree import InFlight, PlainRollout, Schedule, TreeRollout, merge_rollouts
 from atgrpo_jax.train.groups import Groups, batch_of, group_policies, score_groups, step_rewards
@@ -109,7 +110,8 @@ def begin_step_rollout(run: Run, step: int, tracer: Tracer | None = None, finish
     key = jax.random.fold_in(jax.random.key(c.train.seed), step)
     if round_:
         key = jax.random.fold_in(key, round_)
-    strategy = TreeRollout(r.k) if r.tree else PlainRollout(r.k, r.plain_grouping)
+    quirks = ReferenceTree(c.reference.shared_later_reward, c.reference.drop_after_done)  # the reference's engine
+    strategy = TreeRollout(r.k, quirks) if r.tree else PlainRollout(r.k, r.plain_grouping)
     tasks = step * TRAIN_TASK_STRIDE + round_ * r.num_tasks + np.arange(r.num_tasks)
     return begin_rollout(run, strategy, tasks, "train", None, key, tracer, finished=finished)
 
