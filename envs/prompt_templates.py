@@ -61,9 +61,12 @@ class Prompts:
 
 
     def chat(self, system: str, user: str, **values) -> list[dict[str, str]]:
-        """The two messages of a prompt: template `<system>.system.j2` (filled with `values`), then `user`."""
-        return [{"role": "system", "content": self.render(f"{system}.system.j2", **values)},
-                {"role": "user", "content": user}]
+        """The messages of a prompt: template `<system>.system.j2` (filled with `values`), then `user`; a
+        system template that renders to blank space gives no system message (the reference's prompts are one
+        user message, docs/paper.md "Recipes", row 12)."""
+        content = self.render(f"{system}.system.j2", **values)
+        head = [{"role": "system", "content": content}] if content.strip() else []
+        return head + [{"role": "user", "content": user}]
 
 
 def copy_shipped(out: str) -> list[str]:

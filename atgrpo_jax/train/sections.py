@@ -94,8 +94,8 @@ class ReferenceSettings(Section):
     logprobs_at_t1: bool | None = key(None, "score old and new log-probs at temperature 1 with no top-k, top-p or "
                                       "repetition penalty, whatever the tokens were drawn from (row 6)")
     lora_on_shared: bool | None = key(None, 'a "shared" policy trains one LoRA adapter (lora.rank 16, lora.alpha '
-                                      "32) on the frozen model, as the reference's YAML asks; its official game "
-                                      "scripts set rank 0 and train it whole (row 9)")
+                                      "32) on the frozen model, as the reference's YAML and its AT-GRPO Sokoban "
+                                      "script ask; two of its game scripts set rank 0 and train it whole (row 9)")
     unshuffled_minibatches: bool | None = key(None, "mini-batches take the step's groups in the order they were "
                                               "collected, not shuffled (row 15)")
     shared_scheduler: bool | None = key(None, "with one LoRA adapter per agent (L2), every agent's update steps "

@@ -52,3 +52,13 @@ def test_bad_templates_are_named_with_what_is_wrong(tmp_path):
         prompts.render("handoff.j2", code="x", output="", actions="")
     with pytest.raises(ValueError, match="is not a directory"):
         Prompts("grid", str(tmp_path / "missing"))
+
+
+def test_a_blank_system_template_gives_one_user_message(tmp_path):
+    """The reference's prompts are one user message: a directory of its texts blanks the system templates."""
+    (tmp_path / "math").mkdir()
+    (tmp_path / "math" / "reasoner.system.j2").write_text("{# none: the reference sends no system message #}\n")
+    wf = math(prompt_dir=str(tmp_path))
+    state = wf.reset([0], "aime24")
+    assert [m["role"] for m in wf.prompts(state, 0, 0)[0]] == ["user"]
+    assert [m["role"] for m in math().prompts(state, 0, 0)[0]] == ["system", "user"]  # the shipped one
