@@ -158,6 +158,20 @@ def test_row_10_the_reasoners_reward_under_both_recipes():
     assert got["reference", True] == [1.0] * 6  # the one switch back
 
 
+def test_row_11_a_failing_programs_traceback_is_parsed_for_an_answer_under_the_reference():
+    """The reference parses a failing program's "error: ..." output like any other: a traceback's "line 3"
+    verifies against a ground truth of 3."""
+    program = '```python\nx = 1\ny = 2\nraise ValueError("no")\n```'
+    rewards = {}
+    for recipe in RECIPES:
+        wf = MathWorkflow(test_sets=("aime24",), limits=FAST, max_workers=2, recipe=recipe)
+        state = wf.reset([0], "aime24")
+        state["reference"][0] = "3"
+        out = wf.step(state, 1, 0, [[program]])  # agent 1: the tool agent (the reasoner goes first)
+        rewards[recipe] = (float(out.local_reward[0, 0]), str(out.state["tool_answer"][0, 0]))
+    assert rewards == {"paper": (-1.0, ""), "reference": (1.0, "3")}
+
+
 # ---------------------------------------------------------------- row 13: the code evaluation set
 
 
