@@ -24,6 +24,8 @@ from atgrpo_jax.registry import closest
 
 # A field's check: (predicate, message); the message is formatted with the value (`{value!r}`).
 Check = tuple[Callable[[Any], bool], str]
+FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
+
 positive: Check = (lambda v: v > 0, "must be > 0, got {value!r}")
 non_negative: Check = (lambda v: v >= 0, "must be >= 0, got {value!r}")
 
@@ -144,6 +146,8 @@ class Section:
             self.require(isinstance(value, (int, float)) and not isinstance(value, bool), name,
                          f"must be a number, got {value!r}")
             self.require(math.isfinite(value), name, f"must be a finite number, got {value}")
+            self.require(abs(value) <= FLOAT32_MAX, name, f"must be a finite float32 number (at most "
+                         f"{FLOAT32_MAX:.4g} in size: the arrays it meets are float32), got {value:g}")
             return float(value)
         elif kind is str:
             self.require(isinstance(value, str), name, f"must be a string, got {value!r}")

@@ -132,6 +132,13 @@ def write_bytes(path, data: bytes):
 CONFIG_FILE = "config.json"
 
 
+def tree_bytes(path: str) -> int:
+    """The bytes of the files under a local `path` (a file: its size)."""
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+
+
 def check_workdir(workdir: str):
     """A clear error for a workdir that cannot be one (checked before anything is written)."""
     if exists(workdir) and not isdir(workdir):
@@ -174,11 +181,16 @@ def checkpoint_dir(workdir: str) -> str:
 
 
 def write_config(config, workdir: str, *, keep_as: str = ""):
-    """Write the run's config.json (an existing one is first copied to `keep_as`, if given)."""
+    """Write the run's config.json (an existing one is first copied to `keep_as`, if given; to
+    `keep_as` with -2, -3... added when that exists: a record of an earlier change is never overwritten)."""
     makedirs(workdir)
     path = join(workdir, CONFIG_FILE)
     if keep_as and exists(path):
-        write_text(join(workdir, keep_as), as_epath(path).read_text())
+        stem, dot, ext = keep_as.rpartition(".")
+        name, n = keep_as, 2
+        while exists(join(workdir, name)):
+            name, n = f"{stem}-{n}{dot}{ext}", n + 1
+        write_text(join(workdir, name), as_epath(path).read_text())
     write_text(path, json.dumps(config.to_dict(), indent=2, default=str))  # a Config or a ConfigDict
 
 

@@ -16,7 +16,8 @@ def exit_and_stderr(main, argv, capsys) -> tuple[int, list[str]]:
     flag = lambda name, default=None: types.SimpleNamespace(value=values.get(name, default))  # noqa: E731
     f = types.SimpleNamespace(config=flag("config"), workdir=flag("workdir"),
                               allow_config_change=flag("allow_config_change", False),
-                              fresh_if_unreadable=flag("fresh_if_unreadable", False))
+                              fresh_if_unreadable=flag("fresh_if_unreadable", False),
+                              new_history=flag("new_history", False))
     with pytest.raises(SystemExit) as stop:
         with cli.fail():
             main(f, overrides)

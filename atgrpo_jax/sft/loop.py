@@ -29,7 +29,7 @@ from atgrpo_jax.train import checkpoint, compile_cache
 from atgrpo_jax.train.config import RESUMABLE, SHARINGS
 from atgrpo_jax.train.policies import Policy, PolicySpec, build_policies, on_mesh
 from atgrpo_jax.train.progress import say
-from atgrpo_jax.train.resume import restore_or_start
+from atgrpo_jax.train.resume import has_checkpoints, restore_or_start
 from atgrpo_jax.train.setup import make_tokenizer, starting_model
 from atgrpo_jax.train.start import check_before_writing, check_resume, held, open_outputs
 from atgrpo_jax.train.stops import Saver, diverged_stop, ending_in_one_line
@@ -114,7 +114,8 @@ def sft_step(run: SftRun, step: int, cursor: data.Cursor) -> tuple[dict, data.Cu
     return dict(metrics, lr=run.lr_schedule(step), epoch=after.epoch + after.index / len(run.train), **counts), after
 
 
-def run_sft(config, workdir: str, *, allow_config_change: bool = False, fresh_if_unreadable: bool = False) -> dict:
+def run_sft(config, workdir: str, *, allow_config_change: bool = False, fresh_if_unreadable: bool = False,
+            new_history: bool = False) -> dict:
     """Train on config.sft.train_path (resuming from workdir's newest checkpoint); returns the last metrics.
     Every error in the config or the data is raised before the workdir is touched."""
     config = validate_sft(config)
@@ -126,14 +127,16 @@ def run_sft(config, workdir: str, *, allow_config_change: bool = False, fresh_if
     train = data.load_examples(config.sft.train_path, tokenizer, thinking)
     valid = data.load_examples(config.sft.valid_path, tokenizer, thinking) if config.sft.valid_path else []
     with held(workdir) as stop:
-        return _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if_unreadable, stop)
+        return _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if_unreadable, stop,
+                    new_history)
 
 
-def _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if_unreadable, stop) -> dict:
+def _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if_unreadable, stop,
+         new_history=False) -> dict:
     t, s = config.train, config.sft
     lead = jax.process_index() == 0
     ckpt_dir = wd.checkpoint_dir(workdir)
-    resumed = bool(wd.exists(ckpt_dir))
+    resumed = has_checkpoints(workdir)
     changed = check_resume(config, workdir, allow_config_change, SFT_RESUMABLE) if resumed else {}
     compile_cache.enable(t.compile_cache, workdir)
     say(f"building the model: {len(train)} training sequences, {len(valid)} held out", lead)
@@ -148,7 +151,7 @@ def _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if
     ckpt = checkpoint.Checkpointer(ckpt_dir, keep_last=t.keep_last, best_metric=best, best_mode="min")
     steps = {"train.steps": changed["sft.steps"]} if "sft.steps" in changed else {}  # what the schedule spans
     writer, bar = open_outputs(config, workdir, lead, start, changed, steps, states is not None, s.steps,
-                               ("loss", "valid_loss", "grad_norm", "skipped"))
+                               ("loss", "valid_loss", "grad_norm", "skipped"), new_history)
     cursor = data.Cursor()
     for _ in range(start):  # the stream up to the checkpoint: what the steps before it trained on
         _, cursor = data.plan_step(run.lengths, cursor, s.rows, s.row_tokens, t.seed)

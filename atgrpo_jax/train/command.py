@@ -16,7 +16,7 @@ from atgrpo_jax.train.progress import say
 
 def workdir_main(name: str, runner: str, not_read: dict[str, str] | None = None):
     """`main(f, overrides)` of the command `name`; `runner` ("module:function") takes (config, workdir,
-    allow_config_change=, fresh_if_unreadable=). not_read: a key (or a "section." prefix) the command
+    allow_config_change=, fresh_if_unreadable=, new_history=). not_read: a key (or a "section." prefix) the command
     ignores -> what it reads instead; giving one is an error saying so, before any work."""
     def main(f, overrides=()):
         """The command (run by `cli.command`: flags parsed, errors as one line)."""
@@ -32,7 +32,7 @@ def workdir_main(name: str, runner: str, not_read: dict[str, str] | None = None)
         module, function = runner.split(":")
         run = getattr(importlib.import_module(module), function)
         run(config, f.workdir.value, allow_config_change=f.allow_config_change.value,
-            fresh_if_unreadable=f.fresh_if_unreadable.value)
+            fresh_if_unreadable=f.fresh_if_unreadable.value, new_history=f.new_history.value)
     return main
 
 
@@ -49,5 +49,8 @@ def workdir_flags(config_help: str = ""):
                                                   "config.step<N>.json)"),
             fresh_if_unreadable=flags.DEFINE_bool("fresh_if_unreadable", False, "when no checkpoint of the workdir "
                                                   "restores, start again from step 0 (they are moved to "
-                                                  "checkpoints.unreadable/) instead of stopping"))
+                                                  "checkpoints.unreadable/) instead of stopping"),
+            new_history=flags.DEFINE_bool("new_history", False, "resume even when metrics.jsonl is missing or "
+                                          "damaged: start a new one (the damaged one kept beside it, with a note "
+                                          "saying where the new one begins) instead of stopping"))
     return define

@@ -26,7 +26,6 @@ from atgrpo_jax.train.episodes import as_markdown, training_records
 from atgrpo_jax.train.heldout import evaluation
 from atgrpo_jax.train.hooks import Hook, StepInfo, run_hooks
 from atgrpo_jax.train.metrics import EPISODES_FILE, last_logged
-from atgrpo_jax.train.prefetch import Prefetch
 from atgrpo_jax.train.progress import say
 from atgrpo_jax.train.start import Opened, check_before_writing, held, open_run
 from atgrpo_jax.train.step import policy_states, train_step
@@ -43,33 +42,34 @@ def pool_busy(tracer: Tracer, run, seconds: float) -> dict:
 
 
 def run_training(config, workdir: str, *, allow_config_change: bool = False,
-                 fresh_if_unreadable: bool = False, print_result: bool = True, callbacks=()) -> dict:
+                 fresh_if_unreadable: bool = False, print_result: bool = True, callbacks=(),
+                 new_history: bool = False) -> dict:
     """Train (resuming from workdir's newest checkpoint that restores); returns the last metrics, and
     prints their evaluation part as a JSON line last (the command's result; print_result=False: the
     Python API, which returns it). callbacks: objects with any of TRL's `on_step_end`, `on_evaluate`,
     `on_save` methods, each called as method(step, metrics) on the lead process (hooks.user_hooks).
 
     Stops early with cli.RunStopped (one line, an exit code) on SIGTERM/SIGINT (after saving the
-    last completed step), on divergence, and when a checkpoint cannot be saved."""
+    last completed step), on divergence, and when a checkpoint cannot be saved. new_history: resume even
+    when metrics.jsonl is missing or damaged, in a new file (history.check_history)."""
     config = resolve(config)  # every config error before anything is written or compiled
     check_before_writing(config, workdir)
     with held(workdir) as stop:
-        return _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, print_result, callbacks)
+        return _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, print_result, callbacks,
+                      new_history)
 
 
-def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, print_result=True, callbacks=()) -> dict:
+def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, print_result=True, callbacks=(),
+           new_history=False) -> dict:
     t = config.train
     lead = jax.process_index() == 0
-    o = open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, lead)
+    o = open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, lead, new_history)
     run, start, ckpt, writer, bar = o.run, o.start, o.ckpt, o.writer, o.bar
     began = time.time()
     last: dict = {}
     step = start
     health = guard.Health([p.name for p in run.policies], t.max_skipped_updates)
-    # the next rollouts, made during an update
-    prefetch = Prefetch(run, t.steps, config.system.staleness) if config.system.staleness else None
-    if prefetch is not None and o.states is not None:
-        prefetch.restore(ckpt, start, o.meta)
+    prefetch = o.prefetch
 
     def contents(step):  # with staleness, the weights the rollouts in flight sampled with: a resume redoes them
         extra, behind = prefetch.checkpoint_extra() if prefetch is not None else (None, {})

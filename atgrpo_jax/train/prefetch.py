@@ -132,23 +132,30 @@ class Prefetch:
         params = {f"{name}@{s}": snap.params for s, snaps in self.held.items() for name, snap in snaps.items()}
         steps = {f"{name}@{s}": snap.step for s, snaps in self.held.items() for name, snap in snaps.items()}
         parts = {str(r): list(entry[1]) for r, entry in self.flight.items()}
-        return params, {"ahead": {"parts": parts, "steps": steps}}
+        return params, {"ahead": {"parts": parts, "steps": steps, "staleness": self.n}}
 
-    def restore(self, ckpt, start: int, meta: dict) -> None:
+    def same_staleness(self, ahead: dict, start: int) -> bool:
+        """Whether the rollouts in flight a checkpoint of `start` keeps (`ahead`) were cut into this run's
+        parts (a resume may change system.staleness: then they are not made again)."""
+        if "staleness" in ahead:
+            return int(ahead["staleness"]) == self.n
+        return all(len(parts) <= self.n and int(r) <= start + self.n for r, parts in ahead["parts"].items())
+
+    def restore(self, ckpt, start: int, meta: dict) -> bool:
         """On resume at `start`: the rollouts in flight then were made (in part) with weights the
         checkpoint keeps, so the same parts are made again and the resumed run equals an uninterrupted
         one. Without them (saved at a run's last step, or by a run of another staleness) step start + 1
-        samples on-policy."""
+        samples on-policy. Returns whether they were made again."""
         if not self.covers(start + 1):
-            return
+            return False
         ahead = meta.get("ahead")
-        if not ahead:
-            return
+        if not ahead or not self.same_staleness(ahead, start):
+            return False
         by_name = {p.name: p for p in self.run.policies}
         template = {key: by_name[key.split("@")[0]].state.params for key in ahead["steps"]}  # "name@step"
         saved = ckpt.restore_extra(start, template)
         if saved is None or set(saved) != set(template):
-            return
+            return False
         for key, params in saved.items():
             name, s = key.split("@")
             self.held.setdefault(int(s), {})[name] = Snapshot(params, int(ahead["steps"][key]))
@@ -157,3 +164,4 @@ class Prefetch:
             for during in parts:
                 with self._sampling(during):
                     self._parts(r, 1, during, Tracer())
+        return True

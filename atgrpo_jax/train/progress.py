@@ -37,7 +37,7 @@ class ProgressBar:
     a pipe) a plain line is printed every `print_every` steps and at the last
     step. `start_step` is where this process started (after a resume); the ETA
     uses only the steps timed here after the first one (which compiled). `keys` are the metric names shown when
-    present; a name is displayed by its last `/` component.
+    present, each a name (displayed by its last `/` component) or a (name, label) pair.
     """
 
     def __init__(self, total_steps: int, *, enabled: bool = True, start_step: int = 0,
@@ -66,7 +66,10 @@ class ProgressBar:
         eta = _hms((self.total - step) * (now - self._first[1]) / done) if done > 0 else "?"
         pct = 100.0 * step / self.total if self.total else 100.0
         parts = [f"step {step}/{self.total} [{pct:3.0f}%]"]
-        parts += [f"{k.rsplit('/', 1)[-1]} {_short(metrics[k])}" for k in self.keys if k in metrics]
+        for k in self.keys:
+            key, label = (k, k.rsplit("/", 1)[-1]) if isinstance(k, str) else k
+            if key in metrics:
+                parts.append(f"{label} {_short(metrics[key])}")
         return "  ".join(parts) + f"  | {_hms(elapsed)} elapsed, ETA {eta}"
 
     def update(self, step: int, metrics: Mapping[str, Any] | None = None):

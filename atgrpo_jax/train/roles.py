@@ -63,6 +63,13 @@ def role_config(config, role: str | None):
     return config.replace(model=model)
 
 
+def model_key(config, role: str | None, key: str) -> str:
+    """Where `role`'s model key `key` (hf_path, init_from) is set: its own policy.role_models entry, else
+    the run's model section (for errors that name it)."""
+    own = config.policy.role_models.get(role) if role is not None else None
+    return f"policy.role_models.{role}.{key}" if own and key in own else f"model.{key}"
+
+
 def _as_role(build: Callable, section: str, where: str):
     """build(), its errors naming the role's keys (`where`) instead of the run's section."""
     try:
@@ -82,6 +89,15 @@ def roles_problem(config, names: Sequence[str], per_agent: bool) -> str | None:
         unknown = [a for a in agents if a not in names]
         if unknown:
             return f"policy.phases[{i}]: {unknown} are not agents ({list(names)}); join several with '+'"
+    frozen = set(p.frozen_agents)
+    if frozen >= set(names):
+        return (f"policy.frozen_agents: every agent ({', '.join(names)}) is frozen, so the run would train nothing; "
+                "leave at least one out")
+    for i, phase in enumerate(p.phases):
+        agents = [a.strip() for a in str(phase).split("+")]
+        if frozen >= set(agents):
+            return (f"policy.phases[{i}]: {'+'.join(agents)} {'is' if len(agents) == 1 else 'are all'} in "
+                    "policy.frozen_agents, so its steps would train nothing; give it an agent that trains")
     for role, keys in p.role_optim.items():
         if role not in names:
             return f"policy.role_optim.{role}: not an agent ({list(names)})"

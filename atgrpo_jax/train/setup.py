@@ -24,10 +24,11 @@ from atgrpo_jax.models.trimmed import is_trimmed, load_trimmed
 from atgrpo_jax.sampling import shard_model
 from atgrpo_jax.sharding import make_mesh, platform_of, sub_meshes
 from atgrpo_jax.train import compile_cache
+from atgrpo_jax.errors import CheckpointError
 from atgrpo_jax.train.config import AgentSampling, ConfigError
 from atgrpo_jax.train.init_from import load_weights
 from atgrpo_jax.train.policies import Policy, PolicySpec, build_policies
-from atgrpo_jax.train.roles import role_config, role_optim, roles_problem, scheduler_turns
+from atgrpo_jax.train.roles import model_key, role_config, role_optim, roles_problem, scheduler_turns
 from atgrpo_jax.train.update import make_optimizer
 from atgrpo_jax.train.validate import resolve
 
@@ -92,12 +93,17 @@ def make_tokenizer(name: str, hf_path: str = "", alphabet: str = ""):
     raise ConfigError(f"config.tokenizer: {name!r} is not 'char', 'qwen3', a checkpoint directory or a hub id")
 
 
-def build_model(config, mesh) -> Qwen3:
+def build_model(config, mesh, hf_key: str = "model.hf_path") -> Qwen3:
+    """config.model's Qwen3 on `mesh`: model.hf_path's weights, else random ones (hf_key: where the path
+    was given, for its errors)."""
     m = config.model
     attention = configured_backend(m.attention, platform_of(mesh), config.optim.share_prompts)
     if m.hf_path:
         expected = get_preset(m.preset) if m.preset else None
-        return load_pretrained(local_model_dir(m.hf_path), mesh=mesh, expected=expected,
+        local = local_model_dir(m.hf_path, hf_key)
+        if not os.path.isdir(local):
+            raise CheckpointError(f"config.{hf_key}={m.hf_path!r}: no such directory (nor a hub id)")
+        return load_pretrained(local, mesh=mesh, expected=expected,
                                expected_name=f"model.preset={m.preset!r}", **run_fields(m, attention))
     return shard_model(Qwen3(model_architecture(m, attention), rngs=nnx.Rngs(m.init_seed)), mesh)
 
@@ -117,19 +123,20 @@ def scoring_of(scored: list[AgentSampling], vocab_limit: int | None) -> SampledF
                        repetition_penalty=any(s.repetition_penalty != 1 for s in scored))
 
 
-def starting_model(config, mesh, init_from: bool = False) -> Qwen3:
+def starting_model(config, mesh, init_from: bool = False, role: str | None = None) -> Qwen3:
     """`build_model`, with `init_from` and config.model.init_from set the weights of that run's newest
-    checkpoint (train/init_from.py): a run's start; a resumed run's checkpoint replaces them anyway."""
-    model = build_model(config, mesh)
+    checkpoint (train/init_from.py): a run's start; a resumed run's checkpoint replaces them anyway.
+    role: the agent whose model this is (`config` is its roles.role_config), for errors naming its keys."""
+    model = build_model(config, mesh, model_key(config, role, "hf_path"))
     if init_from and config.model.init_from:
-        model = load_weights(model, config.model.init_from)
+        model = load_weights(model, config.model.init_from, "config." + model_key(config, role, "init_from"))
     return model
 
 
 def role_model(config, names, i: int, mesh, init_from: bool, first: Qwen3) -> Qwen3:
     """Agent i's starting model (its policy.role_models entry, else the run's model); every role's model has
     the first's embedding rows, as one tokenizer and one sampling distribution serve them all."""
-    model = starting_model(role_config(config, names[i]), mesh, init_from)
+    model = starting_model(role_config(config, names[i]), mesh, init_from, names[i])
     if model.cfg.vocab_size != first.cfg.vocab_size:
         raise ConfigError(f"config.policy.role_models: {names[i]}'s model has {model.cfg.vocab_size} embedding rows, "
                           f"{names[0]}'s {first.cfg.vocab_size}; the roles share one tokenizer, so they must agree")
@@ -178,7 +185,7 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
         local_meshes = [local_mesh(m) if is_multiprocess() else None for m in pools]
     except ValueError as e:
         raise ConfigError(f"config.mesh: {e}") from None
-    base = starting_model(role_config(config, names[0]), pools[0], init_from)
+    base = starting_model(role_config(config, names[0]), pools[0], init_from, names[0])
     if base.cfg.vocab_size < len(tokenizer):
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
     layout = config.policy.routing

@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
+import os
 
 import jax
 
 from atgrpo_jax import workdir as wd
 from atgrpo_jax.distributed import init_distributed
-from atgrpo_jax.errors import ConfigError
+from atgrpo_jax.errors import ConfigError, NotWritable
 from atgrpo_jax.train import checkpoint, guard, setup, wandb_log
 from atgrpo_jax.train.config import RESUMABLE, flat
 from atgrpo_jax.train.heldout import evaluation_splits
+from atgrpo_jax.train.history import check_history
 from atgrpo_jax.train.init_from import source_checkpoint
-from atgrpo_jax.train.lock import WorkdirLock
-from atgrpo_jax.train.metrics import MetricsWriter
+from atgrpo_jax.train.lock import LOCK_FILE, WorkdirLock
+from atgrpo_jax.train.metrics import EPISODES_FILE, METRICS_FILE, TB_DIR, MetricsWriter
+from atgrpo_jax.train.prefetch import Prefetch
 from atgrpo_jax.train.progress import ProgressBar, say
 from atgrpo_jax.train.resume import changes_from_saved, has_checkpoints, restore_or_start
-from atgrpo_jax.train.step import set_policy_states
+from atgrpo_jax.train.step import policy_states, set_policy_states
 from atgrpo_jax.train.update import lr_factor
 
 
@@ -29,12 +33,58 @@ def check_before_writing(config, workdir: str) -> None:
     that which process leads is known before the workdir is touched."""
     wd.require_support(workdir, checkpoints=True)  # a gs:// workdir without its packages fails here
     wd.check_workdir(workdir)
+    check_layout(workdir)
     wd.check_writable(workdir, "--workdir")
     if "wandb" in config.train.loggers and wandb_log.missing():
         raise ConfigError(f"config.train.loggers: 'wandb' needs {wandb_log.missing()}")
-    if config.model.init_from and not has_checkpoints(workdir):
-        source_checkpoint(config.model.init_from)  # a resumed run restores its own checkpoint instead
+    if not has_checkpoints(workdir):  # a resumed run restores its own checkpoint instead
+        for where, source in init_sources(config):
+            source_checkpoint(source, f"config.{where}")
     init_distributed(config.distributed)
+
+
+# What a run keeps in its workdir, and whether each is a folder (True) or a file.
+LAYOUT = {"checkpoints": True, TB_DIR: True, "trace": True, METRICS_FILE: False, EPISODES_FILE: False,
+          wd.CONFIG_FILE: False, LOCK_FILE: False}
+
+
+def check_layout(workdir: str) -> None:
+    """A one-line error for a name in the workdir that is not what the run keeps there (a file named
+    checkpoints, a folder named metrics.jsonl): found before anything is written, not at the first save."""
+    if not wd.isdir(workdir):
+        return
+    for name, folder in LAYOUT.items():
+        path = wd.join(workdir, name)
+        if wd.exists(path) and wd.isdir(path) != folder:
+            raise NotWritable(f"--workdir {workdir}: {name} is a {'file' if folder else 'folder'}, where the run "
+                              f"keeps its {'folder' if folder else 'file'} {name}; move it away, or give another "
+                              "--workdir")
+
+
+def check_room(config, run, workdir: str) -> None:
+    """Room on the workdir's disk for one checkpoint of `run` (its state as built, and as a staleness run
+    also keeps the weights its rollouts in flight sample with), checked at the start, not after the first
+    interval of training."""
+    if not config.train.checkpoint_every:
+        return
+    states = policy_states(run)
+    needed = checkpoint.local_bytes(states)
+    if config.system.staleness:
+        needed += config.system.staleness * checkpoint.local_bytes({n: s.params for n, s in states.items()})
+    directory = wd.checkpoint_dir(workdir)
+    try:  # a killed save's leftovers are deleted before the first save: their room counts as free
+        needed -= sum(wd.tree_bytes(p) for p in glob.glob(os.path.join(directory, "*.orbax-checkpoint-tmp*")))
+        checkpoint.check_free_space(directory, max(needed, 0))
+    except OSError as e:
+        raise NotWritable(f"--workdir {workdir}: no room for a checkpoint ({e.strerror}); free some space or give "
+                          "another --workdir") from None
+
+
+def init_sources(config) -> list[tuple[str, str]]:
+    """(key, run workdir) of each model.init_from a fresh start reads: the run's, and each role's own."""
+    out = [("model.init_from", config.model.init_from)] if config.model.init_from else []
+    return out + [(f"policy.role_models.{role}.init_from", own["init_from"])
+                  for role, own in config.policy.role_models.items() if own.get("init_from")]
 
 
 @contextlib.contextmanager
@@ -72,11 +122,17 @@ def horizon_note(optim, changed: dict, start: int, as_reference_runs: bool = Fal
 
 
 def open_outputs(config, workdir: str, lead: bool, start: int, changed: dict, schedule_changes: dict,
-                 resumed: bool, steps: int, keys: tuple) -> tuple[MetricsWriter, ProgressBar]:
-    """config.json written (the earlier one kept on a change), a resume announced with what changed and what
-    the schedule then spans (`schedule_changes`: {"train.steps": (old, new)} if it moved), and the run's
-    metrics writer and progress bar opened."""
+                 resumed: bool, steps: int, keys: tuple, new_history: bool = False) -> tuple[MetricsWriter, ProgressBar]:
+    """The history checked (a resume continues a whole metrics.jsonl, or with `new_history` a new one:
+    history.check_history), config.json written (the earlier one kept on a change), a resume announced with
+    what changed and what the schedule then spans (`schedule_changes`: {"train.steps": (old, new)} if it
+    moved), and the run's metrics writer and progress bar opened."""
     t = config.train
+    if lead and resumed and start and "jsonl" in t.loggers:
+        saved = wd.saved_config(workdir) or {}
+        note = check_history(workdir, start, saved.get("train", {}).get("log_every", t.log_every), new_history)
+        if note:
+            print(note, flush=True)
     if lead:
         wd.write_config(config, workdir, keep_as=f"config.step{start}.json" if changed and start else "")
         if start:
@@ -102,9 +158,11 @@ class Opened:
     ckpt: checkpoint.Checkpointer
     writer: MetricsWriter
     bar: ProgressBar
+    prefetch: Prefetch | None  # system.staleness >= 1: the rollouts made ahead
 
 
-def open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, lead: bool) -> Opened:
+def open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, lead: bool,
+             new_history: bool = False) -> Opened:
     """Build the run, restore its newest checkpoint that restores (or start fresh), then open its outputs:
     nothing in the workdir changes before a state is in hand (its compilation cache aside)."""
     t = config.train
@@ -116,15 +174,35 @@ def open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, le
     stop.install()  # after jax.distributed.initialize, which takes SIGTERM for itself
     splits = evaluation_splits(run)
     best = "valid_success" if "valid" in splits else "eval_success"  # choose on validation, report test
+    if lead:
+        check_room(config, run, workdir)
     start, states, meta = restore_or_start(config, run, workdir, fresh_if_unreadable, changed)
     if states is not None:
         set_policy_states(run, states)
     elif resumed and config.model.init_from:  # no checkpoint restored after all: a fresh start, from model.init_from
         run = setup.build_run(config, workdir, init_from=True)
     ckpt = checkpoint.Checkpointer(wd.checkpoint_dir(workdir), keep_last=t.keep_last, best_metric=best)
+    # the next rollouts, made during an update; on a resume those in flight are made again before any
+    # output (config.json included) changes, so a resume that fails here leaves the run as it was
+    prefetch = Prefetch(run, t.steps, config.system.staleness) if config.system.staleness else None
+    if prefetch is not None and states is not None:
+        if not prefetch.restore(ckpt, start, meta) and "system.staleness" in changed:
+            say(f"note: the rollouts in flight at step {start} were made under system.staleness="
+                f"{changed['system.staleness'][0]}: step {start + 1} samples with its own weights", lead)
     writer, bar = open_outputs(config, workdir, lead, start, changed, changed, states is not None, t.steps,
-                               ("success", "reward", "loss", "grad_norm", "skipped"))
-    return Opened(run, start, states, meta, splits, ckpt, writer, bar)
+                               console_keys([p.name for p in run.policies]), new_history)
+    return Opened(run, start, states, meta, splits, ckpt, writer, bar, prefetch)
+
+
+def console_keys(policies: list[str]) -> tuple:
+    """What the progress line shows every step: success, the mean reward, and each policy's loss,
+    gradient norm and skipped updates (several policies: labelled by their role)."""
+    per_policy = ("loss", "grad_norm", "skipped")
+    if len(policies) == 1:
+        own = per_policy
+    else:
+        own = tuple((f"{p}/{k}", f"{p.removeprefix('policy_')} {k}") for p in policies for k in per_policy)
+    return (("success", "success"), ("reward_mean", "reward")) + own
 
 
 def run_summary(run) -> str:

@@ -15,7 +15,7 @@ from faults_util import ROOT, assert_no_traceback, in_tmpfs, run, stderr_lines, 
 @pytest.mark.full  # tiers.py: 20 s of runs; the disk filled between saves (below) keeps the family in the default tier
 def test_a_full_disk_stops_the_run_at_the_save_that_does_not_fit(tmp_path):
     """First the disk fills during a save (the free-space check bypassed: another writer took the
-    space after it), then the same command resumes and the check finds the disk still full."""
+    space after it), then the same command finds, before it trains, that the disk is still full."""
     disk = tmp_path / "disk"
     args = train_args(disk / "run", steps=5)
     unchecked = " ".join(map(shlex.quote, [args[0], os.path.join(os.path.dirname(__file__), "unchecked_train.py"),
@@ -25,18 +25,21 @@ def test_a_full_disk_stops_the_run_at_the_save_that_does_not_fit(tmp_path):
     proc = in_tmpfs(f"cd {ROOT} && {unchecked}; echo rc=$?; echo ---; {train}; echo rc=$?; "
                     f"ls {disk}/run/checkpoints; echo ---; cat {disk}/run/metrics.jsonl", str(disk), "10m")
     out = proc.stdout.split("---\n")
-    assert "rc=1" in out[0] and "rc=1" in out[1], proc.stderr[-3000:]
+    assert "rc=1" in out[0] and "rc=2" in out[1], proc.stderr[-3000:]
     assert_no_traceback(proc)
     lines = stderr_lines(proc)
     assert len(lines) == 2, proc.stderr[-3000:]  # no orbax noise from the save that failed midway
     assert lines[0] == (f"error: cannot save checkpoint 3 to {disk}/run/checkpoints: No space left on device; "
                         "the run stopped (earlier checkpoints are kept)")
-    assert re.fullmatch(rf"error: cannot save checkpoint 3 to {disk}/run/checkpoints: No space left on device "
-                        r"\(the checkpoint needs [\d.]+ MiB, [\d.]+ MiB free\); the run stopped "
-                        r"\(earlier checkpoints are kept\)", lines[1])
-    assert "resuming at step 2" in out[1]
-    assert out[1].split("rc=1\n")[1].split() == ["1", "2"]  # the partial save is gone, 1 and 2 kept
-    assert [json.loads(line)["step"] for line in out[2].splitlines()] == [1, 2, 3]  # step 3's row once
+    assert re.fullmatch(rf"error: --workdir {disk}/run: no room for a checkpoint \(No space left on device "
+                        r"\(the checkpoint needs [\d.]+ MiB, [\d.]+ MiB free\)\); free some space or give another "
+                        r"--workdir", lines[1])
+    assert "resuming" not in out[1]  # refused before the restore, so before any step
+    left = out[1].split("rc=2\n")[1].split()  # 1 and 2 kept; the partial save left for a start with room to delete
+    assert left[:2] == ["1", "2"] and all(".orbax-checkpoint-tmp" in n for n in left[2:]), left
+    # the first run's rows as it left them (its save of 3 failed in the background, found at step 4's): the
+    # refused start changed nothing; a resume cuts the rows after its checkpoint
+    assert [json.loads(line)["step"] for line in out[2].splitlines()] == [1, 2, 3, 4]
 
 
 def test_a_disk_filled_between_saves_stops_the_run_with_one_line_and_it_resumes(tmp_path):

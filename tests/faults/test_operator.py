@@ -83,6 +83,8 @@ def test_a_reward_function_that_exits_or_scores_too_high_is_one_line(tmp_path, f
 
 NOT_TRAINABLE = [
     ("optim.lr", float("inf"), "config.optim.lr: must be a finite number, got inf"),
+    ("optim.lr", 1e39, "config.optim.lr: must be a finite float32 number (at most 3.403e+38 in size: the arrays "
+                       "it meets are float32), got 1e+39"),
     ("optim.b1", 1.0, "config.optim.b1: must be in [0, 1), got 1.0"),
     ("optim.b2", 1.5, "config.optim.b2: must be in [0, 1), got 1.5"),
     ("algo.alpha", float("nan"), "config.algo.alpha: must be a finite number, got nan"),
