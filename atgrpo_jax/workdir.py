@@ -162,12 +162,19 @@ def check_writable(path: str, what: str) -> None:
     where = nearest_existing(path)
     if not os.path.isdir(where):
         raise NotADirectoryError(f"{what} {path}: {where} is a file, not a directory")
+    probe = None
     try:
         fd, probe = tempfile.mkstemp(prefix=".atgrpo-write-probe-", dir=where)
-        os.close(fd)
-        os.remove(probe)
+        try:
+            os.write(fd, b"\n")  # a byte, so a full disk is found too (an empty file needs no block)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except OSError as e:
         raise NotWritable(f"{what} {path}: cannot write in {where} ({e.strerror or e})") from None
+    finally:
+        if probe is not None and os.path.exists(probe):
+            os.remove(probe)
 
 
 def saved_config(workdir: str) -> dict | None:
@@ -191,7 +198,20 @@ def write_config(config, workdir: str, *, keep_as: str = ""):
         while exists(join(workdir, name)):
             name, n = f"{stem}-{n}{dot}{ext}", n + 1
         write_text(join(workdir, name), as_epath(path).read_text())
-    write_text(path, json.dumps(config.to_dict(), indent=2, default=str))  # a Config or a ConfigDict
+    text = json.dumps(config.to_dict(), indent=2, default=str)  # a Config or a ConfigDict
+    if is_remote(path):
+        write_text(path, text)  # an object is replaced whole
+        return
+    tmp = path + ".tmp"  # a full disk leaves the old config.json, never a cut one
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def locate_checkpoint(checkpoint: str) -> tuple[str, str, int | None]:

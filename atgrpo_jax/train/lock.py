@@ -14,12 +14,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import socket
 import threading
 import time
 
 from atgrpo_jax import workdir as wd
-from atgrpo_jax.errors import WorkdirBusy
+from atgrpo_jax.errors import NotWritable, WorkdirBusy
 
 LOCK_FILE = "train.lock"
 HEARTBEAT_S = 30.0  # a store lease's renewal period
@@ -52,20 +53,29 @@ class WorkdirLock:
 
     def acquire(self) -> "WorkdirLock":
         self._created = not wd.exists(self.workdir)  # a run that fails before writing leaves no folder behind
-        wd.makedirs(self.workdir)
-        if wd.is_remote(self.workdir):
-            self._lease()
-        else:
-            self._flock()
+        try:
+            wd.makedirs(self.workdir)
+            if wd.is_remote(self.workdir):
+                self._lease()
+            else:
+                self._flock()
+        except OSError as e:  # a full disk, a read-only one: one line, the workdir as it was
+            self.release()
+            if self._created and os.path.isdir(self.workdir) and os.listdir(self.workdir) in ([], [LOCK_FILE]):
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            raise NotWritable(f"--workdir {self.workdir}: cannot write its lock {LOCK_FILE} "
+                              f"({e.strerror or e})") from None
         return self
 
     def _flock(self):
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = fd  # (released by acquire if what follows fails)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read(fd)
             os.close(fd)
+            self._fd = None
             raise WorkdirBusy(f"--workdir {self.workdir} is in use by another run: {_describe(holder)}. "
                               "Wait for it to end (or stop it), or give another --workdir") from None
         before = _read(fd)

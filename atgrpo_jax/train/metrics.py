@@ -268,7 +268,8 @@ class MetricsWriter:
 
             _wait_for_a_later_file_name(self._local_tb)
             threading.excepthook = _quiet_tensorboard_thread
-            self._events = EventFileWriter(self._local_tb)
+            with _disk("TensorBoard's events", self.tb_dir):
+                self._events = EventFileWriter(self._local_tb)
         self._last_sync = -math.inf
         self.sync()  # the store holds the truncated files (or an empty metrics.jsonl) from the start
 

@@ -12,7 +12,7 @@ import jax
 
 from atgrpo_jax import workdir as wd
 from atgrpo_jax.distributed import init_distributed
-from atgrpo_jax.errors import ConfigError, NotWritable
+from atgrpo_jax.errors import ConfigError, LogWriteError, NotWritable
 from atgrpo_jax.train import checkpoint, guard, setup, wandb_log
 from atgrpo_jax.train.config import RESUMABLE, flat
 from atgrpo_jax.train.heldout import evaluation_splits
@@ -133,6 +133,16 @@ def open_outputs(config, workdir: str, lead: bool, start: int, changed: dict, sc
         note = check_history(workdir, start, saved.get("train", {}).get("log_every", t.log_every), new_history)
         if note:
             print(note, flush=True)
+    try:
+        return _open_outputs(config, workdir, lead, start, changed, schedule_changes, resumed, steps, keys)
+    except (OSError, LogWriteError) as e:  # a full disk or one gone read-only since the start's checks
+        raise NotWritable(f"--workdir {workdir}: cannot start its outputs ({checkpoint.short_cause(e)}); free "
+                          "some space, or give another --workdir") from None
+
+
+def _open_outputs(config, workdir, lead, start, changed, schedule_changes, resumed, steps, keys):
+    """open_outputs' writes: config.json, the resume line, the writer and the progress bar."""
+    t = config.train
     if lead:
         wd.write_config(config, workdir, keep_as=f"config.step{start}.json" if changed and start else "")
         if start:

@@ -64,6 +64,22 @@ def test_a_disk_filled_between_saves_stops_the_run_with_one_line_and_it_resumes(
     assert re.search(r"resuming at step \d", second)
 
 
+@pytest.mark.full  # a subprocess in a tmpfs; the disk filled between saves (above) keeps the family in the default tier
+@pytest.mark.parametrize("checkpointing", [0, 1])
+def test_a_disk_full_at_the_start_is_one_line(tmp_path, checkpointing):
+    """8 KB: the lock, config.json or TensorBoard's first events do not fit (or, checkpointing, one
+    checkpoint does not): one line, no traceback of the writer that failed."""
+    disk = tmp_path / "disk"
+    train = " ".join(map(shlex.quote, train_args(disk / "run", f"--config.train.checkpoint_every={checkpointing}",
+                                                 steps=1)))
+    proc = in_tmpfs(f"cd {ROOT} && {train}; echo rc=$?", str(disk), "8k")
+    assert proc.stdout.split()[-1] == "rc=2", proc.stderr[-3000:]
+    assert_no_traceback(proc)
+    [line] = stderr_lines(proc)
+    assert re.fullmatch(rf"error: --workdir {disk}/run: (cannot start its outputs|no room for a checkpoint|cannot write "
+                        r"its lock train.lock|cannot write in \S+) \(No space left on device.*", line), line
+
+
 def read_only(tmp_path, command: str):
     """Run `command` with tmp_path/ro a read-only filesystem holding an empty folder `run`."""
     ro = tmp_path / "ro"
