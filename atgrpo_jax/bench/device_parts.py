@@ -147,7 +147,7 @@ def parity(shapes: Shapes, record, tmp: str) -> None:
     torch.backends.cudnn.allow_tf32 = False
     theirs = {}
     for name, dt in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
-        hf = transformers.Qwen3ForCausalLM.from_pretrained(tmp, dtype=dt).to(dev).eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=dt).to(dev).eval()
         with torch.no_grad():
             theirs[name] = hf(input_ids=torch.tensor(tokens, dtype=torch.long, device=dev)).logits.float().cpu().numpy()
         del hf
@@ -261,7 +261,7 @@ def sampler(shapes: Shapes, record, tmp: str, out_dir: str | None = None) -> Non
                              "decode_step_ms": 1e3 * step, "useful_flops": generate_flops(cfg, b, p, n),
                              "weight_bytes": weight_read_bytes(cfg),
                              "mean_cache_bytes_per_step": cache_read_bytes(cfg, b, p + n / 2)})
-    hf = transformers.Qwen3ForCausalLM.from_pretrained(tmp, dtype="bfloat16").to(torch_device()).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype="bfloat16").to(torch_device()).eval()
     theirs_s, new = _theirs(hf, prompts, n)
     assert new.shape[1] == n
     record("sampler_fixed_transformers", {"seconds": theirs_s, "tokens_per_s": b * n / theirs_s,

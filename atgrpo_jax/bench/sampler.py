@@ -1,7 +1,7 @@
 """`python -m atgrpo_jax.bench sampler`: our jitted sampler vs `transformers` generate.
 
 Same random weights (ours saved as an HF checkpoint and loaded by
-`Qwen3ForCausalLM`), same prompts, same settings (do_sample, temperature 1,
+`AutoModelForCausalLM` as the model's own family), same prompts, same settings (do_sample, temperature 1,
 no top-k/top-p, all `--new` tokens forced: no stop tokens, min_new_tokens),
 one after the other in this process, each warmed up first. Prints tokens/s
 of both, their ratio, the achieved FLOP/s as a fraction of a float32 matmul
@@ -64,7 +64,7 @@ def make_models(cfg: Qwen3Config, seed: int, tmp: str, torch_model: bool = True)
         return ours, None
     import torch
     import transformers
-    theirs = transformers.Qwen3ForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
     return ours, theirs
 
 

@@ -22,10 +22,11 @@ from atgrpo_jax.rollout.samples import SampleOut
 
 
 def load_hf_model(path: str):
-    """`Qwen3ForCausalLM` in float32 from an HF checkpoint directory (ours, saved by hf_io)."""
+    """The checkpoint's own family (`Qwen3ForCausalLM`, `LlamaForCausalLM`, ...) in float32 from an HF
+    checkpoint directory (ours, saved by hf_io)."""
     import torch
     import transformers
-    return transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
 # ---------------------------------------------------------------- the update

@@ -31,3 +31,14 @@ def test_longtail_bench_forces_equal_lengths_and_dropping_rows_saves_work(capsys
     assert abs(r["ours_no_drop"]["wasted_fraction"] - r["transformers"]["wasted_fraction"]) < 0.1
     # 4 slots refilled as rows end: fewer rows idle than in a batch that only shrinks
     assert r["slots"] == 4 and r["ours_continuous"]["wasted_fraction"] < r["ours"]["wasted_fraction"]
+
+
+@pytest.mark.parametrize("family,cls", [("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM")])
+def test_the_sampler_bench_runs_transformers_on_the_model_s_own_family(tmp_path, family, cls):
+    """The baseline is the same architecture as ours (a Llama preset once ran as a Qwen3 with extra q/k norms)."""
+    import dataclasses
+
+    from atgrpo_jax.models import get_preset
+    cfg = dataclasses.replace(get_preset("test-tiny"), family=family)
+    _, theirs = bench.make_models(cfg, 0, str(tmp_path))
+    assert type(theirs).__name__ == cls
