@@ -126,7 +126,7 @@ def run_sft(config, workdir: str, *, allow_config_change: bool = False, fresh_if
     thinking = config.rollout.thinking
     train = data.load_examples(config.sft.train_path, tokenizer, thinking)
     valid = data.load_examples(config.sft.valid_path, tokenizer, thinking) if config.sft.valid_path else []
-    with held(workdir) as stop:
+    with held(workdir, config.train.preempt_deadline_s) as stop:
         return _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if_unreadable, stop,
                     new_history)
 

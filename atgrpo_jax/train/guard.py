@@ -11,10 +11,12 @@ the loop stops the run when one reaches `train.max_skipped_updates`.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -26,17 +28,68 @@ class StopSignals:
 
     Outside the main thread (signals cannot be caught there) it installs nothing and
     `requested()` is always False.
+
+    deadline_s (train.preempt_deadline_s): the notice a preempted machine gets. Inside `abandonable()`
+    (a training step before it is kept) the first signal abandons the step at once (StepAbandoned,
+    raised wherever the main thread is waiting: on a reward call, a sandboxed program, a rollout's
+    stage), so the last completed step is saved without waiting for them; and whatever the run is
+    doing, it exits once deadline_s have passed since the signal (the last checkpoint on disk stays).
     """
 
-    def __init__(self):
+    def __init__(self, deadline_s: float | None = None):
         self.signum: int | None = None
+        self.at: float | None = None  # time.monotonic() of the first signal
+        self.deadline_s = deadline_s
         self._previous: dict[int, object] = {}
+        self._abandonable = False
+        self._over = threading.Event()  # the run is over: the deadline's watch ends
 
     def _handle(self, signum, frame):
         if self.signum is not None:  # the second signal: the user (or the scheduler) will not wait
             print(f"second {signal.Signals(signum).name}: exiting now without saving", file=sys.stderr, flush=True)
             os._exit(EXIT_CODES[signum])
-        self.signum = signum
+        self.signum, self.at = signum, time.monotonic()
+        if self.deadline_s:
+            threading.Thread(target=self._watch, name="preempt-deadline", daemon=True).start()
+        if self._abandonable:
+            self._abandonable = False
+            raise StepAbandoned(f"{signal.Signals(signum).name} during the step")
+
+    def _watch(self):
+        if not self._over.wait(self.deadline_s):
+            print(f"{self.name}: the run did not stop within train.preempt_deadline_s={self.deadline_s:g}; exiting "
+                  "now (the last checkpoint on disk stays)", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(self.exit_code)
+
+    def left_s(self) -> float | None:
+        """Seconds left of the deadline since the signal (None: no deadline)."""
+        if not self.deadline_s or self.at is None:
+            return None
+        return max(self.deadline_s - (time.monotonic() - self.at), 0.0)
+
+    def before_update(self) -> bool:
+        """Whether the step is to be abandoned, asked just before each of its updates starts (train_step's
+        `abandon`); when not, it may no longer be abandoned at once: the update replaces the weights the
+        last completed step's checkpoint would hold."""
+        if self.requested():
+            return True
+        self._abandonable = False
+        return False
+
+    @contextlib.contextmanager
+    def abandonable(self):
+        """Inside: a signal abandons the step at once (one process only: several must agree on the step
+        at which they stop, which `requested()` does at the loop's safe points)."""
+        import jax
+
+        if self.signum is not None:
+            raise StepAbandoned("stop requested before the step")
+        self._abandonable = jax.process_count() == 1 and threading.current_thread() is threading.main_thread()
+        try:
+            yield
+        finally:
+            self._abandonable = False
 
     def __enter__(self):
         self.install()
@@ -51,6 +104,7 @@ class StopSignals:
                 self._previous.setdefault(s, previous)  # the first one is what __exit__ puts back
 
     def __exit__(self, *exc):
+        self._over.set()
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous = {}

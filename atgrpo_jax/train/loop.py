@@ -54,7 +54,7 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False,
     when metrics.jsonl is missing or damaged, in a new file (history.check_history)."""
     config = resolve(config)  # every config error before anything is written or compiled
     check_before_writing(config, workdir)
-    with held(workdir) as stop:
+    with held(workdir, config.train.preempt_deadline_s) as stop:
         return _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, print_result, callbacks,
                       new_history)
 
@@ -96,10 +96,11 @@ def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, prin
             step_began = time.perf_counter()
             held = saver.hold(step - 1)  # the last completed step, saved if this one fails
             try:
-                metrics = train_step(run, step, on_rollout=episode_logger(o, step), tracer=tracer,
-                                     prefetch=prefetch, abandon=stop.requested)
+                with stop.abandonable():
+                    metrics = train_step(run, step, on_rollout=episode_logger(o, step), tracer=tracer,
+                                         prefetch=prefetch, abandon=stop.before_update)
             except guard.StepAbandoned:
-                raise stopped(step - 1) from None
+                raise saver.abandoned(stop, start, step - 1, held, last, health.clean) from None
             except Exception as e:  # noqa: BLE001 - the user's reward, environment or workflow, a hung stage
                 deadline = t.preempt_deadline_s if isinstance(e, StageTimeout) else None
                 saved = saver.keep_held(step - 1, held, start, last, health.clean, deadline)

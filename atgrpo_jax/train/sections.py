@@ -172,9 +172,10 @@ class TrainSettings(Section):
     compile_cache: str = key("auto", "JAX's persistent compilation cache, so a second run of a config skips "
                              'compiling: "auto" = $JAX_COMPILATION_CACHE_DIR, else ~/.cache/atgrpo-jax/jax '
                              '($XDG_CACHE_HOME); "" = off; or a directory', resumable=True)
-    preempt_deadline_s: float = key(20.0, "seconds a run that must stop at once (a stage past "
-                                    "system.stage_timeout_s) has to save its last completed step, whatever the "
-                                    "stuck stage is doing", check=positive, resumable=True)
+    preempt_deadline_s: float = key(20.0, "seconds a run that must stop (SIGTERM, SIGINT, a stage past "
+                                    "system.stage_timeout_s) has to save its last completed step and exit, "
+                                    "whatever a reward call, sandboxed program or rollout is doing (the step "
+                                    "under way is abandoned, not awaited)", check=positive, resumable=True)
     max_skipped_updates: int = key(4, "stop the run when a policy's updates are skipped (non-finite loss or "
                                    "gradient) this many times in a row: it diverged (0 = never stop)",
                                    check=non_negative, resumable=True)

@@ -88,11 +88,11 @@ def init_sources(config) -> list[tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def held(workdir: str):
+def held(workdir: str, deadline_s: float | None = None):
     """The workdir locked (by the lead process) and SIGTERM/SIGINT caught for the run inside: yields
-    the guard.StopSignals."""
+    the guard.StopSignals (deadline_s: train.preempt_deadline_s)."""
     lock = WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
-    with guard.StopSignals() as stop, lock:
+    with guard.StopSignals(deadline_s) as stop, lock:
         if getattr(lock, "notice", ""):
             print(f"note: {lock.notice}", flush=True)
         yield stop

@@ -54,6 +54,16 @@ class Saver:
             self.ckpt.wait()
         return within(deadline_s, save)
 
+    def abandoned(self, stop: guard.StopSignals, start: int, done: int, held: tuple, last: dict,
+                  healthy: bool) -> cli.RunStopped:
+        """Step done + 1 abandoned by a signal (its reward calls, sandboxed programs and rollout stages not
+        waited for): save step `done` from `hold(done)` within what is left of the deadline, and stop with
+        one line naming the signal, exiting at once (threads of the abandoned step may still run)."""
+        self.keep_held(done, held, start, last, healthy, stop.left_s())
+        stopped = cli.RunStopped.by_signal(stop.name, stop.exit_code, done, close_keeping(self.ckpt))
+        stopped.hard = True
+        return stopped
+
     def stopped(self, stop: guard.StopSignals, start: int, done: int, last: dict, healthy: bool) -> cli.RunStopped:
         """Save step `done` (if it is new and healthy) and stop with one line naming the signal."""
         if done > start and healthy and self.ckpt.latest_step() != done:

@@ -1,8 +1,10 @@
-"""The demo's workflow with an environment step that raises during training step FAIL_AT_STEP (an
+"""The demo's workflow with an environment step that fails during training step FAIL_AT_STEP (an
 environment variable; unset: it never does) as a reward function or a user's environment would:
-FAIL_KIND "reward" raises a RewardError (one line), "bug" a RuntimeError (a traceback). Named by import
+FAIL_KIND "reward" raises a RewardError (one line), "bug" a RuntimeError (a traceback), "slow" takes
+60 s (a slow reward call or sandboxed program), first creating the file FAIL_MARKER. Named by import
 path: --config.env.workflow=failing_workflow:make."""
 import os
+import time
 
 import numpy as np
 
@@ -28,9 +30,13 @@ class Failing:
 
     def step(self, state, agent, turn, responses):
         if self.fail:
-            if os.environ.get("FAIL_KIND", "reward") == "bug":
+            if os.environ.get("FAIL_KIND") == "slow":
+                open(os.environ["FAIL_MARKER"], "w").close()
+                time.sleep(60)
+            elif os.environ.get("FAIL_KIND", "reward") == "bug":
                 raise RuntimeError("the environment broke")
-            raise RewardError("env.kwargs.reward_fn='mine:score' raised ZeroDivisionError: division by zero")
+            else:
+                raise RewardError("env.kwargs.reward_fn='mine:score' raised ZeroDivisionError: division by zero")
         return self.wf.step(state, agent, turn, responses)
 
 
