@@ -6,8 +6,9 @@ only the keys of `config.RESUMABLE` (how long, how often, where) may change, unl
 the newest checkpoint that restores (older ones in turn), and writes nothing before that.
 
 A run stops early, with one line and an exit code (cli.RunStopped), on SIGTERM/SIGINT (after
-saving its last completed step: guard.StopSignals), on divergence (guard.skip_streaks), when a
-checkpoint cannot be saved (checkpoint.SaveError) and when a stage hangs (system.stage_timeout_s).
+saving its last completed step, within train.preempt_deadline_s: guard.StopSignals), on divergence
+(guard.skip_streaks), when a checkpoint cannot be saved (checkpoint.SaveError), and when a step's user
+code fails or a stage hangs (system.stage_timeout_s): then too after saving the last completed step.
 """
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def test_a_reward_that_raises_at_step_2_keeps_step_1_and_says_so(tmp_path, monke
 
 @pytest.mark.full  # ~25 s of runs; the reward failure above keeps the user-code family in the default tier
 def test_the_resumed_run_equals_an_uninterrupted_one(finished_run, tmp_path, monkeypatch):
-    """As the issue's operator ran it: checkpoint_every 50, a failure at step 3, the cause fixed, the same
+    """As an operator runs it: checkpoint_every 50, a failure at step 3, the cause fixed, the same
     command: every row as the reference run's (a checkpoint each step; rows do not depend on it)."""
     from faults_util import FINISHED
 
