@@ -183,6 +183,54 @@ class SignalWatch:
                 "reward with more levels, or check that the reward function can tell answers apart")
 
 
+STALL_GUIDE = 'docs/guides/multi-agent.md "A team that stalls"'
+
+
+class StallWatch:
+    """Says once per cause when a team of roles stalls: a role whose groups all scored alike for `steps`
+    steps in a row while other roles' did not (it gives one answer to everything, as a checker that
+    always says "n"), or team success 0 for `window` steps while a role's own reward rose (it learns
+    its own reward, not the team's). The roles are read from the metrics (`reward/ROLE`); a run of
+    one role has nothing to watch."""
+
+    def __init__(self, steps: int = 5, window: int = 10):
+        self.steps, self.window = steps, window
+        self.flat: dict[str, int] = {}
+        self.rows: list[dict] = []
+        self.said: set[str] = set()
+
+    def update(self, metrics: dict) -> list[str]:
+        roles = [k.split("/", 1)[1] for k in metrics if k.startswith("reward/")]
+        if len(roles) < 2:
+            return []
+        out = []
+        for role in roles:
+            alone = metrics.get(f"{role}/zero_std_groups") == 1.0 and any(
+                metrics.get(f"{other}/zero_std_groups", 1.0) < 1.0 for other in roles if other != role)
+            self.flat[role] = self.flat.get(role, 0) + 1 if alone else 0
+            if self.flat[role] >= self.steps and role not in self.said:
+                self.said.add(role)
+                out.append(f"warning: role {role} gets no learning signal: in each of the last {self.steps} steps "
+                           f"every one of its groups scored alike (reward/{role} {metrics[f'reward/{role}']:.3g}) "
+                           "while the other roles' did not. A role that gives one answer to everything looks like "
+                           f"this: read its answers in episodes.jsonl; see {STALL_GUIDE}")
+        self.rows = (self.rows + [metrics])[-self.window:]
+        if len(self.rows) == self.window and "team" not in self.said and all(
+                r.get("success", 1.0) == 0 for r in self.rows):
+            half = self.window // 2
+            rise = {role: np.mean([r[f"reward/{role}"] for r in self.rows[half:]])
+                    - np.mean([r[f"reward/{role}"] for r in self.rows[:half]]) for role in roles
+                    if all(np.isfinite(r.get(f"reward/{role}", np.nan)) for r in self.rows)}
+            role = max(rise, key=rise.get, default=None)
+            if role is not None and rise[role] > 0:
+                self.said.add("team")
+                first, last = (self.rows[i][f"reward/{role}"] for i in (0, -1))
+                out.append(f"warning: team success has been 0 for the last {self.window} steps while reward/{role} "
+                           f"rose ({first:.3g} -> {last:.3g}): {role} is learning its own reward, not the team's. "
+                           f"Weigh the team's reward more (algo.alpha) or make {role}'s reward depend on the team's "
+                           f"outcome; see {STALL_GUIDE}")
+        return out
+
 
 class Health:
     """A run's skipped updates, step by step: each policy's streak, the count over the run, the no-signal
@@ -193,13 +241,14 @@ class Health:
         self.names, self.limit = policy_names, max_skipped
         self.streaks: dict[str, int] = {}
         self.skipped = 0  # in this process's part of the run
-        self.signal = SignalWatch()
+        self.signal, self.stalls = SignalWatch(), StallWatch()
 
     def record(self, metrics: dict) -> str | None:
-        """Count a finished step's skipped updates; the no-signal warning to print, if due."""
+        """Count a finished step's skipped updates; the warnings to print (no signal, a stalled team), if due."""
         self.streaks = skip_streaks(self.streaks, metrics, self.names)
         self.skipped += skipped_updates(metrics, self.names)
-        return self.signal.update(metrics)
+        said = [w for w in (self.signal.update(metrics), *self.stalls.update(metrics)) if w]
+        return "\n".join(said) or None
 
     @property
     def diverged(self) -> bool:

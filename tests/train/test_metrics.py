@@ -233,3 +233,32 @@ def test_completion_metrics_of_the_live_samples_per_role():
     assert m["a/clipped_ratio"] == 1 / 3 and m["a/zero_std_groups"] == 0.0
     assert m["b/clipped_ratio"] == 1 / 2 and m["b/zero_std_groups"] == 1.0 and m["b/completion_len_mean"] == 3
     assert "a/clipped_ratio" not in completion_metrics(samples, [4, 3], (2,), ["solo"])
+
+
+def test_a_stalled_team_is_named_once_per_cause():
+    """A role whose groups all score alike while the other's differ (a checker that always says "n") is
+    named after `steps` such steps; team success 0 through the window while a role's reward rises names
+    that role; one role alone, or every role flat (the no-signal warning's case), says nothing here."""
+    from atgrpo_jax.train.guard import StallWatch
+
+    def row(checker_flat, success=0.0, proposer=0.2, checker=-1.0):
+        return {"reward/proposer": proposer, "reward/checker": checker, "success": success,
+                "proposer/zero_std_groups": 0.5, "checker/zero_std_groups": 1.0 if checker_flat else 0.5}
+
+    watch = StallWatch(steps=3, window=100)
+    said = [watch.update(row(flat, success=0.5)) for flat in (True, True, False, True, True, True, True, True)]
+    assert [len(s) for s in said] == [0, 0, 0, 0, 0, 1, 0, 0]  # once, after 3 in a row
+    assert said[5][0].startswith("warning: role checker gets no learning signal: in each of the last 3 steps")
+    everyone_flat = dict(row(True), **{"proposer/zero_std_groups": 1.0})
+    assert StallWatch(steps=1).update(everyone_flat) == []
+    assert StallWatch(steps=1).update({"reward/solo": 0.0, "solo/zero_std_groups": 1.0}) == []
+
+    watch = StallWatch(steps=100, window=4)
+    rising = [watch.update(row(False, proposer=p)) for p in (0.1, 0.2, 0.4, 0.6, 0.7)]
+    assert [len(s) for s in rising] == [0, 0, 0, 1, 0]
+    assert rising[3][0].startswith("warning: team success has been 0 for the last 4 steps while "
+                                   "reward/proposer rose (0.1 -> 0.6): proposer is learning its own reward")
+    flat_rewards = StallWatch(steps=100, window=4)
+    assert not any(flat_rewards.update(row(False)) for _ in range(6))
+    some_success = StallWatch(steps=100, window=4)
+    assert not any(some_success.update(row(False, success=0.25 * (i == 2), proposer=0.1 * i)) for i in range(6))
