@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import glob
 import os
+import time
 
 import jax
 
@@ -22,7 +23,7 @@ from atgrpo_jax.train.lock import LOCK_FILE, WorkdirLock
 from atgrpo_jax.train.metrics import EPISODES_FILE, METRICS_FILE, TB_DIR, MetricsWriter
 from atgrpo_jax.train.prefetch import Prefetch
 from atgrpo_jax.train.progress import ProgressBar, say
-from atgrpo_jax.train.resume import changes_from_saved, has_checkpoints, restore_or_start
+from atgrpo_jax.train.resume import changes_from_saved, has_checkpoints, keep_history, restore_or_start
 from atgrpo_jax.train.step import policy_states, set_policy_states
 from atgrpo_jax.train.update import lr_factor
 
@@ -187,6 +188,12 @@ def open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, le
     if lead:
         check_room(config, run, workdir)
     start, states, meta = restore_or_start(config, run, workdir, fresh_if_unreadable, changed)
+    if lead and not resumed and not wd.is_remote(workdir):  # an earlier run that saved no checkpoint: kept
+        aside = wd.join(workdir, f"history-{int(time.time())}")
+        kept = keep_history(workdir, aside)
+        if kept:
+            say(f"starting afresh: no checkpoint to resume from; kept the earlier run's {', '.join(kept)} in {aside}",
+                lead)
     if states is not None:
         set_policy_states(run, states)
     elif resumed and config.model.init_from:  # no checkpoint restored after all: a fresh start, from model.init_from

@@ -78,3 +78,5 @@ def test_a_rerun_after_a_failure_before_any_checkpoint_starts_afresh(tmp_path, m
     assert json.loads((tmp_path / "config.json").read_text())["train"]["seed"] == 1
     assert [r["step"] for r in metrics_rows(tmp_path)] == [1]
     assert os.listdir(tmp_path / "checkpoints") == ["1"]
+    [earlier] = [p for p in tmp_path.iterdir() if p.name.startswith("history-")]  # the failed run's, kept
+    assert json.loads((earlier / "config.json").read_text())["train"]["seed"] == 0
