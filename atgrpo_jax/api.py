@@ -24,7 +24,7 @@ import ml_collections
 
 from atgrpo_jax import cli, errors
 from atgrpo_jax.evaluate import run_evaluation
-from atgrpo_jax.export import export_policy
+from atgrpo_jax.export import check_push, export_policy, push
 from atgrpo_jax.registry import register_object
 from atgrpo_jax.train.loop import run_training
 
@@ -168,11 +168,18 @@ class Trainer:
                  temperature: float | None = None, out: str = "") -> dict:
         """The held-out evaluation of the latest checkpoint (as `python -m atgrpo_jax.evaluate`)."""
 
-        return run_evaluation(copy.deepcopy(self.config), self.workdir, None, splits, tasks, k, temperature, out)
+        return run_evaluation(copy.deepcopy(self.config), self.workdir, None, splits, tasks, k, temperature, out,
+                              print_result=False)
 
     @speaks_like_the_cli
     def export(self, path: str, *, policy: str | None = None, step: int | None = None, lora: str = "merge",
-               overwrite: bool = False) -> dict:
-        """One policy as a Hugging Face model directory at `path` (as `python -m atgrpo_jax.export`)."""
+               overwrite: bool = False, push_to_hub: str | None = None) -> dict:
+        """One policy as a Hugging Face model directory at `path` (as `python -m atgrpo_jax.export`);
+        push_to_hub="org/name" then uploads it there (its URL in the summary's "pushed")."""
 
-        return export_policy(self.workdir, path, step=step, policy=policy, lora=lora, overwrite=overwrite)
+        check_push(push_to_hub)  # before any work: a bad repository id, or offline
+        summary = export_policy(self.workdir, path, step=step, policy=policy, lora=lora, overwrite=overwrite,
+                                print_result=False)
+        if push_to_hub:
+            summary["pushed"] = push(summary["out"], push_to_hub, print_result=False)
+        return summary

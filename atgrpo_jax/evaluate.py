@@ -106,9 +106,10 @@ def check_flags(config, tasks: int | None, k: int | None, temperature: float | N
 
 def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = None, splits=(),
                    tasks: int | None = None, k: int | None = None, temperature: float | None = None, out: str = "",
-                   policies_from=None) -> dict:
-    """Evaluate a checkpoint of a run (config: the run's) or the model at `hf_path`; returns eval.json's dict.
-    policies_from: `parse_policies`' mapping (some agents' policies from other runs)."""
+                   policies_from=None, print_result: bool = True) -> dict:
+    """Evaluate a checkpoint of a run (config: the run's) or the model at `hf_path`; returns eval.json's dict
+    (printed too unless print_result is False, as the Python API calls it). policies_from: `parse_policies`'
+    mapping (some agents' policies from other runs)."""
 
     if (checkpoint is None) == (hf_path is None):
         raise cli.UsageError("give exactly one of --checkpoint and --hf_path")
@@ -157,7 +158,8 @@ def run_evaluation(config, checkpoint: str | None = None, hf_path: str | None = 
              for record in evaluation_records(split, episodes[split], names, run.tokenizer,
                                               len(episodes[split].success))]
     wd.write_text(wd.join(out, EVAL_EPISODES_FILE), "\n".join(lines) + "\n")
-    print(cli.dumps(result))
+    if print_result:
+        print(cli.dumps(result))
     return result
 
 

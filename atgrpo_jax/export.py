@@ -130,8 +130,9 @@ def _publish(tmp: str, out: str) -> None:
 
 
 def export_policy(workdir: str, out: str, *, step: int | None = None, policy: str | None = None,
-                  lora: str = "merge", overwrite: bool = False, overrides=()) -> dict:
-    """Write one policy of the run in `workdir` (or `WORKDIR/checkpoints/STEP`) to `out`; returns a summary."""
+                  lora: str = "merge", overwrite: bool = False, overrides=(), print_result: bool = True) -> dict:
+    """Write one policy of the run in `workdir` (or `WORKDIR/checkpoints/STEP`) to `out`; returns a summary
+    (printed as a JSON line too unless print_result is False, as the Python API calls it)."""
     import jax
 
 
@@ -193,7 +194,8 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
         raise
     summary = {"out": out, "workdir": workdir, "step": step, "policy": chosen.name,
                "lora": lora if chosen.is_lora else None, "files": sorted(os.listdir(out)) if writer else []}
-    print(json.dumps(summary))
+    if print_result:
+        print(json.dumps(summary))
     return summary
 
 
@@ -220,7 +222,7 @@ def check_push(repo: str | None) -> None:
                              "it and upload the directory later (hf upload)")
 
 
-def push(out: str, repo: str) -> str:
+def push(out: str, repo: str, print_result: bool = True) -> str:
     """Upload the exported directory to the Hub repository `repo` (created if new); returns its URL."""
     from huggingface_hub import HfApi
 
@@ -228,7 +230,8 @@ def push(out: str, repo: str) -> str:
     api.create_repo(repo, exist_ok=True)
     api.upload_folder(folder_path=out, repo_id=repo, commit_message="atgrpo-jax export")
     url = f"https://huggingface.co/{repo}"
-    print(json.dumps({"pushed": url}))
+    if print_result:
+        print(json.dumps({"pushed": url}))
     return url
 
 

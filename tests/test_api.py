@@ -3,6 +3,7 @@ would try them: reward functions and records in memory, a two-role episode in ~3
 import json
 import os
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from atgrpo_jax import Trainer
 from atgrpo_jax.envs.episode import EpisodeWorkflow
 from atgrpo_jax.envs.registry import make_workflow
-from atgrpo_jax.errors import ConfigError
+from atgrpo_jax.errors import ConfigError, UsageError
 from atgrpo_jax.train.guard import SignalWatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +48,7 @@ class Recorder:
         self.calls.append(("save", step, True))
 
 
-def test_a_trainer_trains_on_records_and_reward_functions_then_resumes_and_exports(tmp_path):
+def test_a_trainer_trains_on_records_and_reward_functions_then_resumes_and_exports(tmp_path, monkeypatch, capsys):
     work = str(tmp_path / "run")
     recorder = Recorder()
     trainer = Trainer(os.path.join(ROOT, "configs", "sum_digits.py"), workdir=work, reward_fns=[exact, length],
@@ -68,8 +69,19 @@ def test_a_trainer_trains_on_records_and_reward_functions_then_resumes_and_expor
     assert again.train() == metrics  # a finished run: what it logged, not {}
     rows = [json.loads(line)["step"] for line in open(os.path.join(work, "metrics.jsonl"))]
     assert rows == [0, 1, 2, 3]
-    out = again.export(str(tmp_path / "hf"))
+    import huggingface_hub
+    uploads = []
+    monkeypatch.setattr(huggingface_hub, "HfApi", lambda: types.SimpleNamespace(
+        create_repo=lambda repo, exist_ok: None, upload_folder=lambda **kw: uploads.append(kw["repo_id"])))
+    monkeypatch.setattr("atgrpo_jax.export.offline", lambda: False)  # the tests run offline; the upload is faked
+    capsys.readouterr()
+    out = again.export(str(tmp_path / "hf"), push_to_hub="me/sums")
     assert "model.safetensors" in out["files"] and out["step"] == 3
+    assert out["pushed"] == "https://huggingface.co/me/sums" and uploads == ["me/sums"]
+    assert capsys.readouterr().out == ""  # returned, not printed too
+    with pytest.raises(UsageError, match=r"^--push_to_hub=sums: give a Hugging Face repository id, org/name$"):
+        again.export(str(tmp_path / "hf2"), push_to_hub="sums")
+    assert not (tmp_path / "hf2").exists()  # refused before any work
 
 
 def test_several_reward_functions_are_summed_with_their_weights(tmp_path):
