@@ -186,6 +186,7 @@ def test_tool_then_plan_with_sandbox(solver_wf):
     # same game and seed as solver_wf: shares its compiled reset/step; same [B, K] too
     wf = gw.make_grid_workflow("tool_plan", "plan_path", sandbox_limits=Limits(wall_s=10, cpu_s=10))
     b, k = SOLVER_BK
+    compiled = wf.compiled_step_count()  # the cache is shared with every workflow of this game in the process
     state = wf.reset(range(b), "train")
     tool_answers = [BFS_PROGRAM, "```python\nraise SystemExit(3)\n```", "no code here",
                     '```python\nprint("**Actions List**: [U, R")\n```'] + ["..."] * (k - 4)
@@ -210,7 +211,7 @@ def test_tool_then_plan_with_sandbox(solver_wf):
     done_state = take_branch(out.state, np.array([0, 0]))
     again = wf.step(done_state, 0, 1, [[BFS_PROGRAM] * k] * b)
     assert wf.done(done_state)[0] and np.all(again.local_reward[0] == 0.0)
-    assert wf.compiled_step_count() == 1
+    assert wf.compiled_step_count() - compiled <= 1  # three steps, one B and K: at most one compilation
 
 
 @pytest.fixture
