@@ -14,8 +14,11 @@ environment is done get zero rewards and no sandbox runs.
 With `format_errors` (the reference's state.step, docs/paper.md "Recipes"), a
 list whose items the game's step cannot read as actions (a move game's list
 with an item that is not a string, a Sudoku list that is neither a full grid
-nor [row, col, digit] triples) moves nothing: the plan agent's answer is no
-answer, the tool agent's output scores `FORMAT_PENALTY`.
+nor [row, col, digit] triples) moves nothing and is a `FormatError`: its
+role's local reward is `FORMAT_PENALTY`, and where it was to step the
+environment (the plan agent) that step's reward, the team reward, is
+`FORMAT_PENALTY` too (-1 and -1, where an answer that does not parse is -2 and
+0: docs/paper.md "Recipes", row 3a).
 """
 from __future__ import annotations
 
@@ -45,7 +48,8 @@ FORMAT_PENALTY = -1.0
 
 @dataclasses.dataclass(frozen=True)
 class FormatError:
-    """A printed action list the game's step rejects as a whole (with `format_errors`): no move, FORMAT_PENALTY."""
+    """An action list (printed, or a plan answer) the game's step rejects as a whole (with `format_errors`): no
+    move, FORMAT_PENALTY as the role's local reward and as the reward of the environment step it was to take."""
 
     items: list
 
@@ -149,8 +153,9 @@ class WorkflowConfig:
     whole_grid_answer: bool | None = None  # True (reference): the Sudoku tool agent is asked to print the whole
     # solved grid; False: its placements (either parses). Games without a grid answer ask for moves either way
     format_errors: bool | None = None  # True (reference): a list the game's step cannot read as actions (`[1, 2]`,
-    # `["U", 1]`, `[true]` in a move game) is a format error: the plan agent's answer is no answer, the tool
-    # agent's output FORMAT_PENALTY, nothing moves; False: each such item is an invalid move
+    # `["U", 1]`, `[true]` in a move game) is a format error: nothing moves, the role's local reward is
+    # FORMAT_PENALTY and so is the team reward where its actions were to step the environment (the plan agent:
+    # -1 and -1); False: each such item is an invalid move
     uncut_answers: bool | None = None  # True (reference): every action of an answer is played, however many;
     # False: the first game.max_actions (Plan-Path 64, Sokoban 100, Sudoku 16)
     blind_program: bool | None = None  # True (reference): the tool agent's program reads nothing on its standard
@@ -239,16 +244,17 @@ def reference_tool_actions(output: str, game: GridGame, format_errors: bool = Fa
 
 
 def actions_from_answer(text: str, game: GridGame, strict: bool = False,
-                        format_errors: bool = False) -> list[int] | None:
+                        format_errors: bool = False) -> list[int] | FormatError | None:
     """Actions after the last `####` line outside code blocks (None if absent or empty); `strict`:
-    as the reference reads them (`reference_answer`); `format_errors`: None for a list the game's
-    step rejects (`step_reads`), as the reference scores it (-1 for the format, -1 team: -2 in all)."""
+    as the reference reads them (`reference_answer`); `format_errors`: a FormatError for a list the
+    game's step rejects (`step_reads`), which the reference scores -1 for the format and -1 as the
+    step's team reward (docs/paper.md, "Recipes", row 3a)."""
 
     if strict:
         return reference_answer(text, game, format_errors)
     rest = extract_after_marker(text, "####")
     if format_errors and _unreadable(rest, game):
-        return None
+        return FormatError(literal_list(rest))
     actions = game.parse_list(rest) if rest is not None else None
     return actions or None
 
@@ -256,11 +262,11 @@ def actions_from_answer(text: str, game: GridGame, strict: bool = False,
 _REFERENCE_ANSWER = re.compile(r"(?m)^\s*####\s+(.+)$", re.DOTALL)
 
 
-def reference_answer(text: str, game: GridGame, format_errors: bool = False) -> list[int] | None:
+def reference_answer(text: str, game: GridGame, format_errors: bool = False) -> list[int] | FormatError | None:
     """The plan agent's actions as the reference system reads them (`stateful/utils.py:22-65`): everything
     from the first `#### ` line to the end of the text must be one bracketed list (a Python or JSON literal,
     or bare U/D/L/R items; Python's literal_eval reads a second `####` line after the list as a comment, so
-    the first list counts); then as `_as_actions` reads it (a format error is no answer)."""
+    the first list counts); then as `_as_actions` reads it (a FormatError where the game's step rejects it)."""
     found = _REFERENCE_ANSWER.findall(text) if isinstance(text, str) else []
     body = found[-1].strip() if found else ""
     if not (body.startswith("[") and body.endswith("]")):
@@ -279,5 +285,4 @@ def reference_answer(text: str, game: GridGame, format_errors: bool = False) -> 
         items = [item for item in bare if item] if all(item in MOVES for item in bare if item) else None
     if not items:
         return None
-    actions = _as_actions(items, game, format_errors)
-    return None if isinstance(actions, FormatError) else actions
+    return _as_actions(items, game, format_errors)

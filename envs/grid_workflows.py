@@ -191,15 +191,17 @@ class GridWorkflow:
             parsed_as[b, j] = self.game.show_actions(actions[b][j]) if parsed[b, j] else why[b, j]
         rows = [a if (a and active[b]) else None for b, row in enumerate(actions) for a in row]
         new_env, reward = self._play(state.env, rows, n_tasks, k)
-        reward = reward * parsed
+        # a list the game's step cannot read moves nothing and that step's reward is FORMAT_PENALTY (docs/paper.md,
+        # "Recipes", row 3a): the team reward of a role that steps the environment; its local reward is set below
+        reward = np.where(format_error, np.float32(FORMAT_PENALTY), reward * parsed)
         penalty = np.float32(role.penalty)
         if role.answer == "code":  # an empty printed list [] is an answer (no moves), not a format error
             empty = np.array([[a is not None and len(a) == 0 for a in row] for row in actions]) & active[:, None]
             penalty = np.where(empty, np.float32(self.config.tool_empty_reward), penalty)
             parsed_as[empty] = "an empty action list []"
-            penalty = np.where(format_error, np.float32(FORMAT_PENALTY), penalty)
-            for b, j in zip(*np.nonzero(format_error)):
-                parsed_as[b, j] = "unparsed: a list the game cannot read as actions"
+        penalty = np.where(format_error, np.float32(FORMAT_PENALTY), penalty)
+        for b, j in zip(*np.nonzero(format_error)):
+            parsed_as[b, j] = "unparsed: a list the game cannot read as actions"
         local = np.where(parsed, reward, penalty) * active[:, None]
         last_move = branch(state.last_move, k)
         if role.moves_env:

@@ -46,24 +46,40 @@ def played(wf, state, moves) -> float:
 # ---------------------------------------------------------------- row 3: a plan answer the step cannot read
 
 
-@pytest.mark.parametrize("answer,paper_moves", [
-    ("#### [1, 2]", [INVALID, INVALID]),
-    ('#### ["U", 1]', [U, INVALID]),
-    ("#### [true]", [INVALID]),
-    ('#### [["U"]]', [INVALID]),
+@pytest.mark.parametrize("answer,paper_moves,items", [
+    ("#### [1, 2]", [INVALID, INVALID], [1, 2]),
+    ('#### ["U", 1]', [U, INVALID], ["U", 1]),
+    ("#### [true]", [INVALID], [True]),
+    ('#### [["U"]]', [INVALID], [["U"]]),
 ])
-def test_row_3_a_list_of_non_moves_is_a_format_error_under_the_reference(answer, paper_moves):
+def test_row_3_a_list_of_non_moves_is_a_format_error_under_the_reference(answer, paper_moves, items):
+    """The reference's plan agent keeps the game step's -1 as its own reward and its reward adds the
+    environment's -1 (local -1, team -1), where an answer that does not parse is -2 and 0."""
     paper, reference = grid("paper"), grid("reference")
     assert paper._parse(paper.roles[1], answer) == paper_moves
-    assert reference._parse(reference.roles[1], answer) is None
+    assert reference._parse(reference.roles[1], answer) == FormatError(items)
     paper_reward, state, paper_out = plan_step(paper, answer)
-    assert paper_reward == pytest.approx(2 * played(paper, state, paper_moves))  # played, local + team
+    step_reward = played(paper, state, paper_moves)
+    assert float(paper_out.local_reward[0, 0]) == pytest.approx(step_reward)  # played: the step's reward, twice
+    assert float(paper_out.team_reward[0, 0]) == pytest.approx(step_reward)
+    assert paper_reward == pytest.approx(2 * step_reward)
     reference_reward, _, reference_out = plan_step(reference, answer)
-    assert reference_reward == -2.0  # the reference: -1 for the format, -1 as the team's step reward
+    assert float(reference_out.local_reward[0, 0]) == FORMAT_PENALTY == -1.0  # the format
+    assert float(reference_out.team_reward[0, 0]) == FORMAT_PENALTY  # the step's reward: the team's
+    assert reference_reward == -2.0
+    assert float(reference_out.state.last_reward[0, 0]) == FORMAT_PENALTY  # what the next tool agent's team sees
+    assert str(reference_out.parsed_as[0, 0]) == "unparsed: a list the game cannot read as actions"
     start = np.asarray(state.env.pos[0])
     np.testing.assert_array_equal(np.asarray(reference_out.state.env.pos[0, 0]), start)  # nothing moved
+    _, _, unparsed = plan_step(reference, "#### U R D")  # no answer at all: -2 local, the empty step's 0 team
+    assert (float(unparsed.local_reward[0, 0]), float(unparsed.team_reward[0, 0])) == (-2.0, 0.0)
     flipped = grid("reference", format_errors=False)  # the one switch back: items read as invalid moves
     assert flipped._parse(flipped.roles[1], answer) == paper_moves
+    _, _, flipped_out = plan_step(flipped, answer)
+    assert float(flipped_out.local_reward[0, 0]) == pytest.approx(step_reward)
+    assert float(flipped_out.team_reward[0, 0]) == pytest.approx(step_reward)
+    on_paper = grid("paper", format_errors=True)  # the switch alone on the paper's answer parser
+    assert on_paper._parse(on_paper.roles[1], answer) == FormatError(items)
 
 
 def test_row_3_two_answer_lines_play_the_first_under_the_reference():
