@@ -34,7 +34,7 @@ class PendingUpdate:
 
     policy: Any
     metrics: list  # per mini-batch step: device arrays
-    old: list | None  # recomputed old log-probs per mini-batch (None: the sampler's were used)
+    measures_gap: bool  # the old log-probs are the trainer's (not the sampler's): their gap to the sampler's is logged
     packed: list[Minibatch]
     samples: int
     tokens: int  # response tokens trained on (per epoch)
@@ -55,13 +55,12 @@ def start_update(run: Run, policy, batch: PolicyBatch, behavior_logprobs: bool =
     placed = [mb.packed.placed(lambda x: global_array(x, policy.mesh)) for mb in packed]
     logprobs = lambda params, mbs: [policy.logprobs(mb, params) for mb in mbs]  # noqa: E731
     if behavior_logprobs:
-        old, recomputed = [global_array(mb.sampler_logp, policy.mesh) for mb in packed], None
+        old = [global_array(mb.sampler_logp, policy.mesh) for mb in packed]
     elif first_step_is_on_policy(run):  # the first mini-batch's come out of its own update
         own = global_array(np.full(packed[0].packed.target.shape, OWN_OLD_LOGP, np.float32), policy.mesh)
         old = [own, *logprobs(policy.state.params, placed[1:])]
-        recomputed = [None, *old[1:]]
     else:
-        old = recomputed = logprobs(policy.state.params, placed)
+        old = logprobs(policy.state.params, placed)
     ref = run.ref_params.get(policy.name)  # the KL reference's log-probs, once per batch like old
     ref_logp = [None] * len(placed) if ref is None else logprobs(ref, placed)
     cfg = run.config.loss  # the sampler's mismatch with the trainer, corrected by choice
@@ -73,7 +72,8 @@ def start_update(run: Run, policy, batch: PolicyBatch, behavior_logprobs: bool =
             metrics.append(policy.update(mb._replace(old_logp=old_mb, ref_logp=ref_mb, is_weight=is_mb)))
             if paced:
                 jax.block_until_ready(metrics[-1])
-    return PendingUpdate(policy, metrics, recomputed, packed, batch.num_samples, int(batch.lengths()[1].sum()))
+    return PendingUpdate(policy, metrics, not behavior_logprobs, packed, batch.num_samples,
+                         int(batch.lengths()[1].sum()))
 
 
 def first_step_is_on_policy(run: Run) -> bool:
@@ -90,9 +90,9 @@ def finish_update(p: PendingUpdate) -> dict:
     """Wait for a dispatched update and read its metrics (once, at the end): their means, and the
     gap between the old log-probs (recomputed, or the first step's own) and the sampler's (0 when the
     two are one distribution)."""
-    own = [m.pop("old_logp") for m in p.metrics][0]  # sharded like the batch: read with to_host below
-    if p.old is not None and p.old[0] is None:
-        p.old[0] = own
+    # the old log-probs each update took (the first epoch's hold every mini-batch's), sharded like the
+    # batch: read with to_host, not with the metrics
+    olds = [m.pop("old_logp") for m in p.metrics][:len(p.packed)]
     logs = jax.device_get(p.metrics)
     out = {k: float(np.mean([log[k] for log in logs])) for k in logs[0]}
     skipped = [bool(log["skipped"]) for log in logs]
@@ -100,9 +100,9 @@ def finish_update(p: PendingUpdate) -> dict:
     out["updates"] = float(len(skipped))
     last_applied = max((i + 1 for i, s in enumerate(skipped) if not s), default=0)
     out["skipped_tail"] = float(len(skipped) - last_applied)  # skipped after the last applied update
-    if p.old is not None:
+    if p.measures_gap:
         scored = np.concatenate([mb.packed.scored.ravel() for mb in p.packed])
-        old = np.concatenate([to_host(x).ravel() for x in p.old])
+        old = np.concatenate([to_host(x).ravel() for x in olds])
         sampler = np.concatenate([mb.sampler_logp.ravel() for mb in p.packed])
         out["logprob_gap"] = float(np.abs(old - sampler)[scored].mean()) if scored.any() else 0.0
     out["samples"] = float(p.samples)
