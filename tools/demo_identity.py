@@ -1,0 +1,41 @@
+"""Does a change leave training bitwise as it was? Runs the CPU demo's first N steps into a workdir and
+compares its metrics.jsonl, row by row, with a reference run's, every number but the clocks.
+
+    python tools/demo_identity.py runs/before            # on the old code: the reference
+    python tools/demo_identity.py runs/after runs/before # on the new code: exit 1 on any difference
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+STEPS = 20
+CLOCKS = ("_s", "per_s", "_busy", "time")  # wall-clock measurements differ run to run
+
+
+def rows(workdir: str) -> list[dict]:
+    with open(f"{workdir}/metrics.jsonl") as f:
+        return [{k: v for k, v in json.loads(line).items() if not any(c in k for c in CLOCKS)} for line in f]
+
+
+def main(workdir: str, reference: str | None = None) -> int:
+    shutil.rmtree(workdir, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "atgrpo_jax.train", "--config=configs/demo.py", f"--workdir={workdir}",
+                    f"--config.train.steps={STEPS}"], check=True, stdout=subprocess.DEVNULL)
+    if reference is None:
+        return 0
+    got, want = rows(workdir), rows(reference)
+    diffs = [(w["step"], k, w.get(k), g.get(k)) for g, w in zip(got, want) for k in sorted(set(g) | set(w))
+             if g.get(k) != w.get(k)]
+    if len(got) != len(want):
+        diffs.append(("rows", "", len(want), len(got)))
+    for step, k, before, now in diffs[:20]:
+        print(f"step {step} {k}: {before!r} -> {now!r}")
+    print(f"{len(want)} rows: {'bitwise identical' if not diffs else f'{len(diffs)} differences'}")
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
