@@ -28,7 +28,7 @@ from atgrpo_jax.train.heldout import evaluation
 from atgrpo_jax.train.metrics import METRICS_FILE
 from atgrpo_jax.train.plots import plot_learning_curves
 from atgrpo_jax.train.resume import restore_given
-from atgrpo_jax.train.setup import build_run
+from atgrpo_jax.train.setup import Run, build_run
 from atgrpo_jax.train.step import policy_states, set_policy_states
 from atgrpo_jax.train.validate import resolve
 
@@ -64,7 +64,7 @@ def parse_policies(items) -> dict[str, tuple[str, str | None, int | None]]:
     return out
 
 
-def load_policies_from(run, sources: dict) -> None:
+def load_policies_from(run: Run, sources: dict) -> None:
     """Replace the policy acting for each agent of `sources` by one restored from another run."""
 
     names = [a.name for a in run.workflow.agents]

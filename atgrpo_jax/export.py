@@ -34,8 +34,7 @@ from atgrpo_jax.train.checkpoint import Checkpointer
 from atgrpo_jax.train.config import from_saved
 from atgrpo_jax.train.metrics import METRICS_FILE, read_metrics
 from atgrpo_jax.train.resume import restore_given
-from atgrpo_jax.train.roles import role_config
-from atgrpo_jax.train.setup import build_run
+from atgrpo_jax.train.setup import Run, build_run
 from atgrpo_jax.train.step import policy_states, set_policy_states
 
 LORA_MODES = ("merge", "adapter")
@@ -63,7 +62,7 @@ def pick_step(steps: list[int], wanted: int | None, where: str) -> int:
     return wanted
 
 
-def generation_config(run, index: int):
+def generation_config(run: Run, index: int):
     """transformers' GenerationConfig for policy `index`: the run's stop and pad ids and the
     sampling of the agents it acts for (a setting on which they differ: the rollout's)."""
     from transformers import GenerationConfig
@@ -168,8 +167,9 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
 
     out = os.path.abspath(out)
     extras = (run.tokenizer, generation_config(run, index))
-    role = chosen.name.removeprefix("policy_") if config.policy.sharing == "per_role" else None
-    card = model_card(role_config(config, role), step=step, policy=chosen.name, adapter=lora == "adapter",
+    agents = [a.name for a, p in zip(run.workflow.agents, run.policy_of_agent) if p == index]
+    role = agents[0] if len(agents) == 1 else None  # the policy's one agent: its model is the role's own
+    card = model_card(config.role(role), step=step, policy=chosen.name, adapter=lora == "adapter",
                       metrics=read_metrics(workdir) if wd.exists(wd.join(workdir, METRICS_FILE)) else [],
                       agents=[a.name for a in run.workflow.agents], sft=meta.get("command") == "sft")
     writer = jax.process_index() == 0

@@ -295,13 +295,13 @@ def test_the_command_refuses_bad_input_in_one_line_before_writing(tmp_path, caps
 
 
 def test_sft_refuses_a_config_of_several_policies():
-    from atgrpo_jax.train.validate import validate_sft
+    from atgrpo_jax.train.validate import resolve, validate_sft
 
     c = cli.load_config(DEMO)
     c.sft.train_path = "chats.jsonl"
     c.policy.sharing = "per_role"
     with pytest.raises(ConfigError, match=r"config\.policy\.sharing: sft trains one full model"):
-        validate_sft(c)
+        validate_sft(resolve(c))
 
 
 def test_the_stream_gives_each_step_its_own_sequences_and_cuts_long_ones():

@@ -3,6 +3,8 @@ compares its metrics.jsonl, row by row, with a reference run's, every number but
 
     python tools/demo_identity.py runs/before            # on the old code: the reference
     python tools/demo_identity.py runs/after runs/before # on the new code: exit 1 on any difference
+
+Arguments starting with -- go to the training command (e.g. --config.regime=per_role).
 """
 from __future__ import annotations
 
@@ -21,10 +23,10 @@ def rows(workdir: str) -> list[dict]:
         return [{k: v for k, v in json.loads(line).items() if not CLOCKS.search(k)} for line in f]
 
 
-def main(workdir: str, reference: str | None = None) -> int:
+def main(workdir: str, reference: str | None, overrides: list[str]) -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "atgrpo_jax.train", "--config=configs/demo.py", f"--workdir={workdir}",
-                    f"--config.train.steps={STEPS}"], check=True, stdout=subprocess.DEVNULL)
+                    f"--config.train.steps={STEPS}", *overrides], check=True, stdout=subprocess.DEVNULL)
     if reference is None:
         return 0
     got, want = rows(workdir), rows(reference)
@@ -39,4 +41,6 @@ def main(workdir: str, reference: str | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:]))
+    flags = [a for a in sys.argv[1:] if a.startswith("--")]
+    paths = [a for a in sys.argv[1:] if not a.startswith("--")]
+    sys.exit(main(paths[0], paths[1] if len(paths) > 1 else None, flags))

@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from atgrpo_jax.models.attention import configured_backend, resolve_backend
-from atgrpo_jax.models.architecture import model_architecture
 from atgrpo_jax.models.config import Qwen3Config
-from atgrpo_jax.train.roles import role_config
 
 
 def model_config(config) -> Qwen3Config:
-    """The architecture a training config names (preset, or the HF checkpoint's config.json), as the trainer
-    builds it (models/architecture.py), with the LoRA adapters of a LoRA layout."""
-    return model_architecture(config.model, lora=config.lora if config.policy.routing.lora else None)
+    """The architecture a training config names (`Config.architecture`, the model the trainer builds), with
+    the adapters of a LoRA layout (the trainer attaches them to that model: train/policies.py)."""
+    if not config.policy.routing.lora:
+        return config.architecture
+    return config.architecture.replace(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha)
 
 
 def planned_backend(config, cfg: Qwen3Config, platform: str, seq: int) -> str:
@@ -31,7 +31,7 @@ def largest_role(config) -> tuple[Any, str]:
     if not roles:
         return config, ""
     options = [(model_config(c).num_params(), i, c) for i, c in
-               enumerate([config] + [role_config(config, role) for role in roles])]
+               enumerate([config] + [config.role(role) for role in roles])]
     size, _, largest = max(options)
     return largest, (f"policy.role_models: planned as if every role's model were the largest ({size:,} "
                      "parameters), an upper bound; plan --compile builds each role's own")

@@ -20,7 +20,6 @@ from atgrpo_jax.plan.memory import AGENTS, plan
 from atgrpo_jax.plan.programs import DoesNotFit, agent_names, compile_progress, step_programs  # noqa: F401  (DoesNotFit: callers)
 from atgrpo_jax.plan.targets import GiB, Target
 from atgrpo_jax.sharding import MeshConfig, pool_sizes
-from atgrpo_jax.train.roles import role_config
 
 
 def planned(config, target: Target) -> dict[str, int]:
@@ -49,15 +48,15 @@ def modelled_seconds(a: Analysis, cfg, chip) -> float:
 def model_step(config, target: Target, assumptions: costing.Assumptions, agents: int = AGENTS) -> dict:
     """The modelled seconds of a training step of `config` on `target` (plan/costing.py; no compile):
     the pools and meshes as train/setup.py lays them out, each host sampling its share of the tasks."""
-    layout = config.policy.routing
-    pools = agents if layout.per_agent and not layout.lora and config.policy.pools else 1
+    layout = config.layout(agents)
+    pools = layout.pools
     full = MeshConfig.from_mapping(config.mesh.to_dict()).resolve(target.chips, target.hosts)
     pool = full if pools == 1 else pool_sizes(full, pools)
     r = config.rollout
     prompts = r.num_tasks // target.hosts * (1 if r.tree else r.k)
-    models = agents if layout.per_agent and not layout.lora else 1  # each model learns from its agents only
+    models = 1 if layout.lora else layout.policies  # each model learns from its agents only
     roles = agent_names(config)[0] if config.policy.role_models and models > 1 else []
-    cfgs = [model_config(role_config(config, name)) for name in roles] if len(roles) == models else [None] * models
+    cfgs = [model_config(config.role(name)) for name in roles] if len(roles) == models else [None] * models
     work = [costing.PoolWork(agents // models, dict(pool, data=1), prompts, prompts * (r.k if r.tree else 1),
                              math.prod(pool.values()), cfg)
             for cfg in cfgs]

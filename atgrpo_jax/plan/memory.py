@@ -302,10 +302,10 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
 
     config, unequal = largest_role(config)
     cfg = model_config(config)
-    per_role = config.policy.routing.per_agent and not config.policy.routing.lora
+    layout = config.layout(AGENTS)
     if policies is None:  # pools: one per agent's model with policy.pools, else all models on one mesh
-        policies = AGENTS if per_role and config.policy.pools else 1
-    models = AGENTS if per_role and policies == 1 else 1  # full models on each device's mesh
+        policies = layout.pools
+    models = (1 if layout.lora else layout.policies) if policies == 1 else 1  # full models on one device's mesh
     sizes = pool_mesh_sizes(config.mesh.to_dict(), num_devices, policies, hosts_of(device, num_devices))
     mesh = abstract_mesh(sizes)
     params = model_params(cfg)
@@ -313,9 +313,9 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
     notes = [unequal] if unequal else []
     base = [p for p in params if not p[3]]
     adapters = [p for p in params if p[3]]
-    lora = config.policy.routing.lora
+    lora = layout.lora
     trainable = adapters if lora else base
-    copies = AGENTS if lora and config.policy.routing.per_agent else 1  # adapter sets on the shared base
+    copies = layout.adapter_sets  # adapter sets on the shared base
     # Over several data rows (hosts) a full model's trained state is split over the data axis too, and the
     # sampler gathers a whole copy per row (sharding.TRAIN_RULES, train/policies.py).
     regather = not lora and sizes["data"] > 1

@@ -46,7 +46,6 @@ from atgrpo_jax.sharding import (RULES, TRAIN_RULES, batch_shards, logical_shard
                                  pool_compiler_options, sub_meshes)
 from atgrpo_jax.train.batch import fine_bucket, length_bucket
 from atgrpo_jax.train.policies import SHARED_ADAPTER, on_mesh
-from atgrpo_jax.train.roles import role_config
 from atgrpo_jax.train.setup import make_tokenizer, scored_as, scoring_of
 from atgrpo_jax.train.update import Packed, TrainState, make_optimizer, update_steps
 
@@ -257,17 +256,18 @@ def step_programs(config, devices, hosts: int, on_one_host: Callable = lambda de
             attention=configured_backend(config.model.attention, platform, config.optim.share_prompts),
             decode_attention=config.model.decode_attention)
     cfg = cfg_of(config)
-    layout = config.policy.routing
-    route = layout.route(len(names))
-    pools = sub_meshes(mesh, len(names)) if config.policy.pools else [mesh] * len(names)
+    layout = config.layout(len(names))
+    route = layout.policy_of_agent
+    pools = sub_meshes(mesh, layout.pools) if layout.pools > 1 else [mesh] * len(names)
     tx, _ = make_optimizer(config.optim, config.train.steps)
-    per_pool = int(route.max()) + 1 == len(names)
-    prefix = {(True, True): "lora_", (True, False): "policy_"}.get((layout.per_agent, layout.lora))
+    per_pool = layout.per_agent
+    routing = config.policy.routing
+    prefix = {(True, True): "lora_", (True, False): "policy_"}.get((routing.per_agent, routing.lora))
     states, cfgs = [], {}
-    for p in range(int(route.max()) + 1):
+    for p in range(layout.policies):
         name = f"{prefix}{names[p]}" if prefix else f"lora_{SHARED_ADAPTER}" if layout.lora else "policy"
         agents = [a for a in range(len(names)) if route[a] == p]
-        cfgs[name] = cfg_of(role_config(config, names[p])) if per_pool else cfg  # a role's own (role_models)
+        cfgs[name] = cfg_of(config.role(names[p])) if per_pool else cfg  # a role's own (role_models)
         states.append(_pool_state(config, cfgs[name], name, pools[p] if per_pool else mesh, tx, layout.lora,
                                   config.model.init_seed + p, agents))
     vocab_limit, pad_id = tokenizer_size(config)

@@ -31,10 +31,10 @@ from atgrpo_jax.train.policies import Policy, PolicySpec, build_policies, on_mes
 from atgrpo_jax.train.progress import say
 from atgrpo_jax.train.resume import has_checkpoints, restore_or_start
 from atgrpo_jax.train.setup import make_tokenizer, starting_model
-from atgrpo_jax.train.start import check_before_writing, check_resume, held, open_outputs
+from atgrpo_jax.train.start import Launch, Resumed, check_before_writing, check_resume, held, open_outputs
 from atgrpo_jax.train.stops import Saver, diverged_stop, ending_in_one_line
 from atgrpo_jax.train.update import make_optimizer
-from atgrpo_jax.train.validate import validate_sft
+from atgrpo_jax.train.validate import resolve, validate_sft
 
 # How long, how often and where (train's RESUMABLE, whose "sft." says a train run ignores these keys),
 # and the sft keys that do not change what is trained.
@@ -118,7 +118,8 @@ def run_sft(config, workdir: str, *, allow_config_change: bool = False, fresh_if
             new_history: bool = False) -> dict:
     """Train on config.sft.train_path (resuming from workdir's newest checkpoint); returns the last metrics.
     Every error in the config or the data is raised before the workdir is touched."""
-    config = validate_sft(config)
+    config = validate_sft(resolve(config))
+    launch = Launch(workdir, allow_config_change, fresh_if_unreadable, new_history)
     check_before_writing(config, workdir)
     lead = jax.process_index() == 0
     say(f"reading and tokenizing {config.sft.train_path}", lead)
@@ -127,22 +128,19 @@ def run_sft(config, workdir: str, *, allow_config_change: bool = False, fresh_if
     train = data.load_examples(config.sft.train_path, tokenizer, thinking)
     valid = data.load_examples(config.sft.valid_path, tokenizer, thinking) if config.sft.valid_path else []
     with held(workdir, config.train.preempt_deadline_s) as stop:
-        return _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if_unreadable, stop,
-                    new_history)
+        return _sft(config, launch, tokenizer, train, valid, stop)
 
 
-def _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if_unreadable, stop,
-         new_history=False) -> dict:
-    t, s = config.train, config.sft
-    lead = jax.process_index() == 0
+def _sft(config, launch: Launch, tokenizer, train, valid, stop) -> dict:
+    t, s, workdir, lead = config.train, config.sft, launch.workdir, launch.lead
     ckpt_dir = wd.checkpoint_dir(workdir)
     resumed = has_checkpoints(workdir)
-    changed = check_resume(config, workdir, allow_config_change, SFT_RESUMABLE) if resumed else {}
+    changed = check_resume(config, workdir, launch.allow_config_change, SFT_RESUMABLE) if resumed else {}
     compile_cache.enable(t.compile_cache, workdir)
     say(f"building the model: {len(train)} training sequences, {len(valid)} held out", lead)
     run = build_sft(config, tokenizer, train, valid, init_from=not resumed)
     stop.install()
-    start, states, _ = restore_or_start(config, run, workdir, fresh_if_unreadable, changed)
+    start, states, _ = restore_or_start(config, run, workdir, launch.fresh_if_unreadable, changed)
     if states is not None:
         run.policies[0].load(states[run.policies[0].name])
     elif resumed and config.model.init_from:  # no checkpoint restored after all: a fresh start from model.init_from
@@ -150,8 +148,8 @@ def _sft(config, workdir, tokenizer, train, valid, allow_config_change, fresh_if
     best = "valid_loss" if valid and s.eval_every else None
     ckpt = checkpoint.Checkpointer(ckpt_dir, keep_last=t.keep_last, best_metric=best, best_mode="min")
     steps = {"train.steps": changed["sft.steps"]} if "sft.steps" in changed else {}  # what the schedule spans
-    writer, bar = open_outputs(config, workdir, lead, start, changed, steps, states is not None, s.steps,
-                               ("loss", "valid_loss", "grad_norm", "skipped"), new_history)
+    writer, bar = open_outputs(config, launch, Resumed(start, states is not None, changed, steps), s.steps,
+                               ("loss", "valid_loss", "grad_norm", "skipped"))
     cursor = data.Cursor()
     for _ in range(start):  # the stream up to the checkpoint: what the steps before it trained on
         _, cursor = data.plan_step(run.lengths, cursor, s.rows, s.row_tokens, t.seed)

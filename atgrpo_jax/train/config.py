@@ -9,6 +9,7 @@ checks and whether a resumed run may change it (`RESUMABLE`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import ml_collections
 
@@ -19,10 +20,13 @@ from atgrpo_jax.distributed import DistributedSettings
 from atgrpo_jax.envs.section import EnvSettings
 from atgrpo_jax.envs.workflow import RECIPES
 from atgrpo_jax.errors import ConfigError  # noqa: F401  (raised here; also importable from here)
+from atgrpo_jax.models.architecture import model_architecture
+from atgrpo_jax.models.config import Qwen3Config
 from atgrpo_jax.models.section import LoraSettings, ModelSettings
 from atgrpo_jax.rollout.section import AgentSampling, RolloutSettings, SystemSettings
 from atgrpo_jax.sections import Section, key, resumable, sub
 from atgrpo_jax.sharding import MeshConfig
+from atgrpo_jax.train.roles import Layout, RoleSchedule, role_config, role_optim
 from atgrpo_jax.train.sections import (OptimSettings, PolicySettings, ReferenceSettings, SHARINGS,  # noqa: F401
                                        SftSettings, Sharing, TrainSettings)
 
@@ -61,6 +65,44 @@ class Config(Section):
                            "train.checkpoint_every, train.keep_last, train.loggers")
     distributed: DistributedSettings = sub(DistributedSettings, "several processes (hosts); see "
                                            "atgrpo_jax/distributed.py", resumable=True)
+
+    # Facts derived from the keys, each in one place and once per config (`resolve` derives the role views,
+    # optimizers and schedule before it returns, so their errors come first); every part of a run reads
+    # these instead of deriving them again.
+
+    @functools.cached_property
+    def role_views(self) -> dict[str, "Config"]:
+        """{role: this config with the role's policy.role_models keys in its model section} (roles.role_config)."""
+        return {role: role_config(self, role) for role in self.policy.role_models}
+
+    def role(self, name: str | None) -> "Config":
+        """The config agent `name`'s model is built from: its role view, or this config when it has none."""
+        return self.role_views.get(name, self)
+
+    @functools.cached_property
+    def role_optims(self) -> dict[str, OptimSettings]:
+        """{role: its policy's optimizer settings} of the roles with policy.role_optim keys."""
+        return {role: role_optim(self, role) for role in self.policy.role_optim}
+
+    def optim_of(self, name: str | None) -> OptimSettings:
+        """The optimizer settings of agent `name`'s policy (config.optim unless the role has its own)."""
+        return self.role_optims.get(name, self.optim)
+
+    @functools.cached_property
+    def role_schedule(self) -> RoleSchedule:
+        """Which agents train at each step (policy.phases, policy.frozen_agents)."""
+        return RoleSchedule.of(self.policy)
+
+    @functools.cached_property
+    def architecture(self) -> Qwen3Config:
+        """The model the `model` section names, as models/architecture.py maps it (a preset, or the
+        checkpoint's config.json): read on first use, since a checkpoint's config is a file."""
+        return model_architecture(self.model)
+
+    def layout(self, agents: int) -> Layout:
+        """How `agents` agents map onto trained weights and device pools (policy.sharing, policy.pools)."""
+        routing = self.policy.routing
+        return Layout(tuple(int(p) for p in routing.route(agents)), routing.lora, self.policy.pools)
 
 
 def base_config() -> ml_collections.ConfigDict:

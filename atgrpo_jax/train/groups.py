@@ -14,14 +14,13 @@ import numpy as np
 
 from atgrpo_jax.algo.advantages import group_advantages, group_filter, overlong_penalty
 from atgrpo_jax.train.batch import PolicyBatch, Scoring, policy_batch
-from atgrpo_jax.train.roles import trained_agents
 from atgrpo_jax.train.setup import Run
 
 
 def group_policies(run: Run, samples, step: int) -> np.ndarray:
     """[G] the policy each group trains at `step` (-1: none, its agent is not trained then; plain GRPO's
     mixed groups: 0)."""
-    trained = np.array(trained_agents(run.config, [a.name for a in run.workflow.agents], step))
+    trained = np.array(run.config.role_schedule.trains([a.name for a in run.workflow.agents], step))
     agent = np.maximum(samples.agent, 0)
     return np.where(samples.agent < 0, 0, np.where(trained[agent], run.policy_of_agent[agent], -1))
 
@@ -73,7 +72,7 @@ def lump(values: np.ndarray, ids: np.ndarray, fill=0) -> tuple[np.ndarray, np.nd
 def score_groups(run: Run, samples, step: int, chosen: np.ndarray | None = None) -> Groups:
     """Advantages and filters of step `step`'s `samples` (all of them, or those of some policies alone:
     each group's figures, and the filters ranking within a policy or an agent, depend on its own scope
-    only); the agents the step does not train (`roles.trained_agents`) are left out of `trained`.
+    only); the agents the step does not train (`Config.role_schedule`) are left out of `trained`.
     chosen [G] bool: the groups dynamic sampling picked; the others are neither kept nor ranked."""
     c = run.config
     rewards, mask = step_rewards(run, samples)
@@ -91,7 +90,7 @@ def score_groups(run: Run, samples, step: int, chosen: np.ndarray | None = None)
     low_mean, zero_var = (c.algo.drop_low_mean_frac, c.algo.drop_zero_variance) if filtering else (0.0, False)
     live = mask if chosen is None else mask & jnp.asarray(chosen)[:, None]
     keep = np.asarray(group_filter(rewards, live, low_mean, zero_var, scope))
-    trains = np.array(trained_agents(c, [a.name for a in run.workflow.agents], step))
+    trains = np.array(c.role_schedule.trains([a.name for a in run.workflow.agents], step))
     trained = keep[:, None] & trains[samples.sample_agent]
     if c.algo.drop_overlong:
         trained &= samples.response_len < budgets(run, samples)
@@ -118,7 +117,7 @@ def _lumped_scores(run: Run, samples, step: int, rewards, mask, chosen) -> Group
              "batch": None}[c.algo.filter_scope]
     keep = np.asarray(group_filter(jnp.asarray(joined), jnp.asarray(joined_live), c.algo.drop_low_mean_frac,
                                    c.algo.drop_zero_variance, scope))[ids]
-    trains = np.array(trained_agents(c, [a.name for a in run.workflow.agents], step))
+    trains = np.array(c.role_schedule.trains([a.name for a in run.workflow.agents], step))
     trained = keep[:, None] & trains[samples.sample_agent]
     if c.algo.drop_overlong:
         trained &= samples.response_len < budgets(run, samples)

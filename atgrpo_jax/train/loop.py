@@ -16,8 +16,6 @@ import json
 import sys
 import time
 
-import jax
-
 from atgrpo_jax import cli, workdir as wd
 from atgrpo_jax.envs.workflow import episodes_per_problem
 from atgrpo_jax.trace import Tracer
@@ -28,14 +26,15 @@ from atgrpo_jax.train.heldout import evaluation
 from atgrpo_jax.train.hooks import Hook, StepInfo, run_hooks
 from atgrpo_jax.train.metrics import EPISODES_FILE, last_logged
 from atgrpo_jax.train.progress import say
-from atgrpo_jax.train.start import Opened, check_before_writing, held, open_run
+from atgrpo_jax.train.setup import Run
+from atgrpo_jax.train.start import Launch, Opened, check_before_writing, held, open_run
 from atgrpo_jax.train.step import policy_states, train_step
 from atgrpo_jax.errors import StageTimeout
 from atgrpo_jax.train.stops import Saver, close_keeping, diverged_stop, ending_in_one_line, step_failed
 from atgrpo_jax.train.validate import resolve
 
 
-def pool_busy(tracer: Tracer, run, seconds: float) -> dict:
+def pool_busy(tracer: Tracer, run: Run, seconds: float) -> dict:
     """The fraction of the step each pool (policy) spent sampling or updating, and the host workers stepping."""
     out = {f"pool_busy/{p.name}": tracer.busy_seconds(f"pool {p.name}") / max(seconds, 1e-9) for p in run.policies}
     out["host_busy"] = tracer.busy_seconds("host") / max(seconds, 1e-9)
@@ -55,16 +54,14 @@ def run_training(config, workdir: str, *, allow_config_change: bool = False,
     when metrics.jsonl is missing or damaged, in a new file (history.check_history)."""
     config = resolve(config)  # every config error before anything is written or compiled
     check_before_writing(config, workdir)
+    launch = Launch(workdir, allow_config_change, fresh_if_unreadable, new_history)
     with held(workdir, config.train.preempt_deadline_s) as stop:
-        return _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, print_result, callbacks,
-                      new_history)
+        return _train(config, launch, stop, print_result, callbacks)
 
 
-def _train(config, workdir, allow_config_change, fresh_if_unreadable, stop, print_result=True, callbacks=(),
-           new_history=False) -> dict:
-    t = config.train
-    lead = jax.process_index() == 0
-    o = open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, lead, new_history)
+def _train(config, launch: Launch, stop, print_result: bool = True, callbacks=()) -> dict:
+    t, workdir, lead = config.train, launch.workdir, launch.lead
+    o = open_run(config, launch, stop)
     run, start, ckpt, writer, bar = o.run, o.start, o.ckpt, o.writer, o.bar
     began = time.time()
     last: dict = {}

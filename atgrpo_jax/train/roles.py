@@ -3,26 +3,68 @@ it trains), each role's own optimizer settings (`policy.role_optim`) and model (
 team of unequal models, as the paper's L3 and MARTI's)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 from atgrpo_jax.errors import ConfigError
 
 
-def phase_agents(config, step: int) -> tuple[str, ...] | None:
-    """The agents that train at training step `step` (1-based) under policy.phases: the phases take
-    turns, policy.phase_steps steps each, the first at step 1; None: no schedule (every agent)."""
-    phases = config.policy.phases
-    if not phases:
-        return None
-    phase = ((step - 1) // config.policy.phase_steps) % len(phases)
-    return tuple(name.strip() for name in phases[phase].split("+"))
+@dataclasses.dataclass(frozen=True)
+class RoleSchedule:
+    """Which agents train at each step (`Config.role_schedule`, derived once from the policy section): the
+    phases of policy.phases take turns, policy.phase_steps steps each, the first at step 1, and an agent in
+    policy.frozen_agents never trains (it still samples)."""
+
+    phases: tuple[tuple[str, ...], ...] = ()  # each phase's agents, as named; () = every agent every step
+    phase_steps: int = 1
+    frozen: frozenset = frozenset()
+
+    @classmethod
+    def of(cls, policy) -> "RoleSchedule":
+        phases = tuple(tuple(name.strip() for name in phase.split("+")) for phase in policy.phases)
+        return cls(phases, policy.phase_steps, frozenset(policy.frozen_agents))
+
+    def phase(self, step: int) -> tuple[str, ...] | None:
+        """The agents of the phase of training step `step` (1-based); None: no schedule (every agent)."""
+        if not self.phases:
+            return None
+        return self.phases[((step - 1) // self.phase_steps) % len(self.phases)]
+
+    def trains(self, names: Sequence[str], step: int) -> list[bool]:
+        """Per agent: are its samples trained on at `step`? Not when it is frozen, nor when the step's phase
+        leaves it out."""
+        now = self.phase(step)
+        return [name not in self.frozen and (now is None or name in now) for name in names]
 
 
-def trained_agents(config, names: Sequence[str], step: int) -> list[bool]:
-    """Per agent: are its samples trained on at `step`? Not when it is in policy.frozen_agents, nor
-    when the step's phase leaves it out."""
-    now = phase_agents(config, step)
-    return [name not in config.policy.frozen_agents and (now is None or name in now) for name in names]
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How a run's agents map onto trained weights and devices (`Config.layout`): what the trainer builds
+    (train/setup.py) and the planner plans (plan/memory.py), read from one place."""
+
+    policy_of_agent: tuple[int, ...]  # [A] the policy that acts for (and learns from) each agent
+    lora: bool  # the policies are adapters on one frozen shared base
+    pooled: bool  # policy.pools: each policy on its own part of the mesh
+
+    @property
+    def policies(self) -> int:
+        """Trained weight sets: full models, or adapters."""
+        return max(self.policy_of_agent) + 1
+
+    @property
+    def per_agent(self) -> bool:
+        """One policy per agent (each then on its agent's pool, with its role's optimizer)."""
+        return self.policies == len(self.policy_of_agent)
+
+    @property
+    def pools(self) -> int:
+        """The parts the mesh is cut into."""
+        return self.policies if self.pooled else 1
+
+    @property
+    def adapter_sets(self) -> int:
+        """Adapter sets on the shared base (1 for a layout of full models)."""
+        return self.policies if self.lora else 1
 
 
 def scheduler_turns(config, names: Sequence[str], policies: int) -> list[tuple[int, int]]:

@@ -4,18 +4,20 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
+from transformers import PreTrainedTokenizerFast
 
 from atgrpo_jax.algo.logprobs import SampledFrom
 from atgrpo_jax.distributed import init_distributed, is_multiprocess, local_mesh
 from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow import Workflow
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.models.architecture import model_architecture, run_fields
+from atgrpo_jax.models.architecture import run_fields
 from atgrpo_jax.models.attention import configured_backend
 from atgrpo_jax.models.hf_io import load_pretrained
 from atgrpo_jax.models.hub_ids import local_model_dir
@@ -25,20 +27,22 @@ from atgrpo_jax.sampling import shard_model
 from atgrpo_jax.sharding import make_mesh, platform_of, sub_meshes
 from atgrpo_jax.train import compile_cache
 from atgrpo_jax.errors import CheckpointError
-from atgrpo_jax.train.config import AgentSampling, ConfigError
+from atgrpo_jax.train.config import AgentSampling, Config, ConfigError
 from atgrpo_jax.train.init_from import load_weights
 from atgrpo_jax.train.policies import Policy, PolicySpec, build_policies
-from atgrpo_jax.train.roles import model_key, role_config, role_optim, roles_problem, scheduler_turns
+from atgrpo_jax.train.roles import model_key, roles_problem, scheduler_turns
 from atgrpo_jax.train.update import make_optimizer
 from atgrpo_jax.train.validate import resolve
 
 
 @dataclasses.dataclass
 class Run:
-    config: Any
-    mesh: Any
-    tokenizer: Any
-    workflow: Any
+    """A run's parts, built once from its resolved config: what every step, evaluation and export reads."""
+
+    config: Config
+    mesh: Mesh  # every device of the run (a per-role run with policy.pools cuts it into each policy's pool)
+    tokenizer: PreTrainedTokenizerFast  # one for every agent (the roles' models share its embedding rows)
+    workflow: Workflow
     policies: list[Policy]
     policy_of_agent: np.ndarray
     stop_ids: tuple[int, ...]
@@ -105,7 +109,7 @@ def build_model(config, mesh, hf_key: str = "model.hf_path") -> Qwen3:
             raise CheckpointError(f"config.{hf_key}={m.hf_path!r}: no such directory (nor a hub id)")
         return load_pretrained(local, mesh=mesh, expected=expected,
                                expected_name=f"model.preset={m.preset!r}", **run_fields(m, attention))
-    return shard_model(Qwen3(model_architecture(m, attention), rngs=nnx.Rngs(m.init_seed)), mesh)
+    return shard_model(Qwen3(config.architecture.replace(attention=attention), rngs=nnx.Rngs(m.init_seed)), mesh)
 
 
 def scored_as(config, sampling: list[AgentSampling]) -> list[AgentSampling]:
@@ -126,7 +130,7 @@ def scoring_of(scored: list[AgentSampling], vocab_limit: int | None) -> SampledF
 def starting_model(config, mesh, init_from: bool = False, role: str | None = None) -> Qwen3:
     """`build_model`, with `init_from` and config.model.init_from set the weights of that run's newest
     checkpoint (train/init_from.py): a run's start; a resumed run's checkpoint replaces them anyway.
-    role: the agent whose model this is (`config` is its roles.role_config), for errors naming its keys."""
+    role: the agent whose model this is (`config` is its `Config.role` view), for errors naming its keys."""
     model = build_model(config, mesh, model_key(config, role, "hf_path"))
     if init_from and config.model.init_from:
         model = load_weights(model, config.model.init_from, "config." + model_key(config, role, "init_from"))
@@ -136,7 +140,7 @@ def starting_model(config, mesh, init_from: bool = False, role: str | None = Non
 def role_model(config, names, i: int, mesh, init_from: bool, first: Qwen3) -> Qwen3:
     """Agent i's starting model (its policy.role_models entry, else the run's model); every role's model has
     the first's embedding rows, as one tokenizer and one sampling distribution serve them all."""
-    model = starting_model(role_config(config, names[i]), mesh, init_from, names[i])
+    model = starting_model(config.role(names[i]), mesh, init_from, names[i])
     if model.cfg.vocab_size != first.cfg.vocab_size:
         raise ConfigError(f"config.policy.role_models: {names[i]}'s model has {model.cfg.vocab_size} embedding rows, "
                           f"{names[0]}'s {first.cfg.vocab_size}; the roles share one tokenizer, so they must agree")
@@ -180,24 +184,24 @@ def build_run(config, workdir: str | None = None, *, init_from: bool = False) ->
     if problem:
         raise ConfigError(f"config.{problem}")
     sampling = [config.rollout.agent(n) for n in names]
+    layout = config.layout(len(names))
     try:
-        pools = sub_meshes(mesh, len(names)) if config.policy.pools else [mesh] * len(names)
+        pools = sub_meshes(mesh, layout.pools) if layout.pools > 1 else [mesh] * len(names)
         local_meshes = [local_mesh(m) if is_multiprocess() else None for m in pools]
     except ValueError as e:
         raise ConfigError(f"config.mesh: {e}") from None
-    base = starting_model(role_config(config, names[0]), pools[0], init_from, names[0])
+    base = starting_model(config.role(names[0]), pools[0], init_from, names[0])
     if base.cfg.vocab_size < len(tokenizer):
         raise ConfigError(f"config.model: vocab_size {base.cfg.vocab_size} < tokenizer size {len(tokenizer)}")
-    layout = config.policy.routing
     limit = len(tokenizer) if len(tokenizer) < base.cfg.vocab_size else None  # as the sampler's (rollout.router)
     scored = scored_as(config, sampling)
     how = scoring_of(scored, limit)
-    route = layout.route(len(names))
-    per_agent_pool = int(route.max()) + 1 == len(names)  # one policy per agent: each on its agent's pool
-    turns = scheduler_turns(config, names, int(route.max()) + 1)
-    optimizers = [make_optimizer(role_optim(config, names[i] if per_agent_pool else None), config.train.steps,
-                                 config.reference.lr_schedule, turns[i]) for i in range(int(route.max()) + 1)]
-    spec = PolicySpec(layout, config.loss, config.lora.rank, config.lora.alpha, config.model.init_seed,
+    route = np.asarray(layout.policy_of_agent)
+    per_agent_pool = layout.per_agent  # one policy per agent: each on its agent's pool, with its role's optimizer
+    turns = scheduler_turns(config, names, layout.policies)
+    optimizers = [make_optimizer(config.optim_of(names[i] if per_agent_pool else None), config.train.steps,
+                                 config.reference.lr_schedule, turns[i]) for i in range(layout.policies)]
+    spec = PolicySpec(config.policy.routing, config.loss, config.lora.rank, config.lora.alpha, config.model.init_seed,
                       config.optim.master_dtype, how, "peft" if config.reference.peft_lora_init else "normal",
                       config.reference.shared_lora_samples_base)
     policies = build_policies(spec, base, names, lambda i: optimizers[i][0],

@@ -15,7 +15,7 @@ from atgrpo_jax import workdir as wd
 from atgrpo_jax.distributed import init_distributed
 from atgrpo_jax.errors import ConfigError, LogWriteError, NotWritable
 from atgrpo_jax.train import checkpoint, guard, setup, wandb_log
-from atgrpo_jax.train.config import RESUMABLE, flat
+from atgrpo_jax.train.config import RESUMABLE, Config, flat
 from atgrpo_jax.train.heldout import evaluation_splits
 from atgrpo_jax.train.history import check_history
 from atgrpo_jax.train.init_from import source_checkpoint
@@ -62,7 +62,7 @@ def check_layout(workdir: str) -> None:
                               "--workdir")
 
 
-def check_room(config, run, workdir: str) -> None:
+def check_room(config: Config, run: setup.Run, workdir: str) -> None:
     """Room on the workdir's disk for one checkpoint of `run` (its state as built, and as a staleness run
     also keeps the weights its rollouts in flight sample with), checked at the start, not after the first
     interval of training."""
@@ -122,37 +122,65 @@ def horizon_note(optim, changed: dict, start: int, as_reference_runs: bool = Fal
     return f"; the cosine schedule now spans {after} steps: step {start + 1}'s rate is {new:.3g} (was {old:.3g})"
 
 
-def open_outputs(config, workdir: str, lead: bool, start: int, changed: dict, schedule_changes: dict,
-                 resumed: bool, steps: int, keys: tuple, new_history: bool = False) -> tuple[MetricsWriter, ProgressBar]:
-    """The history checked (a resume continues a whole metrics.jsonl, or with `new_history` a new one:
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """How a run was asked to start (the command's flags): where, and what it may do there."""
+
+    workdir: str
+    allow_config_change: bool = False  # resume with keys changed that a resume may not change
+    fresh_if_unreadable: bool = False  # start afresh when no checkpoint restores (else an error)
+    new_history: bool = False  # resume even with metrics.jsonl missing or damaged, in a new file
+
+    @property
+    def lead(self) -> bool:
+        """Whether this process writes the run's outputs (the first of them)."""
+        return jax.process_index() == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+    """Where a run's outputs continue: the last step done (0: a fresh start), whether a checkpoint was
+    restored, and what changed since the run's config.json."""
+
+    start: int = 0
+    restored: bool = False
+    changed: dict = dataclasses.field(default_factory=dict)  # {key: (the run's value, now)}
+    schedule_changes: dict = dataclasses.field(default_factory=dict)  # {"train.steps": (old, new)} if it moved
+
+
+def open_outputs(config, launch: Launch, resumed: Resumed, steps: int, keys: tuple) -> tuple[MetricsWriter,
+                                                                                             ProgressBar]:
+    """The history checked (a resume continues a whole metrics.jsonl, or with launch.new_history a new one:
     history.check_history), config.json written (the earlier one kept on a change), a resume announced with
-    what changed and what the schedule then spans (`schedule_changes`: {"train.steps": (old, new)} if it
-    moved), and the run's metrics writer and progress bar opened."""
-    t = config.train
-    if lead and resumed and start and "jsonl" in t.loggers:
+    what changed and what the schedule then spans, and the run's metrics writer and progress bar (`steps`
+    long, showing `keys`: console_keys) opened."""
+    t, workdir = config.train, launch.workdir
+    if launch.lead and resumed.restored and resumed.start and "jsonl" in t.loggers:
         saved = wd.saved_config(workdir) or {}
-        note = check_history(workdir, start, saved.get("train", {}).get("log_every", t.log_every), new_history)
+        note = check_history(workdir, resumed.start, saved.get("train", {}).get("log_every", t.log_every),
+                             launch.new_history)
         if note:
             print(note, flush=True)
     try:
-        return _open_outputs(config, workdir, lead, start, changed, schedule_changes, resumed, steps, keys)
+        return _open_outputs(config, launch, resumed, steps, keys)
     except (OSError, LogWriteError) as e:  # a full disk or one gone read-only since the start's checks
         raise NotWritable(f"--workdir {workdir}: cannot start its outputs ({checkpoint.short_cause(e)}); free "
                           "some space, or give another --workdir") from None
 
 
-def _open_outputs(config, workdir, lead, start, changed, schedule_changes, resumed, steps, keys):
+def _open_outputs(config, launch: Launch, resumed: Resumed, steps: int, keys: tuple):
     """open_outputs' writes: config.json, the resume line, the writer and the progress bar."""
-    t = config.train
+    t, workdir, lead, start = config.train, launch.workdir, launch.lead, resumed.start
     if lead:
-        wd.write_config(config, workdir, keep_as=f"config.step{start}.json" if changed and start else "")
+        wd.write_config(config, workdir, keep_as=f"config.step{start}.json" if resumed.changed and start else "")
         if start:
-            changes = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changed.items())
+            changes = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in resumed.changed.items())
             print(f"resuming at step {start}" + (f" with changed settings: {changes}" if changes else "")
-                  + horizon_note(config.optim, schedule_changes, start, config.reference.lr_schedule), flush=True)
+                  + horizon_note(config.optim, resumed.schedule_changes, start, config.reference.lr_schedule),
+                  flush=True)
     extra = [wandb_log.WandbLogger(workdir, flat(config), project=t.wandb_project, entity=t.wandb_entity,
-                                   resumed=resumed)] if lead and "wandb" in t.loggers else []
-    writer = MetricsWriter(workdir, enabled=lead, resume_step=start if resumed else -1,
+                                   resumed=resumed.restored)] if lead and "wandb" in t.loggers else []
+    writer = MetricsWriter(workdir, enabled=lead, resume_step=start if resumed.restored else -1,
                            tensorboard="tensorboard" in t.loggers, jsonl="jsonl" in t.loggers, extra=extra)
     return writer, ProgressBar(steps, enabled=lead and "console" in t.loggers, start_step=start, keys=keys)
 
@@ -172,13 +200,13 @@ class Opened:
     prefetch: Prefetch | None  # system.staleness >= 1: the rollouts made ahead
 
 
-def open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, lead: bool,
-             new_history: bool = False) -> Opened:
+def open_run(config, launch: Launch, stop) -> Opened:
     """Build the run, restore its newest checkpoint that restores (or start fresh), then open its outputs:
-    nothing in the workdir changes before a state is in hand (its compilation cache aside)."""
-    t = config.train
+    nothing in the workdir changes before a state is in hand (its compilation cache aside). stop: the
+    run's guard.StopSignals, installed once jax.distributed is up."""
+    t, workdir, lead = config.train, launch.workdir, launch.lead
     resumed = has_checkpoints(workdir)
-    changed = check_resume(config, workdir, allow_config_change) if resumed else {}
+    changed = check_resume(config, workdir, launch.allow_config_change) if resumed else {}
     say("building the run: tokenizer, model, workflow", lead)
     run = setup.build_run(config, workdir, init_from=not resumed)
     say(run_summary(run), lead)
@@ -187,7 +215,7 @@ def open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, le
     best = "valid_success" if "valid" in splits else "eval_success"  # choose on validation, report test
     if lead:
         check_room(config, run, workdir)
-    start, states, meta = restore_or_start(config, run, workdir, fresh_if_unreadable, changed)
+    start, states, meta = restore_or_start(config, run, workdir, launch.fresh_if_unreadable, changed)
     if lead and not resumed and not wd.is_remote(workdir):  # an earlier run that saved no checkpoint: kept
         aside = wd.join(workdir, f"history-{int(time.time())}")
         kept = keep_history(workdir, aside)
@@ -206,8 +234,8 @@ def open_run(config, workdir, allow_config_change, fresh_if_unreadable, stop, le
         if not prefetch.restore(ckpt, start, meta) and "system.staleness" in changed:
             say(f"note: the rollouts in flight at step {start} were made under system.staleness="
                 f"{changed['system.staleness'][0]}: step {start + 1} samples with its own weights", lead)
-    writer, bar = open_outputs(config, workdir, lead, start, changed, changed, states is not None, t.steps,
-                               console_keys([p.name for p in run.policies]), new_history)
+    writer, bar = open_outputs(config, launch, Resumed(start, states is not None, changed, changed), t.steps,
+                               console_keys([p.name for p in run.policies]))
     return Opened(run, start, states, meta, splits, ckpt, writer, bar, prefetch)
 
 
@@ -222,7 +250,7 @@ def console_keys(policies: list[str]) -> tuple:
     return (("success", "success"), ("reward_mean", "reward")) + own
 
 
-def run_summary(run) -> str:
+def run_summary(run: setup.Run) -> str:
     """One line of what a run is: model, policies, devices, workflow."""
     cfg = run.policies[0].model().cfg
     devices = run.mesh.devices

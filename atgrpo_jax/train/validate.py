@@ -9,7 +9,6 @@ import ml_collections
 from atgrpo_jax.models.config import PRESETS
 from atgrpo_jax.registry import closest
 from atgrpo_jax.train.config import RECIPES, REGIMES, Config, ConfigError, base_config
-from atgrpo_jax.train.roles import role_config, role_optim
 
 # Presets small enough to train from random weights without saying so (the CPU demo, tests,
 # benchmarks); a larger one needs model.hf_path or model.init="random".
@@ -69,7 +68,7 @@ def _require(ok: bool, key: str, msg: str):
 
 
 def _check_weights(m, where: str) -> None:
-    """A model section `m` (config.model, or a role's: `roles.role_config`) that names no weights is
+    """A model section `m` (config.model, or a role's: `Config.role`) that names no weights is
     small enough to start from random ones, or says so (model.init="random")."""
     if not m.hf_path and not m.init_from and m.init == "auto" and m.preset in PRESETS:
         size = PRESETS[m.preset].num_params()
@@ -97,10 +96,9 @@ def checked_alphabet(alphabet: str) -> str:
 
 def validate(c: Config, *, weights: bool = True) -> Config:
     """The rules between sections (each section checked its own keys when it was built)."""
-    roles = list(c.policy.role_models)
-    models = [(c.model, "model")] + [(role_config(c, r).model, f"policy.role_models.{r}") for r in roles]
-    for r in c.policy.role_optim:  # each role's optimizer, as it will be built
-        role_optim(c, r)
+    # the derived facts (Config's role views, optimizers, schedule), made now: their errors name the keys
+    models = [(c.model, "model")] + [(view.model, f"policy.role_models.{r}") for r, view in c.role_views.items()]
+    _ = c.role_optims, c.role_schedule
     if weights:
         for m, where in models:
             _check_weights(m, where)
@@ -119,9 +117,8 @@ def validate(c: Config, *, weights: bool = True) -> Config:
     return c
 
 
-def validate_sft(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """What the sft command needs besides `resolve` (atgrpo_jax/sft: one full model, trained on chat data)."""
-    c = resolve(c)
+def validate_sft(c: Config) -> Config:
+    """What the sft command needs of a resolved config (atgrpo_jax/sft: one full model, trained on chat data)."""
     _require(bool(c.sft.train_path), "sft.train_path",
              "is required: the chat data to train on (--config.sft.train_path=FILE.jsonl; docs/guides/sft.md)")
     _require(c.policy.sharing == "shared", "policy.sharing",

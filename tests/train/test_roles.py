@@ -5,7 +5,6 @@ from tiny_config import tiny
 
 from atgrpo_jax.train.config import ConfigError, base_config
 from atgrpo_jax.train.metrics import read_metrics
-from atgrpo_jax.train.roles import phase_agents, trained_agents
 from atgrpo_jax.train.validate import resolve
 
 
@@ -15,12 +14,14 @@ def untimed(row: dict) -> dict:
 
 
 def test_phases_take_turns_and_frozen_agents_stay_frozen():
+    schedule = resolve(base_config(), weights=False).role_schedule
+    assert schedule.phase(1) is None and schedule.trains(["a", "b"], 7) == [True, True]
     c = base_config()
-    assert phase_agents(c, 1) is None and trained_agents(c, ["a", "b"], 7) == [True, True]
     c.policy.update(phases=("a", "a+b", "b"), phase_steps=2, frozen_agents=("b",))
-    assert [phase_agents(c, s) for s in (1, 2, 3, 4, 5, 6, 7)] == \
+    schedule = resolve(c, weights=False).role_schedule
+    assert [schedule.phase(s) for s in (1, 2, 3, 4, 5, 6, 7)] == \
         [("a",), ("a",), ("a", "b"), ("a", "b"), ("b",), ("b",), ("a",)]
-    assert [trained_agents(c, ["a", "b"], s) for s in (1, 3, 5)] == [[True, False], [True, False], [False, False]]
+    assert [schedule.trains(["a", "b"], s) for s in (1, 3, 5)] == [[True, False], [True, False], [False, False]]
 
 
 def with_roles(**changes):
@@ -55,7 +56,7 @@ def test_role_optim_keys_are_checked_like_optims():
         resolve(c)
 
 
-@pytest.mark.full  # tiers.py: ~12 s; phase_agents/trained_agents above and the role-model run below cover the
+@pytest.mark.full  # tiers.py: ~12 s; the role schedule above and the role-model run below cover the
 # schedule and resume
 def test_roles_take_turns_at_their_own_rates_and_resume_exactly_across_a_phase(tmp_path):
     """Per-role policies trained in alternating phases of one step, the planner at its own lr; a run stopped
@@ -111,14 +112,13 @@ def test_role_models_are_checked_and_planned_as_the_largest():
     from atgrpo_jax.plan.devices import TPUS
     from atgrpo_jax.plan.architecture import model_config
     from atgrpo_jax.plan.memory import plan
-    from atgrpo_jax.train.roles import role_config
 
     c = unequal()
     with c.unlocked():
         c.policy.role_models.executor.preset = "bench-small"  # 7.3M parameters: the larger
     r = resolve(c)
-    size = max(model_config(role_config(r, role)).num_params() for role in (None, "executor"))
-    assert size == model_config(role_config(r, "executor")).num_params() > model_config(r).num_params()
+    size = max(model_config(r.role(role)).num_params() for role in (None, "executor"))
+    assert size == model_config(r.role("executor")).num_params() > model_config(r).num_params()
     assert f"largest ({size:,} parameters)" in " ".join(plan(r, TPUS["v5p"], 1).notes)
     with c.unlocked():
         c.policy.role_models.executor = ml_collections.ConfigDict({"attention": "xla"})
