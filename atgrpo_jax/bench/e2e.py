@@ -8,7 +8,7 @@ epoch of mini-batched clipped updates over every sample (no group filter).
 - Ours: the trainer's pieces, built by `train.setup.build_run`: the sample function
   of `train.step.sample_fn_for` (jitted prefill once per prompt, K-branch decode in one
   `while_loop`) and `train.step.start_update` (jitted chunked log-probs and update).
-- PyTorch: the same rollout driver (`rollout.tree.tree_rollout`), workflow, tokenizer,
+- PyTorch: the same rollout driver (`rollout.tree.TreeRollout`), workflow, tokenizer,
   advantages and batching (`train.batch.policy_batch`, packed one sample per row), with `transformers`
   `Qwen3ForCausalLM.generate` as the sample function (K branches as K copies of each
   prompt, same max_new_tokens, temperature, stop tokens and vocabulary limit) and the
@@ -54,7 +54,7 @@ from atgrpo_jax.bench.torch_baseline import hf_sample_fn, load_hf_model, torch_o
 from atgrpo_jax.models import get_preset
 from atgrpo_jax.models.hf_io import save_pretrained
 from atgrpo_jax.models.tokenizer import QWEN3_TOKENIZER_SIZE
-from atgrpo_jax.rollout.tree import SampleFn, tree_rollout
+from atgrpo_jax.rollout.tree import RolloutInputs, SampleFn, TreeRollout
 from atgrpo_jax.bench.rows import as_rows
 from atgrpo_jax.train.batch import fine_bucket, pack, policy_batch
 from atgrpo_jax.train.config import base_config
@@ -152,8 +152,8 @@ def run_step(run: Run, side: Side, step: int) -> dict:
         return out
 
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    samples, _ = tree_rollout(run.workflow, timed_sample, run.encode, task_ids, "train", k=r.k,
-                              max_turns=r.max_turns, alpha=c.algo.alpha, key=key)
+    samples, _ = TreeRollout(r.k).begin(RolloutInputs(run.workflow, timed_sample, run.encode, task_ids, "train",
+                                                      max_turns=r.max_turns, alpha=c.algo.alpha, key=key)).run()
     t1 = time.perf_counter()
     rewards, mask = jnp.asarray(samples.reward), jnp.asarray(samples.mask)
     adv = np.asarray(group_advantages(rewards, mask, c.algo.advantage))

@@ -43,7 +43,7 @@ from atgrpo_jax.bench.system_ahead import canned_out, run_pipeline
 from atgrpo_jax.envs.registry import make_workflow as make
 from atgrpo_jax.models.config import get_preset
 from atgrpo_jax.models.tokenizer import encode_chat, qwen3_tokenizer
-from atgrpo_jax.rollout.tree import Schedule, tree_rollout
+from atgrpo_jax.rollout.tree import RolloutInputs, Schedule, TreeRollout
 from atgrpo_jax.trace import Tracer, overlap_seconds
 
 TARGET_RATIO = 0.75
@@ -151,9 +151,10 @@ def run_step(args, model: LatencyModel, asynchronous: bool, encode) -> dict:
         reader.start()
     t0 = time.perf_counter()
     try:
-        samples, _ = tree_rollout(wf, model_sample_fn(model, CANNED[args.workflow], args.new_tokens), encode,
-                                  np.arange(args.tasks), "train", k=args.k, max_turns=args.turns, alpha=1.0,
-                                  key=jax.random.key(0), schedule=schedule)
+        inputs = RolloutInputs(wf, model_sample_fn(model, CANNED[args.workflow], args.new_tokens), encode,
+                               np.arange(args.tasks), "train", max_turns=args.turns, alpha=1.0,
+                               key=jax.random.key(0), schedule=schedule)
+        samples, _ = TreeRollout(args.k).begin(inputs).run()
     finally:
         if reader is not None:
             finished.put(None)

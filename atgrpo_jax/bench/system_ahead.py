@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from atgrpo_jax.rollout.samples import SampleOut
-from atgrpo_jax.rollout.tree import Schedule, begin_tree
+from atgrpo_jax.rollout.tree import RolloutInputs, Schedule, TreeRollout
 from atgrpo_jax.trace import Tracer
 from atgrpo_jax.train.prefetch import due_parts, part_ends  # noqa: F401  (the trainer's cut, one place)
 
@@ -81,8 +81,9 @@ def run_pipeline(args, model, encode, workflow, answers, pool_tokens) -> list[di
     ends = part_ends(turns, n)
 
     def begin(r: int):
-        return begin_tree(workflow, sample, encode, np.arange(args.tasks), "train", k=args.k, max_turns=turns,
-                          alpha=1.0, key=jax.random.fold_in(jax.random.key(0), r), schedule=schedule)
+        inputs = RolloutInputs(workflow, sample, encode, np.arange(args.tasks), "train", max_turns=turns, alpha=1.0,
+                               key=jax.random.fold_in(jax.random.key(0), r), schedule=schedule)
+        return TreeRollout(args.k).begin(inputs)
 
     def make_parts(r: int, parts: list[int]):  # a rollout's due parts, in order
         if r not in flight:

@@ -6,7 +6,7 @@ import dataclasses
 
 from atgrpo_jax.sections import Section, key, non_negative, positive
 
-PLAIN_GROUPINGS = ("task", "task_agent")  # rollout.plain_grouping: see rollout/tree.py
+PLAIN_GROUPINGS = ("task", "task_agent")  # rollout.plain_grouping: see rollout/plain.py
 SCHEDULES = ("sync", "async")  # system.schedule
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from atgrpo_jax.rollout.tree import PlainRollout
+from atgrpo_jax.rollout.plain import PlainRollout
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.train.step import rollout
 

@@ -22,7 +22,8 @@ from atgrpo_jax.distributed import gather_objects, task_slice
 from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE
 from atgrpo_jax.rollout.cohort import ReferenceTree
 from atgrpo_jax.rollout.router import make_sample_fn
-from atgrpo_jax.rollout.tree import InFlight, PlainRollout, Schedule, TreeRollout, merge_rollouts
+from atgrpo_jax.rollout.plain import PlainRollout
+from atgrpo_jax.rollout.tree import InFlight, RolloutInputs, Schedule, TreeRollout, merge_rollouts
 from atgrpo_jax.train.groups import Groups, batch_of, group_policies, score_groups, step_rewards
 from atgrpo_jax.train.guard import StepAbandoned
 from atgrpo_jax.train.pending import (dispatch_updates, finish_update, finish_updates, packed_minibatches,
@@ -55,17 +56,19 @@ def schedule_for(run: Run, tracer: Tracer | None, finished: queue.Queue | None =
                     finished=finished)
 
 
-def begin_rollout(run: Run, strategy, task_ids: np.ndarray, split: str, temperature: float | None, key,
-                  tracer=None, evaluation: bool = False, finished: queue.Queue | None = None) -> InFlight:
-    """`strategy` (rollout.tree.TreeRollout or PlainRollout) over this process's slice of task_ids, with
-    the agents' training (or `evaluation`) sampling, not yet run (`end_rollout` after it has advanced).
+def begin_rollout(run: Run, strategy: TreeRollout | PlainRollout, task_ids: np.ndarray, split: str,
+                  temperature: float | None, key, tracer=None, evaluation: bool = False,
+                  finished: queue.Queue | None = None) -> InFlight:
+    """`strategy` (rollout.tree.TreeRollout or rollout.plain.PlainRollout) over this process's slice of
+    task_ids, with the agents' training (or `evaluation`) sampling, not yet run (`end_rollout` after it
+    has advanced).
     finished: where each policy's complete groups go early (`early_updates`)."""
     mine = task_slice(len(task_ids))
     r = run.config.rollout
-    return strategy.begin(run.workflow, sample_fn_for(run, temperature, strategy.prompts(mine.stop - mine.start),
-                                                      evaluation),
-                          run.encode, task_ids[mine], split, max_turns=r.max_turns, alpha=run.config.algo.alpha,
-                          key=key, first_task=mine.start, schedule=schedule_for(run, tracer, finished))
+    sample_fn = sample_fn_for(run, temperature, strategy.prompts(mine.stop - mine.start), evaluation)
+    return strategy.begin(RolloutInputs(run.workflow, sample_fn, run.encode, task_ids[mine], split,
+                                        max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key,
+                                        first_task=mine.start, schedule=schedule_for(run, tracer, finished)))
 
 
 def end_rollout(run: Run, inflight: InFlight):

@@ -13,7 +13,7 @@ import pytest
 from atgrpo_jax.bench import e2e
 from atgrpo_jax.bench.torch_baseline import trim_padding
 from atgrpo_jax.models.tokenizer import encode_chat
-from atgrpo_jax.rollout.tree import tree_rollout
+from atgrpo_jax.rollout.tree import RolloutInputs, TreeRollout
 from atgrpo_jax.bench.rows import as_rows
 from atgrpo_jax.train.batch import pack, policy_batch
 from atgrpo_jax.train.step import finish_update, start_update
@@ -85,8 +85,8 @@ def test_torch_sampler_logprobs_are_the_models(run):
 
 def test_torch_update_matches_the_trainers_update_on_one_batch(run):
     ours = e2e.our_side(run)
-    samples, _ = tree_rollout(run.workflow, ours.sample_fn, run.encode, np.arange(2), "train", k=K,
-                              max_turns=2, alpha=1.0, key=jax.random.key(5))
+    samples, _ = TreeRollout(K).begin(RolloutInputs(run.workflow, ours.sample_fn, run.encode, np.arange(2), "train",
+                                                    max_turns=2, alpha=1.0, key=jax.random.key(5))).run()
     adv = np.random.RandomState(0).randn(*samples.reward.shape).astype(np.float32)  # a signal for the loss
     keep = np.arange(len(adv)) < 5  # 10 samples: one mini-batch of 16 with 6 empty rows
     batch = policy_batch(samples, adv, keep, run.policy_of_agent == 0, 16, np.random.default_rng(0))

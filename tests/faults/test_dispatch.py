@@ -10,7 +10,7 @@ import pytest
 
 from atgrpo_jax.rollout.dispatch import StageTimeout
 from atgrpo_jax.rollout.samples import SampleOut
-from atgrpo_jax.rollout.tree import Schedule, tree_rollout
+from atgrpo_jax.rollout.tree import RolloutInputs, Schedule, TreeRollout
 
 release = threading.Event()  # lets the hung stages of a test end once it is over
 
@@ -59,8 +59,8 @@ class Env:
 def rollout(env, fn, timeout_s, cohorts=2, asynchronous=True):
     schedule = Schedule(cohorts=cohorts, asynchronous=asynchronous, host_workers=2, pool_of_agent=(0, 1),
                         pool_names=("A", "B"), stage_timeout_s=timeout_s)
-    return tree_rollout(env, fn, lambda m, a: [1, 2, 3], np.arange(4), "train", k=2, max_turns=2, alpha=1.0,
-                        key=jax.random.key(0), schedule=schedule)
+    return TreeRollout(2).begin(RolloutInputs(env, fn, lambda m, a: [1, 2, 3], np.arange(4), "train", max_turns=2,
+                                              alpha=1.0, key=jax.random.key(0), schedule=schedule)).run()
 
 
 @pytest.mark.parametrize("asynchronous", [True, False])

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from atgrpo_jax.rollout.tree import Schedule, tree_rollout
+from atgrpo_jax.rollout.tree import RolloutInputs, Schedule, TreeRollout
 from atgrpo_jax.trace import Tracer, overlap_seconds
 from atgrpo_jax.train.metrics import is_wall_clock
 from atgrpo_jax.train.setup import build_run
@@ -112,8 +112,8 @@ def test_pools_and_host_workers_overlap_on_the_timeline():
     tracer = Tracer()
     schedule = Schedule(cohorts=4, asynchronous=True, host_workers=2, pool_of_agent=(0, 1),
                         pool_names=("A", "B"), tracer=tracer)
-    tree_rollout(wf, slow_sample_fn(0.1), lambda m, a: [1, 2, 3], np.arange(8), "train", k=3, max_turns=2,
-                 alpha=1.0, key=jax.random.key(0), schedule=schedule)
+    TreeRollout(3).begin(RolloutInputs(wf, slow_sample_fn(0.1), lambda m, a: [1, 2, 3], np.arange(8), "train",
+                                       max_turns=2, alpha=1.0, key=jax.random.key(0), schedule=schedule)).run()
     a, b, host = tracer.spans("pool A"), tracer.spans("pool B"), tracer.spans("host")
     events = tracer.to_json()["traceEvents"]
     track = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
@@ -245,8 +245,9 @@ def test_requests_waiting_at_a_pool_are_sampled_in_one_call():
         return SampleOut.from_rows(np.full((n, 2), 7), np.full(n, 2), np.zeros((n, 2)), texts, 4)
 
     wf = make_workflow("plan_path_demo", view="local", lenient=True, plan_len=2, exec_len=2)
-    run = lambda schedule: tree_rollout(wf, keyed_sample_fn, lambda m, a: [1, 2, 3], np.arange(8), "train",  # noqa: E731
-                                        k=3, max_turns=2, alpha=1.0, key=jax.random.key(0), schedule=schedule)
+    run = lambda schedule: TreeRollout(3).begin(RolloutInputs(  # noqa: E731
+        wf, keyed_sample_fn, lambda m, a: [1, 2, 3], np.arange(8), "train", max_turns=2, alpha=1.0,
+        key=jax.random.key(0), schedule=schedule)).run()
     sync, _ = run(None)
     calls.clear()
     merged, _ = run(Schedule(cohorts=4, asynchronous=True, host_workers=1, pool_of_agent=(0, 0)))

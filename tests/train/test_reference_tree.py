@@ -10,7 +10,7 @@ import pytest
 from atgrpo_jax.envs.workflow import Agent, StepOut, branch
 from atgrpo_jax.rollout.cohort import ReferenceTree
 from atgrpo_jax.rollout.samples import SampleOut
-from atgrpo_jax.rollout.tree import tree_rollout
+from atgrpo_jax.rollout.tree import RolloutInputs, TreeRollout
 from atgrpo_jax.train.groups import score_groups
 from atgrpo_jax.train.validate import resolve
 from tiny_config import tiny
@@ -51,8 +51,9 @@ def sample_fn(agent, prompts, k, keys):
 
 
 def rollout(**switches):
-    samples, episodes = tree_rollout(Scored(), sample_fn, lambda m, a: [1, 2, 3], [0], "train", k=K, max_turns=2,
-                                     alpha=1.0, key=jax.random.key(0), reference_tree=ReferenceTree(**switches))
+    inputs = RolloutInputs(Scored(), sample_fn, lambda m, a: [1, 2, 3], [0], "train", max_turns=2, alpha=1.0,
+                           key=jax.random.key(0))
+    samples, episodes = TreeRollout(K, ReferenceTree(**switches)).begin(inputs).run()
     second = [g for g in range(samples.num_groups) if samples.agent[g] == 1 and samples.mask[g].any()]
     return samples, second, episodes
 

@@ -6,7 +6,8 @@ from flax import nnx
 
 from atgrpo_jax.envs.workflow import take_branch
 from atgrpo_jax.models.lora import LoRAParam
-from atgrpo_jax.rollout.tree import plain_rollout, tree_rollout
+from atgrpo_jax.rollout.plain import PlainRollout
+from atgrpo_jax.rollout.tree import RolloutInputs, TreeRollout
 from tiny_config import tiny
 from atgrpo_jax.train.step import train_step
 from atgrpo_jax.train.setup import build_run
@@ -55,11 +56,11 @@ def run():
     return build_run(tiny_config())
 
 
-def rollout(run, fn=tree_rollout, seed=0):
+def rollout(run, strategy=TreeRollout(K), seed=0):
     from atgrpo_jax.train.step import sample_fn_for
     spy = Spy(run.workflow)
-    samples, episodes = fn(spy, sample_fn_for(run, 1.0, 3 * K), run.encode, [11, 12, 13], "train", k=K,
-                           max_turns=2, alpha=1.0, key=jax.random.key(seed))
+    samples, episodes = strategy.begin(RolloutInputs(spy, sample_fn_for(run, 1.0, 3 * K), run.encode, [11, 12, 13],
+                                                     "train", max_turns=2, alpha=1.0, key=jax.random.key(seed))).run()
     return spy, samples, episodes
 
 
@@ -98,8 +99,7 @@ def test_next_agent_observes_the_selected_branch(run):
 
 
 def test_plain_grpo_groups_episodes_by_task_and_agent(run):
-    import functools
-    spy, s, episodes = rollout(run, functools.partial(plain_rollout, grouping="task_agent"), seed=2)
+    spy, s, episodes = rollout(run, PlainRollout(K, grouping="task_agent"), seed=2)
     assert s.reward.shape == (3 * 2, K)  # (task, agent) groups, K independent episodes
     assert sorted(zip(s.task, s.agent)) == [(t, a) for t in range(3) for a in range(2)]
 
@@ -107,7 +107,7 @@ def test_plain_grpo_groups_episodes_by_task_and_agent(run):
 def test_plain_grpo_as_the_reference_groups_by_task_at_its_last_turn(run):
     """One group per task: both agents' samples at the task's maximum turn over its K episodes,
     checked against the trajectory (every sample of every turn) in plain Python."""
-    _, s, episodes = rollout(run, plain_rollout, seed=2)
+    _, s, episodes = rollout(run, PlainRollout(K), seed=2)
     t = episodes.trajectory  # one-sample groups, task = episode index (task * K + k)
     assert s.reward.shape == (3, K * 2) and list(s.task) == [0, 1, 2] and (s.agent == -1).all()
     for task in range(3):
@@ -190,8 +190,11 @@ def test_a_split_rollout_merges_into_the_whole_one(run):
     from atgrpo_jax.rollout.tree import merge_rollouts
     from atgrpo_jax.train.step import sample_fn_for
     ids, key = np.array([11, 12, 13, 14]), jax.random.key(3)
-    go = lambda sl: tree_rollout(run.workflow, sample_fn_for(run, 1.0, 4), run.encode, ids[sl], "train", k=K,
-                                 max_turns=2, alpha=1.0, key=key, first_task=sl.start)
+
+    def go(sl: slice):
+        return TreeRollout(K).begin(RolloutInputs(run.workflow, sample_fn_for(run, 1.0, 4), run.encode, ids[sl], "train",
+                                                  max_turns=2, alpha=1.0, key=key, first_task=sl.start)).run()
+
     whole = merge_rollouts([go(slice(0, 4))], 2)
     split = merge_rollouts([go(slice(0, 2)), go(slice(2, 4))], 2)
     (s1, e1), (s2, e2) = whole, split
@@ -228,7 +231,6 @@ def test_old_logprobs_include_the_repetition_penalty():
     under the penalty of the ids its prompt and its own response had shown, so the trainer's old
     log-probs equal the sampler's (the importance ratio starts at 1); without the penalty, or scored at
     temperature 1 without top-p (as once), they do not."""
-    from atgrpo_jax.rollout.tree import tree_rollout
     from atgrpo_jax.train import batch as batch_mod
     from atgrpo_jax.train.step import finish_update, packed_minibatches, sample_fn_for, start_update
 
@@ -238,8 +240,8 @@ def test_old_logprobs_include_the_repetition_penalty():
     run = build_run(config)
     assert list(batch_mod.Scoring.of(run.scored_as).penalty) == [np.float32(1.2), 1.5]
     assert [s.temperature for s in run.sampling] == [1.5, 1.3]
-    samples, _ = tree_rollout(run.workflow, sample_fn_for(run, None, 3), run.encode, [11, 12, 13], "train", k=K,
-                              max_turns=2, alpha=1.0, key=jax.random.key(7))
+    samples, _ = TreeRollout(K).begin(RolloutInputs(run.workflow, sample_fn_for(run, None, 3), run.encode, [11, 12, 13],
+                                                    "train", max_turns=2, alpha=1.0, key=jax.random.key(7))).run()
     batch = batch_mod.policy_batch(samples, np.zeros(samples.reward.shape, np.float32), samples.mask.any(1),
                                    run.policy_of_agent == 0, config.optim.mini_batch_size, np.random.default_rng(0),
                                    batch_mod.Scoring.of(run.scored_as))
