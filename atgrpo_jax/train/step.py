@@ -9,6 +9,7 @@ rollout, and the update's parts (the benchmarks time them apart, against their b
 from __future__ import annotations
 
 import dataclasses
+import functools
 import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,11 +25,12 @@ from atgrpo_jax.rollout.cohort import ReferenceTree
 from atgrpo_jax.rollout.router import make_sample_fn
 from atgrpo_jax.rollout.plain import PlainRollout
 from atgrpo_jax.rollout.tree import InFlight, RolloutInputs, Schedule, TreeRollout, merge_rollouts
-from atgrpo_jax.train.groups import Groups, batch_of, group_policies, score_groups, step_rewards
+from atgrpo_jax.train.groups import batch_of, group_policies, score_groups, step_rewards
 from atgrpo_jax.train.guard import StepAbandoned
-from atgrpo_jax.train.pending import (dispatch_updates, finish_update, finish_updates, packed_minibatches,
-                                     start_update)
+from atgrpo_jax.train.pending import (PendingUpdate, dispatch_updates, finish_update, finish_updates,
+                                     packed_minibatches, start_update)
 from atgrpo_jax.train.setup import Run
+from atgrpo_jax.train.step_metrics import rollout_metrics, update_metrics
 from atgrpo_jax.trace import Tracer
 
 
@@ -132,8 +134,11 @@ def rollout_step(run: Run, step: int, tracer: Tracer | None = None, finished: qu
 def dynamic_sampling(run: Run, ro: Rollout, tracer: Tracer | None) -> tuple[Rollout, np.ndarray, dict]:
     """DAPO's dynamic sampling (algo.dynamic_sampling = N): while a policy has fewer groups with reward
     variance than its first rollout had groups, roll out rollout.num_tasks more tasks (at most N more
-    times); returns (the rollouts merged, [G] the groups chosen: `first_informative`, its counts)."""
+    times); returns (the rollouts merged, [G] the groups chosen: `first_informative`, its counts). Off
+    (N = 0): the rollout as it is, every group a candidate."""
     c, policies = run.config, len(run.policies)
+    if not c.algo.dynamic_sampling:
+        return ro, None, {}
     scope = group_policies(run, ro.samples, ro.step)
     want = np.bincount(scope + 1, minlength=policies + 1)[1:]  # the first rollout's groups per policy
     rounds = 0
@@ -182,63 +187,64 @@ def early_updates(run: Run, step: int, tracer: Tracer, finished: queue.Queue, ab
     return started
 
 
+@dataclasses.dataclass(frozen=True)
+class StepRollout:
+    """A step's rollout and the updates begun while it was made (`early_updates`)."""
+
+    rollout: Rollout
+    started: dict = dataclasses.field(default_factory=dict)  # {policy: its PendingUpdate, or None: nothing to train}
+
+    @property
+    def updating(self) -> bool:
+        """Whether a policy's update is under way (the step can no longer be dropped)."""
+        return any(self.started.values())
+
+
 def train_step(run: Run, step: int, on_rollout=None, tracer: Tracer | None = None, prefetch=None,
                abandon=None) -> dict:
-    """One AT-GRPO step on every policy: rollout -> advantages and filters -> each policy's update;
-    returns scalar metrics. on_rollout(samples, episodes, adv), if given, sees the step's rollout
-    (episode logs). prefetch (train.prefetch.Prefetch, system.staleness = N): the step's rollout may
-    have been made ahead, and parts of the next N steps' are made while this step's updates are on the
-    devices, with the weights from before them. abandon(), if given, is asked once the rollout is done: True
-    raises StepAbandoned and leaves every policy as it was (unless a policy's update began during the
-    rollout: then the step is finished, the next safe point)."""
+    """One AT-GRPO step on every policy: rollout -> rewards, advantages and filters -> each policy's batch ->
+    its update; returns scalar metrics. on_rollout(samples, episodes, adv), if given, sees the step's rollout
+    (episode logs). The options are stages beside it. prefetch (train.prefetch.Prefetch, system.staleness =
+    N): the step's rollout may have been made ahead, and parts of the next N steps' are made while this
+    step's updates are on the devices, with the weights from before them. abandon(), if given, is asked
+    once the rollout is done: True raises StepAbandoned and leaves every policy as it was (unless a policy's
+    update began during the rollout, `early_updates`: then the step is finished, the next safe point).
+    algo.dynamic_sampling may roll out more tasks first."""
     tracer = tracer or Tracer()
-    ahead = prefetch is not None and prefetch.covers(step + 1)  # the next rollout overlaps this update
-    ro, started = prefetch.take(step) if prefetch is not None else None, {}
-    if ro is None:  # started: policies whose update began during the rollout (early_updates)
-        ro, started = rollout_with_early_updates(run, step, tracer, abandon, early=not ahead)
-    if abandon is not None and not any(started.values()) and abandon():  # a stop was asked for: drop the
-        raise StepAbandoned(step)  # step before its update starts
-    chosen, refill = None, {}
-    if run.config.algo.dynamic_sampling:
-        ro, chosen, refill = dynamic_sampling(run, ro, tracer)
-    samples, episodes = ro.samples, ro.episodes
-    t1 = time.perf_counter()
-    groups = score_groups(run, samples, step, chosen)
-    batches = [None if p in started else batch_of(run, step, samples, groups, p) for p in range(len(run.policies))]
+    # the prefetch making the next rollouts beside this step's update, if any
+    ahead = prefetch if prefetch is not None and prefetch.covers(step + 1) else None
+    got = step_rollout(run, step, tracer, prefetch, abandon, early=ahead is None)
+    ro, chosen, refill = dynamic_sampling(run, got.rollout, tracer)
+    began = time.perf_counter()
+    groups = score_groups(run, ro.samples, step, chosen)
+    batches = {p: batch_of(run, step, ro.samples, groups, p) for p in range(len(run.policies)) if p not in got.started}
     if on_rollout is not None:
-        on_rollout(samples, episodes, groups.adv)
-    metrics = dict(rollout_metrics(run, ro, groups), **refill)
+        on_rollout(ro.samples, ro.episodes, groups.adv)
+    metrics = dict(rollout_metrics(run, ro, groups), **refill)  # (before the updates move the optimizer steps)
     if prefetch is not None:
-        prefetch.start(step)  # the weights the rollouts made during this update sample with
-    lrs = [float(lr_at(step)) for lr_at in run.lr_schedules]
-    for i, p in enumerate(run.policies):  # the schedule moves once per training step (verl's), whatever the
-        if i not in started:  # optimizer steps (an early update set it before it started)
-            p.set_lr(lrs[i])
-    todo = {i: b for i, b in enumerate(batches) if i not in started and b is not None}
-    beside = (lambda: prefetch.make(tracer)) if ahead else None  # noqa: E731
-    # a stale rollout: the ratio is taken against the sampler's log-probs, unless loss.is_correction asks
-    # for the decoupled form (recomputed old log-probs, weighted by their importance over the sampler's)
-    behavior = ro.stale and run.config.loss.is_correction == "none"
-    pending = [p for p in dispatch_updates(run, todo, behavior, beside, started) if p is not None]
-    tokens = sum(p.tokens for p in pending)
-    for p, out in zip(pending, finish_updates(pending, tracer)):
-        for k, v in out.items():
-            metrics[f"{p.policy.name}/{k}" if len(run.policies) > 1 else k] = v
-    metrics["samples"] = float(sum(p.samples for p in pending))  # every policy's, for per-step comparisons
-    if len(set(lrs)) > 1:  # policy.role_optim: each policy's rate
-        metrics.update({f"{p.name}/lr": lr for p, lr in zip(run.policies, lrs)})
-    t2 = time.perf_counter()
-    metrics.update(rollout_s=ro.seconds, update_s=t2 - t1,
-                   lr=lrs[0], tokens_per_s=tokens / max(t2 - t1, 1e-9),
-                   rollout_tokens_per_s=float(samples.response_len[samples.mask].sum()) / max(ro.seconds, 1e-9))
-    return metrics
+        prefetch.start(step)  # the step updates: the weights from before it are kept for the rollouts made beside
+    lrs = set_learning_rates(run, step, got.started)
+    pending = dispatch_step_updates(run, ro, batches, got.started, tracer, ahead)
+    outs = finish_updates(pending, tracer)
+    return metrics | update_metrics(run, ro, pending, outs, lrs, time.perf_counter() - began)
 
 
-def rollout_with_early_updates(run: Run, step: int, tracer: Tracer, abandon, early: bool):
-    """(the step's rollout, {policy: its PendingUpdate, or None}) with, if `early` (and
-    `updates_may_start_early`), each policy's update started as soon as its groups are complete."""
+def step_rollout(run: Run, step: int, tracer: Tracer, prefetch, abandon, early: bool) -> StepRollout:
+    """The step's rollout: the one `prefetch` made ahead, if any, else one made now (if `early`, with the
+    updates `rollout_with_early_updates` starts). Then abandon(), if given, is asked whether a stop was asked
+    for: True raises StepAbandoned, before any update starts (unless one began during the rollout)."""
+    made = prefetch.take(step) if prefetch is not None else None
+    got = StepRollout(made) if made is not None else rollout_with_early_updates(run, step, tracer, abandon, early)
+    if abandon is not None and not got.updating and abandon():
+        raise StepAbandoned(step)
+    return got
+
+
+def rollout_with_early_updates(run: Run, step: int, tracer: Tracer, abandon, early: bool) -> StepRollout:
+    """The step's rollout with, if `early` (and `updates_may_start_early`), each policy's update started as
+    soon as its groups are complete."""
     if not (early and updates_may_start_early(run)):
-        return rollout_step(run, step, tracer), {}
+        return StepRollout(rollout_step(run, step, tracer))
     finished: queue.Queue = queue.Queue()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="early-update") as worker:
         update_side = worker.submit(early_updates, run, step, tracer, finished, abandon)
@@ -246,68 +252,31 @@ def rollout_with_early_updates(run: Run, step: int, tracer: Tracer, abandon, ear
             ro = rollout_step(run, step, tracer, finished=finished)
         finally:
             finished.put(None)  # the rollout is over: the update side ends
-    return ro, update_side.result()
+    return StepRollout(ro, update_side.result())
 
 
-def rollout_metrics(run: Run, ro: Rollout, groups: Groups) -> dict:
-    """Success, turns, kept groups, advantages and rewards of the step's rollout; with a stale one, the
-    optimizer steps between the weights that sampled it and those its update starts from."""
-    samples, episodes, adv, keep = ro.samples, ro.episodes, groups.adv, groups.keep
-    metrics = {"success": float(np.mean(episodes.success)), "turns": float(np.mean(episodes.turns)),
-               "groups_kept": float(keep.sum()), "groups": float(len(keep)),
-               "adv_abs_mean": float(np.abs(adv[samples.mask]).mean()) if samples.mask.any() else 0.0,
-               "reward_mean": float(samples.reward[samples.mask].mean()) if samples.mask.any() else 0.0}
-    for a, agent in enumerate(run.workflow.agents):
-        metrics[f"reward/{agent.name}"] = float(episodes.agent_reward[a])
-    metrics.update(completion_metrics(samples, [s.max_new_tokens for s in run.sampling], run.stop_ids,
-                                      [a.name for a in run.workflow.agents]))
-    kinds = getattr(run.workflow, "kinds", None)  # a mixture of workflows: the success of each
-    if kinds is not None:  # (episodes are in task order: the step's ids, rounds of dynamic sampling after)
-        kind = kinds(ro.step * TRAIN_TASK_STRIDE + np.arange(len(episodes.success)), "train")
-        for i, name in enumerate(run.workflow.names):
-            if (kind == i).any():
-                metrics[f"success/{name}"] = float(np.mean(episodes.success[kind == i]))
-    if ro.stale:
-        metrics.update(staleness(run, samples))
-    return metrics
+def set_learning_rates(run: Run, step: int, started: dict) -> list[float]:
+    """Each policy's learning rate at `step`, set on those whose update is still to start (an early update
+    set its own before it started). The schedule moves once per training step (verl's), whatever the
+    optimizer steps."""
+    lrs = [float(lr_at(step)) for lr_at in run.lr_schedules]
+    for i, p in enumerate(run.policies):
+        if i not in started:
+            p.set_lr(lrs[i])
+    return lrs
 
 
-def completion_metrics(samples, max_new_tokens: list[int], stop_ids, names: list[str]) -> dict:
-    """What TRL users watch, of the live samples: completion lengths (mean, min, max), the share cut at
-    their agent's max_new_tokens without a stop token (clipped_ratio), and the share of groups whose
-    rewards do not differ (zero_std_groups: no signal). Per role ("ROLE/...") with several agents."""
-    live = samples.mask
-    if not live.any():
-        return {}
-    length = samples.response_len
-    last = np.take_along_axis(samples.response, np.maximum(length - 1, 0)[..., None], axis=-1)[..., 0]
-    budget = np.asarray(max_new_tokens)[samples.sample_agent]
-    clipped = (length >= budget) & ~np.isin(last, np.asarray(stop_ids, np.int64))
-    out = {}
-    for a, name in [(None, "")] + ([(a, f"{n}/") for a, n in enumerate(names)] if len(names) > 1 else []):
-        mine = live if a is None else live & (samples.sample_agent == a)
-        if not mine.any():
-            continue
-        rewards = np.where(mine, samples.reward, np.nan)
-        groups = mine.sum(axis=1) >= 2
-        flat = groups & (np.nanmax(rewards, axis=1, initial=-np.inf) == np.nanmin(rewards, axis=1, initial=np.inf))
-        out.update({f"{name}completion_len_mean": float(length[mine].mean()),
-                    f"{name}completion_len_min": float(length[mine].min()),
-                    f"{name}completion_len_max": float(length[mine].max()),
-                    f"{name}clipped_ratio": float(clipped[mine].mean()),
-                    f"{name}zero_std_groups": float(flat.sum() / max(groups.sum(), 1))})
-    return out
-
-
-def staleness(run: Run, samples) -> dict:
-    """How many optimizer steps the weights that sampled the live samples are behind those their update
-    starts from: the mean and the most (system.staleness N: up to N training steps' updates)."""
-    live = samples.mask
-    if not live.any():
-        return {}
-    now = np.array([int(p.state.step) for p in run.policies])[np.asarray(run.policy_of_agent)[samples.sample_agent]]
-    lag = (now - samples.version)[live]
-    return {"lag_updates": float(lag.mean()), "lag_updates_max": float(lag.max())}
+def dispatch_step_updates(run: Run, ro: Rollout, batches: dict, started: dict, tracer: Tracer,
+                          ahead=None) -> list[PendingUpdate]:
+    """Every policy's update with something to train, in policy order: those `started` early, the others'
+    `batches` ({policy: PolicyBatch, or None}) dispatched now. A stale rollout's ratio is taken against the
+    sampler's log-probs, unless loss.is_correction asks for the decoupled form (recomputed old log-probs,
+    weighted by their importance over the sampler's). ahead (train.prefetch.Prefetch): the parts of the
+    next rollouts due now are made while the updates run."""
+    todo = {i: b for i, b in batches.items() if b is not None}
+    behavior = ro.stale and run.config.loss.is_correction == "none"
+    beside = None if ahead is None else functools.partial(ahead.make, tracer)
+    return [p for p in dispatch_updates(run, todo, behavior, beside, started) if p is not None]
 
 
 def policy_states(run: Run) -> dict:

@@ -213,7 +213,7 @@ def test_completion_metrics_of_the_live_samples_per_role():
 
     import numpy as np
 
-    from atgrpo_jax.train.step import completion_metrics
+    from atgrpo_jax.train.step_metrics import completion_metrics
 
     response = np.zeros((3, 2, 4), np.int32)
     response[0, 0, :4] = [5, 6, 7, 8]  # cut at 4, no stop: clipped
