@@ -36,6 +36,7 @@ from atgrpo_jax.train.metrics import METRICS_FILE, read_metrics
 from atgrpo_jax.train.resume import restore_given
 from atgrpo_jax.train.setup import Run, build_run
 from atgrpo_jax.train.step import policy_states, set_policy_states
+from atgrpo_jax.train.validate import resolve
 
 LORA_MODES = ("merge", "adapter")
 
@@ -145,14 +146,13 @@ def export_policy(workdir: str, out: str, *, step: int | None = None, policy: st
     saved = wd.saved_config(workdir) if wd.isdir(workdir) else None
     if saved is None:
         raise FileNotFoundError(f"--checkpoint={workdir}: no config.json there, so not a run's workdir")
-    config = cli.apply_overrides(from_saved(saved), overrides)
+    config = resolve(cli.apply_overrides(from_saved(saved), overrides))
     if not wd.exists(ckpt_dir):
         raise FileNotFoundError(f"--checkpoint={workdir}: no checkpoints directory (the run saved no step)")
     ckpt = Checkpointer(ckpt_dir, keep_last=0, read_only=True)
     step = pick_step(ckpt.all_steps(), step, ckpt_dir)
 
     run = build_run(config)
-    config = run.config  # resolved
     index = pick_policy([p.name for p in run.policies], policy)
     chosen = run.policies[index]
     if lora == "adapter" and not chosen.is_lora:

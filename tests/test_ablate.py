@@ -44,21 +44,22 @@ def test_a_role_trained_alone_leaves_the_other_as_it_was_and_policies_can_be_swa
     from atgrpo_jax.evaluate import load_policies_from, parse_policies
     from atgrpo_jax.train.loop import run_training
     from atgrpo_jax.train.setup import build_run
+    from atgrpo_jax.train.validate import resolve
 
     c = tiny()
     c.policy.sharing, c.policy.frozen_agents = "per_role", ("planner",)
-    start = build_run(c.copy_and_resolve_references())
+    start = build_run(resolve(c.copy_and_resolve_references()))
     run_training(c, str(tmp_path / "executor_alone"))
     from atgrpo_jax.train.metrics import read_metrics
     trained_rows = [r for r in read_metrics(str(tmp_path / "executor_alone")) if "policy_executor/samples" in r]
     assert trained_rows and all(r["samples"] == r["policy_executor/samples"] > 0 for r in trained_rows)  # the table's
-    trained = build_run(_per_role())
+    trained = build_run(resolve(_per_role()))
     load_policies_from(trained, parse_policies([f"planner={tmp_path / 'executor_alone'}",
                                                 f"executor={tmp_path / 'executor_alone'}"]))
     planner, executor = trained.policies
     assert all(np.array_equal(a, b) for a, b in zip(leaves(planner), leaves(start.policies[0])))  # frozen
     assert any(not np.array_equal(a, b) for a, b in zip(leaves(executor), leaves(start.policies[1])))
-    swapped = build_run(_per_role())  # the paper's swap: each agent played by the other's policy
+    swapped = build_run(resolve(_per_role()))  # the paper's swap: each agent played by the other's policy
     load_policies_from(swapped, parse_policies([f"planner={tmp_path / 'executor_alone'}:policy_executor",
                                                 f"executor={tmp_path / 'executor_alone'}:policy_planner"]))
     assert all(np.array_equal(a, b) for a, b in zip(leaves(swapped.policies[0]), leaves(executor)))
@@ -95,15 +96,16 @@ def test_a_role_trained_in_its_single_agent_environment_then_combined(tmp_path, 
     from atgrpo_jax.train.loop import run_training
     from atgrpo_jax.train.setup import build_run
     from atgrpo_jax.train.step import policy_states
+    from atgrpo_jax.train.validate import resolve
 
     alone = tiny()
     alone.env.single_agent, alone.env.kwargs.alone = True, role
     run_training(alone, str(tmp_path / "planner_alone"))
-    solo = build_run(alone.copy_and_resolve_references())
+    solo = build_run(resolve(alone.copy_and_resolve_references()))
     assert [a.name for a in solo.workflow.agents] == ["planner_alone"]
     saved, _ = Checkpointer(wd.checkpoint_dir(str(tmp_path / "planner_alone")), keep_last=0,
                             read_only=True).restore(None, target=policy_states(solo))
-    start, combined = build_run(_per_role()), build_run(_per_role())
+    start, combined = build_run(resolve(_per_role())), build_run(resolve(_per_role()))
     load_policies_from(combined, parse_policies([f"planner={tmp_path / 'planner_alone'}:policy"]))
     trained = [np.asarray(x) for x in jax.tree.leaves(saved["policy"].params)]
     assert all(np.array_equal(a, b) for a, b in zip(leaves(combined.policies[0]), trained))

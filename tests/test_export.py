@@ -49,10 +49,11 @@ def trained_policy(workdir: str, index: int):
     from atgrpo_jax.train.checkpoint import Checkpointer
     from atgrpo_jax.train.config import from_saved
     from atgrpo_jax.train.setup import build_run
+    from atgrpo_jax.train.validate import resolve
     from atgrpo_jax.train.step import policy_states, set_policy_states
     from atgrpo_jax import workdir as wd
 
-    run = build_run(from_saved(wd.saved_config(workdir)))
+    run = build_run(resolve(from_saved(wd.saved_config(workdir))))
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=0, read_only=True)
     states, _ = ckpt.restore(ckpt.all_steps()[-1], target=policy_states(run))
     set_policy_states(run, states)

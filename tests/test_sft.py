@@ -18,6 +18,7 @@ from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.tokenizer import char_tokenizer, encode_chat, qwen3_tokenizer
 from atgrpo_jax.sft import data
 from atgrpo_jax.sft.update import sft_loss
+from atgrpo_jax.train.validate import resolve
 from command_util import exit_and_stderr
 from shared_builds import built_once
 
@@ -209,12 +210,12 @@ def test_a_train_run_starts_from_the_sft_weights(sft_run, sharing):
     c.model.init_from = sft_run["workdir"]
     c.policy.sharing = sharing
     sft = params_of(sft_run["workdir"])
-    run = build_run(c, init_from=True)
+    run = build_run(resolve(c), init_from=True)
     for p in run.policies:
         weights = flat_params(p.frozen if p.is_lora else p.state.params)
         assert set(sft) <= set(weights) and all(np.array_equal(sft[k], weights[k]) for k in sft), p.name
     # a run that restores its own checkpoints (export, evaluate) does not read model.init_from
-    p = build_run(c).policies[0]
+    p = build_run(resolve(c)).policies[0]
     assert not np.array_equal(flat_params(p.frozen if p.is_lora else p.state.params)["embed"], sft["embed"])
 
 
@@ -224,7 +225,7 @@ def test_a_model_that_does_not_fit_the_sft_weights_is_one_line(sft_run):
     c = cli.load_config(DEMO)
     c.model.update(init_from=sft_run["workdir"], vocab_size=64)
     with pytest.raises(ConfigError, match=r"config\.model\.init_from: checkpoint 30 of .* does not fit this model"):
-        build_run(c, init_from=True)
+        build_run(resolve(c), init_from=True)
 
 
 def test_the_train_command_starts_from_model_init_from(sft_run, tmp_path, monkeypatch):
@@ -295,7 +296,7 @@ def test_the_command_refuses_bad_input_in_one_line_before_writing(tmp_path, caps
 
 
 def test_sft_refuses_a_config_of_several_policies():
-    from atgrpo_jax.train.validate import resolve, validate_sft
+    from atgrpo_jax.train.validate import validate_sft
 
     c = cli.load_config(DEMO)
     c.sft.train_path = "chats.jsonl"

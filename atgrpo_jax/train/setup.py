@@ -32,7 +32,6 @@ from atgrpo_jax.train.init_from import load_weights
 from atgrpo_jax.train.policies import Policy, PolicySpec, build_policies
 from atgrpo_jax.train.roles import model_key, roles_problem, scheduler_turns
 from atgrpo_jax.train.update import make_optimizer
-from atgrpo_jax.train.validate import resolve
 
 
 @dataclasses.dataclass
@@ -147,12 +146,14 @@ def role_model(config, names, i: int, mesh, init_from: bool, first: Qwen3) -> Qw
     return model
 
 
-def build_run(config, workdir: str | None = None, *, init_from: bool = False) -> Run:
-    """Everything a run needs from its (resolved) config; with `workdir`, the run's compilation
-    cache is switched on first (`compile_cache`: before anything compiles). init_from: every policy
-    (LoRA: the base) starts from config.model.init_from's weights (the trainer's fresh start; a
-    command that restores a checkpoint of its own, as export and evaluate do, needs no such run)."""
-    config = resolve(config)  # a Config already is: it was resolved when it was made
+def build_run(config: Config, workdir: str | None = None, *, init_from: bool = False) -> Run:
+    """Everything a run needs from its resolved config (`validate.resolve`, which each command calls once);
+    with `workdir`, the run's compilation cache is switched on first (`compile_cache`: before anything
+    compiles). init_from: every policy (LoRA: the base) starts from config.model.init_from's weights (the
+    trainer's fresh start; a command that restores a checkpoint of its own, as export and evaluate do,
+    needs no such run)."""
+    if not isinstance(config, Config):
+        raise TypeError(f"build_run takes a resolved Config (train.validate.resolve), not a {type(config).__name__}")
     init_distributed(config.distributed)
     if workdir is not None:
         compile_cache.enable(config.train.compile_cache, workdir)

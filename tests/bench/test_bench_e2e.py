@@ -18,13 +18,14 @@ from atgrpo_jax.bench.rows import as_rows
 from atgrpo_jax.train.batch import pack, policy_batch
 from atgrpo_jax.train.step import finish_update, start_update
 from atgrpo_jax.train.setup import build_run
+from atgrpo_jax.train.validate import resolve
 
 K = 2
 
 
 @pytest.fixture(scope="module")
 def run():
-    return build_run(e2e.e2e_config("test-tiny", num_tasks=2, k=K, turns=2, max_new_tokens=10, mini_batch=16))
+    return build_run(resolve(e2e.e2e_config("test-tiny", num_tasks=2, k=K, turns=2, max_new_tokens=10, mini_batch=16)))
 
 
 def ragged_prompts(run) -> list[np.ndarray]:

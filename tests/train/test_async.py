@@ -12,6 +12,7 @@ from atgrpo_jax.rollout.tree import RolloutInputs, Schedule, TreeRollout
 from atgrpo_jax.trace import Tracer, overlap_seconds
 from atgrpo_jax.train.metrics import is_wall_clock
 from atgrpo_jax.train.setup import build_run
+from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.step import train_step
 from tiers import full_case
 from tiny_config import tiny
@@ -29,7 +30,7 @@ def config(sharing="shared", pools=False, schedule="sync", **system):
 
 
 def two_steps(c, tracers=None):
-    run = build_run(c)
+    run = build_run(resolve(c))
     tracers = [Tracer(), Tracer()] if tracers is None else tracers
     metrics = [train_step(run, step, tracer=t) for step, t in zip((1, 2), tracers)]
     params = [np.asarray(x) for p in run.policies for x in jax.tree.leaves(p.state.params)]
@@ -163,7 +164,7 @@ def test_the_stale_rollout_is_the_one_of_the_weights_before_the_update():
     from atgrpo_jax.train.step import rollout_step
 
     c = config()
-    run, fresh = build_run(c), build_run(c)
+    run, fresh = build_run(resolve(c)), build_run(resolve(c))
     prefetch = Prefetch(run, last_step=2)
     train_step(run, 1, prefetch=prefetch)
     ahead = prefetch.take(2)
@@ -184,7 +185,7 @@ def test_staleness_2_continues_each_episode_under_the_newer_weights():
         set_policy_states
 
     c = config()
-    run, by_hand = build_run(c), build_run(c)
+    run, by_hand = build_run(resolve(c)), build_run(resolve(c))
     prefetch = Prefetch(run, last_step=3, staleness=2)
     train_step(run, 1, prefetch=prefetch)  # during it: rollout 2 whole, rollout 3's first turn
     after_1 = jax.tree.map(jax.numpy.copy, policy_states(run))

@@ -61,8 +61,9 @@ def _params(workdir, config):
     from atgrpo_jax.train.checkpoint import Checkpointer
     from atgrpo_jax.train.step import policy_states
     from atgrpo_jax.train.setup import build_run
+    from atgrpo_jax.train.validate import resolve
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=None)
-    states, _ = ckpt.restore(ckpt.latest_step(), target=policy_states(build_run(config)))
+    states, _ = ckpt.restore(ckpt.latest_step(), target=policy_states(build_run(resolve(config))))
     ckpt.close()
     return [np.asarray(x) for x in jax.tree.leaves(states)]
 

@@ -11,6 +11,7 @@ from atgrpo_jax.rollout.tree import RolloutInputs, TreeRollout
 from tiny_config import tiny
 from atgrpo_jax.train.step import train_step
 from atgrpo_jax.train.setup import build_run
+from atgrpo_jax.train.validate import resolve
 from tiers import full_case
 
 K = 4
@@ -53,7 +54,7 @@ class Spy:
 
 @pytest.fixture(scope="module")
 def run():
-    return build_run(tiny_config())
+    return build_run(resolve(tiny_config()))
 
 
 def rollout(run, strategy=TreeRollout(K), seed=0):
@@ -137,7 +138,7 @@ def test_per_role_router_updates_each_policy_from_its_own_agent_only(pools):
     config = tiny_config("per_role")
     if pools:  # each policy on its own 4 of the 8 devices
         config.mesh, config.policy.pools = dict(data=1, fsdp=8, tensor=1), True
-    run = build_run(config)
+    run = build_run(resolve(config))
     assert [p.name for p in run.policies] == ["policy_planner", "policy_executor"]
     if pools:
         devices = [{d.id for x in jax.tree.leaves(p.state) for d in x.sharding.device_set} for p in run.policies]
@@ -171,7 +172,7 @@ def test_per_role_router_updates_each_policy_from_its_own_agent_only(pools):
 
 
 def test_lora_updates_change_only_adapters():
-    run = build_run(tiny_config("lora"))
+    run = build_run(resolve(tiny_config("lora")))
     base = [np.asarray(x) for x in jax.tree.leaves(run.policies[0].frozen)]
     adapters = param_leaves(run.policies[0])
     assert all(isinstance(v, LoRAParam) for _, v in nnx.to_flat_state(run.policies[0].state.params))
@@ -216,7 +217,7 @@ def test_kl_reference_starts_at_zero_and_stays_small():
     # gradient is zero: the entropy bonus is what moves the policy in step 1 (not float noise through Adam).
     config.loss.entropy_coef = 0.01
     config.optim.mini_batch_size = 512  # one mini-batch: scored before its only update
-    run = build_run(config)
+    run = build_run(resolve(config))
     assert set(run.ref_params) == {"policy"}
     first = train_step(run, 1)
     assert 0.0 <= first["kl_ref"] < 1e-5  # the policy is still the reference when it is scored
@@ -237,7 +238,7 @@ def test_old_logprobs_include_the_repetition_penalty():
     config = tiny_config()
     config.rollout.update(temperature=1.5, top_p=0.9, top_k=20, repetition_penalty=1.2, max_new_tokens=8)
     config.rollout.agents = {"executor": {"repetition_penalty": 1.5, "temperature": 1.3}}
-    run = build_run(config)
+    run = build_run(resolve(config))
     assert list(batch_mod.Scoring.of(run.scored_as).penalty) == [np.float32(1.2), 1.5]
     assert [s.temperature for s in run.sampling] == [1.5, 1.3]
     samples, _ = TreeRollout(K).begin(RolloutInputs(run.workflow, sample_fn_for(run, None, 3), run.encode, [11, 12, 13],
@@ -283,14 +284,14 @@ def test_plain_grpo_skips_the_group_filters_unless_asked():
     algo.filter_plain; tree sampling filters as configured."""
     config = tiny_config("plain_grpo")
     config.algo.update(drop_low_mean_frac=0.5, filter_scope="batch")
-    run = build_run(config)
+    run = build_run(resolve(config))
     m = train_step(run, 1)
     assert m["groups"] == 3 and m["groups_kept"] == 3
     run.config = run.config.replace_at("algo.filter_plain", True)
     assert train_step(run, 2)["groups_kept"] < 3
     tree = tiny_config()
     tree.algo.update(drop_low_mean_frac=0.5, filter_scope="batch")
-    tree = build_run(tree)
+    tree = build_run(resolve(tree))
     m = train_step(tree, 1)
     assert m["groups_kept"] < m["groups"]
 
@@ -298,7 +299,7 @@ def test_plain_grpo_skips_the_group_filters_unless_asked():
 def test_one_shared_lora_adapter_learns_from_every_agent():
     """policy.sharing="shared_lora" (the reference's L1 YAML, row 9): one adapter routed to both agents,
     trained on both agents' samples; the base stays as it was."""
-    run = build_run(tiny_config("shared_lora"))
+    run = build_run(resolve(tiny_config("shared_lora")))
     (policy,) = run.policies
     assert policy.name == "lora_shared" and policy.is_lora and list(run.policy_of_agent) == [0, 0]
     base, adapters = [np.asarray(x) for x in jax.tree.leaves(policy.frozen)], param_leaves(policy)

@@ -111,7 +111,7 @@ def test_policy_names_are_those_of_checkpoints_written_before(sharing, names):
 
     c = tiny()
     c.policy.sharing = sharing
-    assert list(policy_states(build_run(c))) == names
+    assert list(policy_states(build_run(resolve(c)))) == names
 
 
 def test_episode_logs_show_what_each_agent_said_and_earned(tmp_path):
