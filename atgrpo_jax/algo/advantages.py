@@ -3,8 +3,16 @@
 Tree sampling gives every group (task, agent, turn) exactly K samples, so the
 rewards of G groups form a dense [G, K] array; `mask` marks samples that exist
 (a task that ended earlier leaves a masked row). One vmapped function
-normalizes each row. Estimators are named variants (`ADVANTAGES`), chosen by
-`config.algo.advantage`.
+normalizes each row. Estimators are named variants, chosen by `config.algo.advantage` (and per agent
+by `config.algo.role_advantage`), of two kinds:
+
+- a row estimator (`ADVANTAGES`) sees one group, (rewards [K], mask [K]) -> [K];
+- a batch estimator (`BATCH_ADVANTAGES`) sees every group of a batch at once, (rewards [G, K], mask [G, K],
+  agent [G]) -> [G, K], for statistics over more than one group (REINFORCE++'s whitening, Dr. MAS's
+  per-agent scale). The batch is what the caller hands it: `train.groups.score_groups` hands it, per
+  policy, the step's groups of that policy that use the estimator (docs/guides/estimators.md).
+
+`estimator_names()` lists both kinds (what config validation checks against).
 """
 from __future__ import annotations
 
@@ -12,10 +20,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from atgrpo_jax.registry import Registry
+from atgrpo_jax.registry import Registry, UnknownName, closest
 
 EPS = 1e-6
 ADVANTAGES: Registry = Registry("algo.advantage")  # name -> row function (rewards [K], mask [K]) -> [K]
+# name -> batch function (rewards [G, K], mask [G, K], agent [G] int) -> [G, K]
+BATCH_ADVANTAGES: Registry = Registry("algo.advantage")
 
 
 def mix_rewards(local: jax.Array, team: jax.Array, alpha: float = 1.0) -> jax.Array:
@@ -55,8 +65,86 @@ def drgrpo(r: jax.Array, m: jax.Array) -> jax.Array:
     return jnp.where(n > 1, centered, 0.0)
 
 
-def group_advantages(rewards: jax.Array, mask: jax.Array, estimator: str = "grpo") -> jax.Array:
-    """The estimator applied to each row of [G, K] rewards; 0 where masked."""
+@ADVANTAGES.register("rloo")
+def rloo(r: jax.Array, m: jax.Array) -> jax.Array:
+    """REINFORCE leave-one-out, unscaled: r_i - mean of the group's other live samples, which is
+    n / (n - 1) * (r_i - mean) over the n live ones; 0 in a group of one."""
+    m = m.astype(r.dtype)
+    centered, n = _centered(r, m)
+    return jnp.where(n > 1, centered * n / jnp.maximum(n - 1.0, 1.0), 0.0)
+
+
+@ADVANTAGES.register("magrpo")
+def magrpo(r: jax.Array, m: jax.Array) -> jax.Array:
+    """MAGRPO's group-relative advantage (Liu et al. 2025, CoMLRL's default "mean" mode): r minus the mean
+    over the sibling actions at the same node and turn, no std division. A tree-sampled group's live
+    samples are those siblings, so this is drgrpo's number; 0 in a group of one."""
+    centered, n = _centered(r, m.astype(r.dtype))
+    return jnp.where(n > 1, centered, 0.0)
+
+
+def _group_centered(r: jax.Array, m: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[G, K] r minus its group's mean on the live samples of groups with 2+ of them (0 elsewhere), and
+    [G, K] which samples those are (float)."""
+    n = m.sum(axis=1, keepdims=True)
+    mean = (r * m).sum(axis=1, keepdims=True) / jnp.maximum(n, 1.0)
+    based = m * (n > 1)  # a live sample with a group baseline
+    return (r - mean) * based, based
+
+
+@BATCH_ADVANTAGES.register("reinforce_pp")
+def reinforce_pp(r: jax.Array, m: jax.Array, agent: jax.Array) -> jax.Array:
+    """REINFORCE++ with a group baseline (verl's reinforce_plus_plus_baseline), one value per sample:
+    c = r - group mean, then c whitened over every live sample of the batch with a group baseline:
+    (c - mean_B c) / (std_B c + 1e-6), std unbiased. Groups of one live sample: 0, and outside B.
+    `agent` is not read (the whole batch is one scope)."""
+    del agent
+    m = m.astype(r.dtype)
+    centered, based = _group_centered(r, m)
+    n = based.sum()
+    mean = centered.sum() / jnp.maximum(n, 1.0)  # 0 up to rounding: each group's c sums to 0
+    spread = (centered - mean) * based
+    std = jnp.sqrt((spread**2).sum() / jnp.maximum(n - 1.0, 1.0))
+    return jnp.where(n > 1, spread / (std + EPS), 0.0)
+
+
+@BATCH_ADVANTAGES.register("dr_mas")
+def dr_mas(r: jax.Array, m: jax.Array, agent: jax.Array) -> jax.Array:
+    """Dr. MAS's agent-wise normalization (Feng et al. 2026): (r - group mean) / (std_a + 1e-6), std_a the
+    unbiased std of the rewards of every live sample of the group's agent a in the batch (around that
+    agent's mean), so each agent's advantages have its own scale. Groups of one live sample: 0 (they
+    still count in std_a). agent [G]: any ints (-1, plain GRPO's mixed groups, is one more agent)."""
+    m = m.astype(r.dtype)
+    centered, based = _group_centered(r, m)
+    ids = jnp.asarray(np.unique(np.asarray(agent), return_inverse=True)[1].ravel())
+    agents = int(ids.max()) + 1 if ids.size else 1
+    count = jax.ops.segment_sum(m.sum(axis=1), ids, num_segments=agents)
+    mean = jax.ops.segment_sum((r * m).sum(axis=1), ids, num_segments=agents) / jnp.maximum(count, 1.0)
+    square = jax.ops.segment_sum((((r - mean[ids][:, None]) * m) ** 2).sum(axis=1), ids, num_segments=agents)
+    std = jnp.sqrt(square / jnp.maximum(count - 1.0, 1.0))[ids][:, None]
+    return jnp.where(based > 0, centered / (std + EPS), 0.0)
+
+
+def estimator_names() -> tuple[str, ...]:
+    """Every estimator's name, row ones first (the choices of algo.advantage and algo.role_advantage)."""
+    return ADVANTAGES.names() + BATCH_ADVANTAGES.names()
+
+
+def is_batch_estimator(name: str) -> bool:
+    """Whether `name` is a batch estimator (sees every group of a batch; `BATCH_ADVANTAGES`)."""
+    return name in BATCH_ADVANTAGES
+
+
+def group_advantages(rewards: jax.Array, mask: jax.Array, estimator: str = "grpo",
+                     agent: jax.Array | None = None) -> jax.Array:
+    """The estimator over [G, K] rewards; 0 where masked. A row estimator is applied to each group on its
+    own; a batch estimator takes the G groups as its batch, agent [G] the agent of each (None: one agent)."""
+    if estimator in BATCH_ADVANTAGES:
+        agent = np.zeros(np.shape(rewards)[0], np.int32) if agent is None else agent
+        return BATCH_ADVANTAGES[estimator](jnp.asarray(rewards), jnp.asarray(mask), agent)
+    if estimator not in ADVANTAGES:
+        raise UnknownName(f"algo.advantage: unknown {estimator!r}{closest(estimator, estimator_names())}; known: "
+                          f"{', '.join(sorted(ADVANTAGES))}; batch-level: {', '.join(sorted(BATCH_ADVANTAGES))}")
     return jax.vmap(ADVANTAGES[estimator])(rewards, mask)
 
 

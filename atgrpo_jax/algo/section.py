@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from atgrpo_jax.algo.advantages import ADVANTAGES
+from atgrpo_jax.algo.advantages import estimator_names
 from atgrpo_jax.registry import closest
 from atgrpo_jax.sections import Section, key, non_negative, within
 
@@ -15,9 +15,10 @@ class AlgoSettings(Section):
     PATH = "algo"
 
     alpha: float = key(1.0, "an agent's reward = its own + alpha * the team's")
-    advantage: str = key("grpo", "advantage estimator, a name in atgrpo_jax.algo.advantages.ADVANTAGES (grpo, "
-                         "drgrpo)", choices=ADVANTAGES.names)
-    role_advantage: dict = key({}, "per agent, another estimator than algo.advantage, e.g. "
+    advantage: str = key("grpo", "advantage estimator (docs/guides/estimators.md): per group grpo, drgrpo, rloo, "
+                         "magrpo; over each policy's batch of the step reinforce_pp, dr_mas",
+                         choices=estimator_names)
+    role_advantage: dict = key({}, "per agent, another estimator than algo.advantage (any of its names), e.g. "
                                "--config.algo.role_advantage.coder=drgrpo (rLLM's per-trajectory-group map); unset "
                                "agents: algo.advantage")
     drop_low_mean_frac: float = key(0.5, "drop this fraction of the groups with the lowest mean reward",
@@ -39,6 +40,6 @@ class AlgoSettings(Section):
 
     def check(self):
         for name, estimator in self.role_advantage.items():
-            self.require(estimator in ADVANTAGES.names(), f"role_advantage.{name}",
-                         f"unknown {estimator!r}{closest(str(estimator), ADVANTAGES.names())}; known: "
-                         f"{', '.join(ADVANTAGES.names())}")
+            self.require(estimator in estimator_names(), f"role_advantage.{name}",
+                         f"unknown {estimator!r}{closest(str(estimator), estimator_names())}; known: "
+                         f"{', '.join(estimator_names())}")

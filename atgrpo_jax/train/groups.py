@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from atgrpo_jax.algo.advantages import group_advantages, group_filter, overlong_penalty
+from atgrpo_jax.algo.advantages import group_advantages, group_filter, is_batch_estimator, overlong_penalty
 from atgrpo_jax.train.batch import PolicyBatch, Scoring, policy_batch
 from atgrpo_jax.train.setup import Run
 
@@ -69,6 +69,37 @@ def lump(values: np.ndarray, ids: np.ndarray, fill=0) -> tuple[np.ndarray, np.nd
     return out, where
 
 
+def estimate_advantages(run: Run, rewards: jax.Array, mask: jax.Array, live: jax.Array,
+                        agent: np.ndarray) -> np.ndarray:
+    """[G, K] the advantages of G groups of one agent each (agent [G]; -1: plain GRPO's mixed groups, which
+    take algo.advantage): each group by its agent's estimator (algo.role_advantage, else algo.advantage).
+
+    A row estimator sees each group on its own (`mask` [G, K]: the samples that exist). A batch
+    estimator (algo.advantages.BATCH_ADVANTAGES) sees a batch: for each policy, the groups given here of
+    that policy's agents that use this estimator (the mixed groups: a batch of their own), with the
+    samples `live` [G, K] marks (those of the groups dynamic sampling picked, when it did); the others
+    get 0 from it. Given a whole step's groups, a policy's batch is the step's groups of that policy, so
+    its advantages are the same whether the other policies' groups are given or not."""
+    c = run.config
+    names = [a.name for a in run.workflow.agents]
+    default = c.algo.advantage
+    if is_batch_estimator(default):
+        adv = np.zeros(np.shape(rewards), np.float32)
+    else:
+        adv = np.array(group_advantages(rewards, mask, default))  # (a copy: written below)
+    for name, estimator in c.algo.role_advantage.items():  # a group of one agent: that agent's estimator
+        mine = agent == names.index(name)
+        if estimator != default and mine.any() and not is_batch_estimator(estimator):
+            adv[mine] = np.asarray(group_advantages(rewards[mine], mask[mine], estimator))
+    own = np.array([c.algo.role_advantage.get(names[a], default) if a >= 0 else default for a in agent], object)
+    scope = np.where(agent < 0, len(run.policies), run.policy_of_agent[np.maximum(agent, 0)])
+    for estimator in dict.fromkeys(e for e in own if is_batch_estimator(e)):  # (in order, once each)
+        for policy in np.unique(scope[own == estimator]):
+            batch = (own == estimator) & (scope == policy)
+            adv[batch] = np.asarray(group_advantages(rewards[batch], live[batch], estimator, agent[batch]))
+    return adv
+
+
 def score_groups(run: Run, samples, step: int, chosen: np.ndarray | None = None) -> Groups:
     """Advantages and filters of step `step`'s `samples` (all of them, or those of some policies alone:
     each group's figures, and the filters ranking within a policy or an agent, depend on its own scope
@@ -78,17 +109,13 @@ def score_groups(run: Run, samples, step: int, chosen: np.ndarray | None = None)
     rewards, mask = step_rewards(run, samples)
     if c.reference.lumped_groups and c.rollout.tree and samples.num_groups:
         return _lumped_scores(run, samples, step, rewards, mask, chosen)
-    adv = np.array(group_advantages(rewards, mask, c.algo.advantage))  # (a copy: written below)
-    for name, estimator in c.algo.role_advantage.items():  # a group of one agent: that agent's estimator
-        mine = samples.agent == [a.name for a in run.workflow.agents].index(name)
-        if estimator != c.algo.advantage and mine.any():
-            adv[mine] = np.asarray(group_advantages(rewards[mine], mask[mine], estimator))
     mixed = samples.agent < 0  # a group of several agents' samples (plain GRPO by task): a scope of its own
+    live = mask if chosen is None else mask & jnp.asarray(chosen)[:, None]
+    adv = estimate_advantages(run, rewards, mask, live, samples.agent)
     scope = {"policy": np.where(mixed, len(run.policies), run.policy_of_agent[samples.agent]),
              "agent": np.where(mixed, len(run.workflow.agents), samples.agent), "batch": None}[c.algo.filter_scope]
     filtering = c.rollout.tree or c.algo.filter_plain  # plain GRPO keeps every group unless asked (as the reference)
     low_mean, zero_var = (c.algo.drop_low_mean_frac, c.algo.drop_zero_variance) if filtering else (0.0, False)
-    live = mask if chosen is None else mask & jnp.asarray(chosen)[:, None]
     keep = np.asarray(group_filter(rewards, live, low_mean, zero_var, scope))
     trains = np.array(c.role_schedule.trains([a.name for a in run.workflow.agents], step))
     trained = keep[:, None] & trains[samples.sample_agent]
@@ -106,13 +133,9 @@ def _lumped_scores(run: Run, samples, step: int, rewards, mask, chosen) -> Group
     joined, where = lump(np.asarray(rewards, np.float32), ids)
     joined_mask, _ = lump(np.asarray(mask, bool), ids, False)
     joined_live, _ = lump(live, ids, False)
-    adv = np.array(group_advantages(jnp.asarray(joined), jnp.asarray(joined_mask), c.algo.advantage))
     first = np.array([np.flatnonzero(ids == i)[0] for i in range(joined.shape[0])])
-    for name, estimator in c.algo.role_advantage.items():  # a lumped group is of one agent too
-        mine = samples.agent[first] == [a.name for a in run.workflow.agents].index(name)
-        if estimator != c.algo.advantage and mine.any():
-            adv[mine] = np.asarray(group_advantages(jnp.asarray(joined[mine]), jnp.asarray(joined_mask[mine]),
-                                                    estimator))
+    adv = estimate_advantages(run, jnp.asarray(joined), jnp.asarray(joined_mask), jnp.asarray(joined_live),
+                              samples.agent[first])  # a lumped group is of one agent too
     scope = {"policy": run.policy_of_agent[samples.agent[first]], "agent": samples.agent[first],
              "batch": None}[c.algo.filter_scope]
     keep = np.asarray(group_filter(jnp.asarray(joined), jnp.asarray(joined_live), c.algo.drop_low_mean_frac,
