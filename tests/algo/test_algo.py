@@ -261,12 +261,14 @@ def test_score_groups_punishes_and_drops_overlong_responses():
 
     from atgrpo_jax.algo.advantages import overlong_penalty
     from atgrpo_jax.train.config import base_config
+    from atgrpo_jax.train.validate import resolve
     from atgrpo_jax.train.groups import score_groups
 
     c = base_config()
     c.algo.update(overlong_buffer=4, drop_overlong=True, drop_low_mean_frac=0.0)
     budgets = [16, 8]
-    run = types.SimpleNamespace(config=c, sampling=[types.SimpleNamespace(max_new_tokens=b) for b in budgets],
+    run = types.SimpleNamespace(config=resolve(c, weights=False),
+                                sampling=[types.SimpleNamespace(max_new_tokens=b) for b in budgets],
                                 policies=[0], policy_of_agent=np.array([0, 0]),
                                 workflow=types.SimpleNamespace(agents=[types.SimpleNamespace(name="a"),
                                                                        types.SimpleNamespace(name="b")]))
@@ -282,10 +284,12 @@ def test_score_groups_punishes_and_drops_overlong_responses():
                                rtol=1e-5, atol=1e-6)
     assert groups.trained.tolist() == [[True, True, False, True], [False, True, True, True]]
     c.algo.update(overlong_buffer=0, drop_overlong=False)
+    run.config = resolve(c, weights=False)
     plain = score_groups(run, samples, 1)
     assert plain.trained.all() and not np.allclose(plain.adv, groups.adv)
     assert not np.asarray(overlong_penalty(length, budget, 0)).any()
     c.algo.role_advantage = {"b": "drgrpo"}  # agent b's groups by another estimator, a's as before
+    run.config = resolve(c, weights=False)
     mixed = score_groups(run, samples, 1)
     np.testing.assert_allclose(mixed.adv[0], plain.adv[0])
     np.testing.assert_allclose(mixed.adv[1], np.asarray(group_advantages(jnp.asarray(reward[1:]), jnp.ones((1, 4)),
