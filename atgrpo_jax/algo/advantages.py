@@ -79,8 +79,7 @@ def magrpo(r: jax.Array, m: jax.Array) -> jax.Array:
     """MAGRPO's group-relative advantage (Liu et al. 2025, CoMLRL's default "mean" mode): r minus the mean
     over the sibling actions at the same node and turn, no std division. A tree-sampled group's live
     samples are those siblings, so this is drgrpo's number; 0 in a group of one."""
-    centered, n = _centered(r, m.astype(r.dtype))
-    return jnp.where(n > 1, centered, 0.0)
+    return drgrpo(r, m)
 
 
 def _group_centered(r: jax.Array, m: jax.Array) -> tuple[jax.Array, jax.Array]:
