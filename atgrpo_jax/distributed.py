@@ -24,7 +24,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
-from atgrpo_jax.sections import Section, at_least, key, non_negative
+from atgrpo_jax.typed_config import Section, at_least, key, non_negative
 from atgrpo_jax.sharding import logical_sharding
 
 # XLA:CPU runs independent collectives of one program in any order per device;
@@ -42,7 +42,7 @@ ENV_PROCESS_ID = "ATGRPO_PROCESS_ID"
 
 @dataclasses.dataclass(frozen=True)
 class DistributedSettings(Section):
-    """The config's `distributed` section (atgrpo_jax/sections.py): several processes (hosts)."""
+    """The config's `distributed` section (atgrpo_jax/typed_config.py): several processes (hosts)."""
 
     PATH = "distributed"
 

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from atgrpo_jax.sections import Section, key
+from atgrpo_jax.typed_config import Section, key
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -51,7 +51,7 @@ GATHERED_RULES: dict[str, tuple[str, ...]] = {**RULES, "embed": ()}
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshConfig(Section):
+class MeshSettings(Section):
     """Sizes of the mesh axes (the config's `mesh` section); one of them may be -1 (all remaining devices),
     and data may be 0: one row per host (the processes the devices belong to), so each host holds a whole
     copy of each policy to sample with (distributed.py).
@@ -90,15 +90,15 @@ class MeshConfig(Section):
         return sizes
 
 
-def make_mesh(config: MeshConfig | dict | None = None, devices: Sequence[Any] | None = None) -> Mesh:
+def make_mesh(config: MeshSettings | dict | None = None, devices: Sequence[Any] | None = None) -> Mesh:
     """A (data, fsdp, tensor) mesh over `devices` (default: all devices)."""
     if config is None:
-        config = MeshConfig()
+        config = MeshSettings()
     elif isinstance(config, dict):
         unknown = set(config) - set(MESH_AXES)
         if unknown:
             raise ValueError(f"unknown mesh axes {sorted(unknown)}; known: {list(MESH_AXES)}")
-        config = MeshConfig(**config)
+        config = MeshSettings(**config)
     devices = list(jax.devices() if devices is None else devices)
     sizes = config.resolve(len(devices), len({d.process_index for d in devices}))
     shape = tuple(sizes[a] for a in MESH_AXES)

@@ -269,7 +269,7 @@ class CodeWorkflow:
 
 
 def make_code_workflow(single_agent: bool = False, **kwargs) -> CodeWorkflow:
-    """Factory for configs (envs.registry); `limits` may be a dict of sandbox.Limits fields."""
+    """Factory for configs (envs.workflow_registry); `limits` may be a dict of sandbox.Limits fields."""
     for key, cls in (("limits", Limits), ("rewards", CodeRewards)):
         value = kwargs.get(key)
         value = value.to_dict() if hasattr(value, "to_dict") else value  # a ConfigDict from env.kwargs

@@ -1,6 +1,6 @@
 """Grid games by name. Each game is one module that owns its rules; adding a game is one
 module and one `GAMES.register` line below (its workflows then exist by name, e.g.
-`<game>_direct`, `<game>_tool_plan`: see envs/registry.py).
+`<game>_direct`, `<game>_tool_plan`: see envs/workflow_registry.py).
 
 A game module provides:
   Params, State                        NamedTuples: static settings; one level's arrays

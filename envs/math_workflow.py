@@ -327,7 +327,7 @@ class MathWorkflow:
 
 
 def make_math_workflow(single_agent: bool = False, **kwargs) -> MathWorkflow:
-    """Factory for configs (envs.registry); `limits` may be a dict of sandbox.Limits fields."""
+    """Factory for configs (envs.workflow_registry); `limits` may be a dict of sandbox.Limits fields."""
     if isinstance(kwargs.get("limits"), dict):
         kwargs["limits"] = Limits(**kwargs["limits"])
     if isinstance(kwargs.get("rewards"), dict):

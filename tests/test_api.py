@@ -10,7 +10,7 @@ import pytest
 
 from atgrpo_jax import Trainer
 from atgrpo_jax.envs.episode import EpisodeWorkflow
-from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow_registry import make_workflow
 from atgrpo_jax.errors import ConfigError, UsageError
 from atgrpo_jax.train.guard import SignalWatch
 

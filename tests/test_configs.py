@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow_registry import make_workflow
 from atgrpo_jax.train.config import REGIMES, ConfigError
 from atgrpo_jax.train.validate import resolve
 

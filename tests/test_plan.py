@@ -13,14 +13,14 @@ from flax import nnx
 
 from atgrpo_jax import plan as plan_cli
 from atgrpo_jax.algo.logprobs import token_logprobs
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.plan.devices import GiB, TPUS, parse_device
 from atgrpo_jax.plan.memory import (abstract_mesh, kv_cache_bytes, local_bytes, model_params, param_bytes, plan,
                                     pool_mesh_sizes, sampling_memory, update_activations, update_memory)
 from atgrpo_jax.sampling import decode, segments
 from atgrpo_jax.sampling.cache import init_cache
-from atgrpo_jax.sharding import MeshConfig, logical_sharding, make_mesh, sub_meshes
+from atgrpo_jax.sharding import MeshSettings, logical_sharding, make_mesh, sub_meshes
 from atgrpo_jax.train.config import base_config
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.bench.rows import rows_update
@@ -43,7 +43,7 @@ def get_config():
 
 def mesh_of(sizes):
     sizes = dict(zip(("data", "fsdp", "tensor"), sizes))
-    return make_mesh(MeshConfig(**sizes), jax.devices()[:math.prod(sizes.values())])
+    return make_mesh(MeshSettings(**sizes), jax.devices()[:math.prod(sizes.values())])
 
 
 def shard_bytes(x: jax.Array) -> int:
@@ -218,7 +218,7 @@ def test_trainer_update_step_within_25_percent_of_compiled(preset, batch, width,
     mesh = mesh_of(sizes)
     tx, _ = make_optimizer(base_config().optim, 100)
     graphdef, state = abstract_state(cfg, mesh, tx)
-    _, update_fn = make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), chunk)
+    _, update_fn = make_update_fns(graphdef, nnx.State({}), tx, LossSettings(), chunk)
     rows = logical_sharding(mesh, ("batch", "seq"), (batch, width))
     arr = lambda dtype: jax.ShapeDtypeStruct((batch, width), dtype, sharding=rows)  # noqa: E731
     adv = jax.ShapeDtypeStruct((batch,), jnp.float32, sharding=logical_sharding(mesh, ("batch",), (batch,)))

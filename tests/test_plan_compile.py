@@ -158,7 +158,7 @@ def test_the_time_model_counts_what_the_benchmarks_count():
     """The update's useful FLOPs are the benchmarks' MFU numerator (bench.train.update_flops); a decode
     step reads the weights once and each prompt's keys and values once (its branches share them)."""
     from atgrpo_jax.bench.train import update_flops
-    from atgrpo_jax.models.config import get_preset
+    from atgrpo_jax.models.model_config import get_preset
     from atgrpo_jax.plan import costing
 
     cfg = get_preset("qwen3-1.7b", param_dtype="bfloat16", compute_dtype="bfloat16")

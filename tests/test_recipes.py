@@ -11,7 +11,7 @@ from atgrpo_jax.envs import plan_path
 from atgrpo_jax.envs.code_workflow import CodeWorkflow
 from atgrpo_jax.envs.grid_roles import actions_from_answer, reference_tool_actions
 from atgrpo_jax.envs.math_workflow import MathWorkflow
-from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow_registry import make_workflow
 from atgrpo_jax.envs.sandbox import Limits, RunResult
 from atgrpo_jax.envs.workflow import episodes_per_problem, take_branch
 from atgrpo_jax.train.config import ConfigError

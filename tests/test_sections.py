@@ -1,4 +1,4 @@
-"""Typed config sections (atgrpo_jax/sections.py): each key checked where it is defined, the config
+"""Typed config sections (atgrpo_jax/typed_config.py): each key checked where it is defined, the config
 converted once, its reference and resumable keys made from the fields."""
 import dataclasses
 

@@ -8,7 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.hf_io import load_pretrained, save_pretrained
-from atgrpo_jax.sharding import MeshConfig, logical_spec, make_mesh, sub_meshes
+from atgrpo_jax.sharding import MeshSettings, logical_spec, make_mesh, sub_meshes
 from hf_fixtures import left_padded_batch
 
 
@@ -17,13 +17,13 @@ def test_eight_devices_are_simulated():
 
 
 def test_mesh_shapes_and_fill():
-    mesh = make_mesh(MeshConfig(data=2, fsdp=-1, tensor=2))
+    mesh = make_mesh(MeshSettings(data=2, fsdp=-1, tensor=2))
     assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
     assert dict(make_mesh({"tensor": 4, "fsdp": -1}).shape) == {"data": 1, "fsdp": 2, "tensor": 4}
-    small = make_mesh(MeshConfig(data=1, fsdp=2, tensor=1))  # fewer devices than there are
+    small = make_mesh(MeshSettings(data=1, fsdp=2, tensor=1))  # fewer devices than there are
     assert [d.id for d in small.devices.flat] == [0, 1]
-    assert dict(make_mesh(MeshConfig()).shape) == {"data": 1, "fsdp": 8, "tensor": 1}  # data 0: one row per host
+    assert dict(make_mesh(MeshSettings()).shape) == {"data": 1, "fsdp": 8, "tensor": 1}  # data 0: one row per host
 
 
 def test_pools_are_compact_blocks_of_each_host_s_chips():
@@ -32,7 +32,7 @@ def test_pools_are_compact_blocks_of_each_host_s_chips():
 
     for target, expected in (("v5p-32", [[0, 2], [1, 3]]), ("v6e-8", [[0, 1, 2, 3], [4, 5, 6, 7]])):
         devices = parse_target(target).devices()
-        pools = sub_meshes(make_mesh(MeshConfig(), devices), 2)
+        pools = sub_meshes(make_mesh(MeshSettings(), devices), 2)
         assert [[d.id for d in p.devices[0].flat] for p in pools] == expected, target
 
 
@@ -64,7 +64,7 @@ def test_data_zero_is_one_row_per_host():
     from atgrpo_jax.plan.targets import parse_target
 
     devices = parse_target("v5p:2x2x4").devices()
-    mesh = make_mesh(MeshConfig(), devices)
+    mesh = make_mesh(MeshSettings(), devices)
     assert dict(mesh.shape) == {"data": 4, "fsdp": 4, "tensor": 1}
     assert all(len({d.process_index for d in row.flat}) == 1 for row in mesh.devices)
 
@@ -82,7 +82,7 @@ def test_bad_mesh_config(config, pattern):
 
 
 def test_logical_rules_drop_axes_that_do_not_divide():
-    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    mesh = make_mesh(MeshSettings(data=2, fsdp=2, tensor=2))
     assert logical_spec(("batch", "seq", "embed"), (8, 5, 64), mesh) == P(("data", "fsdp"), None, None)
     assert logical_spec(("embed", "heads", "head_dim"), (64, 4, 16), mesh) == P("fsdp", "tensor", None)
     assert logical_spec(("embed", "kv_heads", "head_dim"), (64, 1, 16), mesh) == P("fsdp", None, None)
@@ -92,17 +92,17 @@ def test_logical_rules_drop_axes_that_do_not_divide():
 
 
 def test_sub_meshes_are_disjoint_pools():
-    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    mesh = make_mesh(MeshSettings(data=2, fsdp=2, tensor=2))
     pools = sub_meshes(mesh, 2)
     ids = [{d.id for d in p.devices.flat} for p in pools]
     assert len(ids[0]) == len(ids[1]) == 4 and not ids[0] & ids[1]
     assert dict(pools[0].shape) == {"data": 2, "fsdp": 1, "tensor": 2}  # each data row is cut in two
-    assert [[d.id for d in p.devices.flat] for p in sub_meshes(make_mesh(MeshConfig(data=2, fsdp=4)), 2)] == [
+    assert [[d.id for d in p.devices.flat] for p in sub_meshes(make_mesh(MeshSettings(data=2, fsdp=4)), 2)] == [
         [0, 1, 4, 5], [2, 3, 6, 7]]  # devices without coordinates: halves of each row
     for pool in pools:  # a pool keeps each of its data rows inside one row of the mesh
         for r in range(2):
             assert {d.id for d in pool.devices[r].flat} <= {d.id for d in mesh.devices[r].flat}
-    rows_only = sub_meshes(make_mesh(MeshConfig(data=8, fsdp=1, tensor=1)), 2)
+    rows_only = sub_meshes(make_mesh(MeshSettings(data=8, fsdp=1, tensor=1)), 2)
     assert [sorted(d.id for d in p.devices.flat) for p in rows_only] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     with pytest.raises(ValueError, match="cannot split a mesh of .* into 3 equal pools"):
         sub_meshes(mesh, 3)
@@ -111,7 +111,7 @@ def test_sub_meshes_are_disjoint_pools():
 def test_sharded_forward_equals_unsharded(tmp_path):
     cfg = get_preset("test-tiny", num_heads=4, num_kv_heads=2, hidden_size=64, intermediate_size=128)
     save_pretrained(Qwen3(cfg, rngs=nnx.Rngs(0)), str(tmp_path))
-    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    mesh = make_mesh(MeshSettings(data=2, fsdp=2, tensor=2))
     plain = load_pretrained(str(tmp_path))
     sharded = load_pretrained(str(tmp_path), mesh=mesh)
     wq = sharded.layers.wq[...]

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from atgrpo_jax.registry import Registry
-from atgrpo_jax.sections import Section, at_least, key, non_negative, positive, within
+from atgrpo_jax.typed_config import Section, at_least, key, non_negative, positive, within
 
 # name -> weights(mask, sample_len) such that the aggregate of x over mask is (w * x).sum();
 # sample_len [same shape]: the number of masked tokens of the sequence each token belongs to.
@@ -33,7 +33,7 @@ IS_CORRECTIONS = ("none", "truncated", "masked")
 RATIO_LEVELS = ("token", "sequence")
 
 
-def is_weights(cfg: "LossConfig", old_logp, sampler_logp):
+def is_weights(cfg: "LossSettings", old_logp, sampler_logp):
     """Per-token importance weights of the trainer's (old) distribution over the sampler's: the two differ
     when the sampler runs in another precision or kernel (`logprob_gap`). Truncated importance sampling
     (TIS, Yao et al. 2025) caps pi_old / pi_sampler at C; masked (MIS) drops the tokens whose ratio passes
@@ -47,8 +47,8 @@ def is_weights(cfg: "LossConfig", old_logp, sampler_logp):
 
 
 @dataclasses.dataclass(frozen=True)
-class LossConfig(Section):
-    """The clipped policy-gradient loss (the config's `loss` section; atgrpo_jax/sections.py)."""
+class LossSettings(Section):
+    """The clipped policy-gradient loss (the config's `loss` section; atgrpo_jax/typed_config.py)."""
 
     PATH = "loss"
 
@@ -93,7 +93,7 @@ def resolved_old(old_logp, logp):
     return jnp.where(old_logp == OWN_OLD_LOGP, jax.lax.stop_gradient(logp), old_logp)
 
 
-def clipped_surrogate(cfg: LossConfig, logp, old_logp, adv):
+def clipped_surrogate(cfg: LossSettings, logp, old_logp, adv):
     """Per-token clipped policy-gradient loss and where a clip is active."""
     ratio = jnp.exp(logp - old_logp)
     unclipped = -adv * ratio
@@ -119,7 +119,7 @@ def sequence_log_ratio(log_ratio, sample, scored):
     return jnp.where(scored, mean[jnp.minimum(ids, n - 1)].reshape(log_ratio.shape), 0.0)
 
 
-def sequence_terms(cfg: LossConfig, seq_log_ratio, adv):
+def sequence_terms(cfg: LossSettings, seq_log_ratio, adv):
     """GSPO's clipped surrogate of each token's sample, f(log s_i), and its derivative f'(log s_i).
 
     With weights w constant within a sample (every aggregation here), sum_t w_t f(log s_i) has, for
@@ -135,7 +135,7 @@ def k3_kl(ref_logp, logp):
     return jnp.exp(d) - d - 1.0  # k3: unbiased, non-negative
 
 
-def token_loss_terms(cfg: LossConfig, logp, entropy, x: dict):
+def token_loss_terms(cfg: LossSettings, logp, entropy, x: dict):
     """Per-token terms whose sum is weighted_policy_loss's loss. x holds, per token,
     "old" (old log-prob, or OWN_OLD_LOGP), "adv", "w" (aggregation_weights), "ref" if kl_coef, "is" (is_weights) if
     the correction is on, and "seq_f", "seq_df" (`sequence_terms`) with the sequence-level ratio."""
@@ -152,7 +152,7 @@ def token_loss_terms(cfg: LossConfig, logp, entropy, x: dict):
     return x["w"] * pg
 
 
-def weighted_policy_loss(cfg: LossConfig, w, logp, old_logp, adv, ref_logp=None, entropy=None, is_w=None,
+def weighted_policy_loss(cfg: LossSettings, w, logp, old_logp, adv, ref_logp=None, entropy=None, is_w=None,
                          seq_log_ratio=None):
     """Clipped surrogate (+ k3 KL, - entropy bonus) with its aggregation given as per-token weights w
     (`aggregation_weights`) and, with the correction on, the importance weights is_w (`is_weights`);

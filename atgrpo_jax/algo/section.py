@@ -1,11 +1,11 @@
-"""The config's `algo` section (atgrpo_jax/sections.py): rewards, advantages and group filters."""
+"""The config's `algo` section (atgrpo_jax/typed_config.py): rewards, advantages and group filters."""
 from __future__ import annotations
 
 import dataclasses
 
 from atgrpo_jax.algo.advantages import estimator_names
 from atgrpo_jax.registry import closest
-from atgrpo_jax.sections import Section, key, non_negative, within
+from atgrpo_jax.typed_config import Section, key, non_negative, within
 
 FILTER_SCOPES = ("policy", "agent", "batch")
 

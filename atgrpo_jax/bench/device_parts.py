@@ -25,7 +25,7 @@ from atgrpo_jax.bench.kernels import profile_kernels
 from atgrpo_jax.bench.longtail import EOS, forced_eos, longtail_lengths
 from atgrpo_jax.bench.sampler import generate_flops, prefill_times
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.model_config import Qwen3Config
 from atgrpo_jax.models.decode_kernel import supported
 from atgrpo_jax.models.hf_io import load_pretrained, save_pretrained
 from atgrpo_jax.models.qwen3 import layer_unroll

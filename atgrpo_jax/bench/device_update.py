@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.bench.common import timed
 from atgrpo_jax.bench.device_parts import Shapes, datasheet_peak, error, torch_device, torch_sync, write_hlo
 from atgrpo_jax.bench.kernels import profile_kernels
@@ -76,7 +76,7 @@ def timed_steps(update_fn, state, batch, steps: int):
 def new_update(cfg, chunk: int):
     """(logprobs_fn, update_fn, state) of the trainer's update of a fresh random `cfg` model."""
     model = nnx.jit(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))()
-    return jax_update(model, optim_config(), LossConfig(), chunk)
+    return jax_update(model, optim_config(), LossSettings(), chunk)
 
 
 def ours_timed(shapes: Shapes, record, backend: str) -> None:
@@ -214,7 +214,7 @@ def pytorch(shapes: Shapes, record) -> None:
         with torch.autocast(dev.type, dtype=torch.bfloat16):
             logits = model(input_ids=tokens, attention_mask=valid).logits
         logp = torch_token_logprobs(logits, tokens)
-        loss = torch_loss(LossConfig(), logp, old, t["adv"], t["is_resp"].float())
+        loss = torch_loss(LossSettings(), logp, old, t["adv"], t["is_resp"].float())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
         opt.step()

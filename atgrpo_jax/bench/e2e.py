@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from atgrpo_jax.algo.advantages import group_advantages, group_filter
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.bench.common import KEEP_HEAP_HELP, machine_notes, print_json_last
 from atgrpo_jax.bench.torch_baseline import hf_sample_fn, load_hf_model, torch_optimizer, torch_update_policy
 from atgrpo_jax.models import get_preset
@@ -114,7 +114,7 @@ def torch_side(run: Run, temperature: float | None = None) -> Side:
         raise ValueError("the e2e benchmark compares one shared policy (one full model)")
     c = run.config
     loss_cfg = c.loss
-    if loss_cfg != LossConfig(eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high, logprob_chunk=loss_cfg.logprob_chunk):
+    if loss_cfg != LossSettings(eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high, logprob_chunk=loss_cfg.logprob_chunk):
         raise ValueError("the PyTorch baseline implements the default loss only (clip, token-mean)")
     with tempfile.TemporaryDirectory() as tmp:
         save_pretrained(run.policies[0].model(), tmp)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from atgrpo_jax.algo.logprobs import token_logprobs
-from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.model_config import Qwen3Config
 
 
 @contextlib.contextmanager

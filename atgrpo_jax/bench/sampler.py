@@ -36,7 +36,7 @@ from atgrpo_jax.bench import tunix_baseline
 from atgrpo_jax.bench.common import machine_notes, matmul_peak, print_json_last, timed
 from atgrpo_jax.bench.longtail import bench_longtail, report_longtail
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.model_config import Qwen3Config
 from atgrpo_jax.models.hf_io import save_pretrained
 from atgrpo_jax.sampling import decode, generate, select
 

@@ -40,8 +40,8 @@ import numpy as np
 
 from atgrpo_jax.bench.common import machine_notes, print_json_last
 from atgrpo_jax.bench.system_ahead import canned_out, run_pipeline
-from atgrpo_jax.envs.registry import make_workflow as make
-from atgrpo_jax.models.config import get_preset
+from atgrpo_jax.envs.workflow_registry import make_workflow as make
+from atgrpo_jax.models.model_config import get_preset
 from atgrpo_jax.models.tokenizer import encode_chat, qwen3_tokenizer
 from atgrpo_jax.rollout.tree import RolloutInputs, Schedule, TreeRollout
 from atgrpo_jax.trace import Tracer, overlap_seconds

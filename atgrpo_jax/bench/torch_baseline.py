@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.models.hf_io import config_to_hf
 from atgrpo_jax.rollout.samples import SampleOut
 
@@ -56,7 +56,7 @@ def torch_token_logprobs(logits, tokens, vocab_limit: int | None = None, tempera
     return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1)
 
 
-def torch_loss(cfg: LossConfig, logp, old_logp, adv, mask):
+def torch_loss(cfg: LossSettings, logp, old_logp, adv, mask):
     import torch
     ratio = torch.exp(logp - old_logp)
     adv = adv[:, None]
@@ -64,7 +64,7 @@ def torch_loss(cfg: LossConfig, logp, old_logp, adv, mask):
     return (pg * mask).sum() / mask.sum().clamp(min=1)
 
 
-def torch_step(model, opt, loss_cfg: LossConfig, tb: dict, clip: float, vocab_limit: int | None = None,
+def torch_step(model, opt, loss_cfg: LossSettings, tb: dict, clip: float, vocab_limit: int | None = None,
                temperature: float = 1.0) -> tuple[float, float]:
     """One baseline update; returns (loss, grad norm before clipping)."""
     import torch
@@ -94,7 +94,7 @@ def trim_padding(mb: dict) -> dict:
     return {k: (v[rows, :width] if np.ndim(v) == 2 else v[rows]) for k, v in mb.items()}
 
 
-def torch_update_policy(model, opt, loss_cfg: LossConfig, minibatches: list[dict], clip: float,
+def torch_update_policy(model, opt, loss_cfg: LossSettings, minibatches: list[dict], clip: float,
                         vocab_limit: int | None = None, temperature: float = 1.0) -> dict:
     """The trainer's update of one policy (`train.step.start_update`) in PyTorch: old
     log-probs of every mini-batch under the current weights, then one clipped step per

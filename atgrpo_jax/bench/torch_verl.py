@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.bench.device_parts import Shapes, datasheet_peak, error, torch_device, torch_sync
 from atgrpo_jax.bench.device_update import backends_here, ours_timed
 from atgrpo_jax.bench.torch_baseline import random_hf_model, torch_loss, torch_token_logprobs
@@ -35,7 +35,7 @@ def packed(valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows * valid.shape[1] + cols, cols
 
 
-def padded_loss(model, t: dict, old, loss_cfg: LossConfig):
+def padded_loss(model, t: dict, old, loss_cfg: LossSettings):
     """The eager baseline's loss: logits of the padded rows, full log_softmax, clipped token-mean."""
     import torch
     with torch.autocast(t["tokens"].device.type, dtype=torch.bfloat16):
@@ -91,7 +91,7 @@ def torch_update(shapes: Shapes, record) -> None:
     rows, width = shapes.update_rows
     cfg = get_preset(shapes.preset)
     dev = torch_device()
-    loss_cfg, optim = LossConfig(), optim_config()
+    loss_cfg, optim = LossSettings(), optim_config()
     data = make_batch(cfg.vocab_size, rows, width)
     t = {k: torch.tensor(v).to(dev) for k, v in data.items()}
     t["tokens"], t["valid"] = t["tokens"].long(), t["valid"].long()

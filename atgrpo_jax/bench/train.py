@@ -38,12 +38,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.bench.common import KEEP_HEAP_HELP, machine_notes, matmul_peak, print_json_last
 from atgrpo_jax.bench.memory import PeakRSS, logprob_memory, rss_follows_live_buffers
 from atgrpo_jax.bench.torch_baseline import load_hf_model, torch_batch, torch_optimizer, torch_step
 from atgrpo_jax.models import Qwen3, get_preset
-from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.model_config import Qwen3Config
 from atgrpo_jax.models.hf_io import save_pretrained
 from atgrpo_jax.train.config import base_config
 from atgrpo_jax.bench.rows import rows_from_packed, rows_packed, rows_update
@@ -104,7 +104,7 @@ def bench_optimizer(optim):
     return make_optimizer(optim, total_steps=1000)[0]
 
 
-def jax_update(model, optim, loss_cfg: LossConfig, chunk: int):
+def jax_update(model, optim, loss_cfg: LossSettings, chunk: int):
     """(logprobs_fn, update_fn, state) of the trainer's update on `model`'s weights; update_fn takes rows."""
     graphdef, params = nnx.split(model)
     params = jax.tree.map(jnp.copy, params)  # the update donates its state
@@ -159,7 +159,7 @@ def bench_speed(name: str, args, peak: float) -> tuple[dict, dict]:
     import torch
     torch.set_num_threads(args.threads)
     cfg = get_preset(name)
-    loss_cfg, optim = LossConfig(), optim_config()
+    loss_cfg, optim = LossSettings(), optim_config()
     data = make_batch(cfg.vocab_size, args.batch, args.seq)
     with tempfile.TemporaryDirectory() as tmp:
         ours, theirs = make_models(cfg, 0, tmp)

@@ -44,7 +44,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
-from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.model_config import Qwen3Config
 
 NOT_INSTALLED = "tunix: not installed (pip install google-tunix)"
 NO_ID = -1  # pad and stop id of Tunix's runs: never sampled, never a prompt token

@@ -17,7 +17,7 @@ import numpy as np
 
 from atgrpo_jax import cli, workdir as wd
 from atgrpo_jax.ablate import run_table
-from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow_registry import make_workflow
 from atgrpo_jax.miniature import traces
 from atgrpo_jax.models.tokenizer import qwen3_tokenizer, render_chat
 from atgrpo_jax.models.trimmed import save_trimmed, trim_qwen3

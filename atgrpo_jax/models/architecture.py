@@ -3,7 +3,7 @@ checkpoint's config.json in any family) with the run's settings of how it runs. 
 it once (`Config.architecture`), and the trainer and the planner both build their model from that."""
 from __future__ import annotations
 
-from atgrpo_jax.models.config import Qwen3Config, get_preset
+from atgrpo_jax.models.model_config import Qwen3Config, get_preset
 from atgrpo_jax.models.hf_io import read_config
 from atgrpo_jax.models.hub_ids import local_model_dir
 

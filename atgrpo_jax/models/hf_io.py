@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints in and out: Qwen3, Llama and Qwen2 (models/config.py FAMILIES).
+"""Hugging Face checkpoints in and out: Qwen3, Llama and Qwen2 (models/model_config.py FAMILIES).
 
 `load_pretrained` reads `config.json` and `*.safetensors` (one file, several,
 or a sharded index) and builds the NNX model without ever holding the whole
@@ -25,7 +25,7 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from atgrpo_jax.models.config import FAMILIES, Qwen3Config
+from atgrpo_jax.models.model_config import FAMILIES, Qwen3Config
 from atgrpo_jax.models.hub_ids import CheckpointError, local_model_dir
 from atgrpo_jax.models.qwen3 import LAYER_PARAMS, Qwen3, layer_params
 from atgrpo_jax.sharding import logical_sharding

@@ -1,4 +1,4 @@
-"""The decoder in Flax NNX: Qwen3, and the Llama and Qwen2 families (models/config.py FAMILIES).
+"""The decoder in Flax NNX: Qwen3, and the Llama and Qwen2 families (models/model_config.py FAMILIES).
 
 The layers are one stack of weights with a leading `layers` axis, run with
 `lax.scan`, so compile time does not grow with depth. Decode steps on GPUs and
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.model_config import Qwen3Config
 from atgrpo_jax.models.strategies import KVCache, cached, causal
 from atgrpo_jax.sharding import RULES, constrain, target_platform
 

@@ -1,14 +1,14 @@
-"""The config's `model` and `lora` sections (atgrpo_jax/sections.py): which model (a preset, or a Qwen3,
+"""The config's `model` and `lora` sections (atgrpo_jax/typed_config.py): which model (a preset, or a Qwen3,
 Llama or Qwen2 checkpoint), in which dtypes, run how; and the adapters of LoRA policies."""
 from __future__ import annotations
 
 import dataclasses
 
 from atgrpo_jax.models.attention import BACKENDS
-from atgrpo_jax.models.config import DTYPES, PRESETS
+from atgrpo_jax.models.model_config import DTYPES, PRESETS
 from atgrpo_jax.models.decode_kernel import DECODE_ATTENTION
 from atgrpo_jax.registry import closest
-from atgrpo_jax.sections import Section, key, non_negative, positive
+from atgrpo_jax.typed_config import Section, key, non_negative, positive
 
 MODEL_INITS = ("auto", "random")
 
@@ -17,7 +17,7 @@ MODEL_INITS = ("auto", "random")
 class ModelSettings(Section):
     PATH = "model"
 
-    preset: str = key("qwen3-1.7b", 'architecture, a name in atgrpo_jax.models.config.PRESETS; a checkpoint in '
+    preset: str = key("qwen3-1.7b", 'architecture, a name in atgrpo_jax.models.model_config.PRESETS; a checkpoint in '
                       'model.hf_path must match it ("" = whatever the checkpoint\'s config.json says)')
     hf_path: str = key("", "the checkpoint to start from (Qwen3, Llama or Qwen2): a Hugging Face directory (config.json, "
                        "*.safetensors, tokenizer) or a hub id org/name[@revision] (downloaded into the Hugging Face "

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from atgrpo_jax.models.attention import Mask, attention, shared_prefix_attention
-from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.model_config import Qwen3Config
 from atgrpo_jax.models.decode_kernel import kernel_shared_prefix_attention, supported as kernel_takes
 
 

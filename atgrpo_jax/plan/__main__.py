@@ -1,5 +1,5 @@
 import sys
 
-from atgrpo_jax.plan.cli import main
+from atgrpo_jax.plan.command import main
 
 sys.exit(main(sys.argv))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from atgrpo_jax.models.qwen3 import decodes_per_layer
 from atgrpo_jax.plan.devices import Device, device_platform, hosts_of
-from atgrpo_jax.plan.architecture import model_config
+from atgrpo_jax.plan.planned_model import model_config
 from atgrpo_jax.plan.memory import Advice, Plan, plan
 from atgrpo_jax.train.config import Config, ConfigError
 from atgrpo_jax.train.validate import validate

@@ -15,11 +15,11 @@ from typing import Callable
 
 from atgrpo_jax.plan import costing
 from atgrpo_jax.plan.compiled import COLLECTIVES, Analysis, analyze
-from atgrpo_jax.plan.architecture import model_config
+from atgrpo_jax.plan.planned_model import model_config
 from atgrpo_jax.plan.memory import AGENTS, plan
 from atgrpo_jax.plan.programs import DoesNotFit, agent_names, compile_progress, step_programs  # noqa: F401  (DoesNotFit: callers)
 from atgrpo_jax.plan.targets import GiB, Target
-from atgrpo_jax.sharding import MeshConfig, pool_sizes
+from atgrpo_jax.sharding import MeshSettings, pool_sizes
 
 
 def planned(config, target: Target) -> dict[str, int]:
@@ -50,7 +50,7 @@ def model_step(config, target: Target, assumptions: costing.Assumptions, agents:
     the pools and meshes as train/setup.py lays them out, each host sampling its share of the tasks."""
     layout = config.layout(agents)
     pools = layout.pools
-    full = MeshConfig.from_mapping(config.mesh.to_dict()).resolve(target.chips, target.hosts)
+    full = MeshSettings.from_mapping(config.mesh.to_dict()).resolve(target.chips, target.hosts)
     pool = full if pools == 1 else pool_sizes(full, pools)
     r = config.rollout
     prompts = r.num_tasks // target.hosts * (1 if r.tree else r.k)

@@ -24,7 +24,7 @@ import math
 
 import jax.numpy as jnp
 
-from atgrpo_jax.models.config import DTYPES, Qwen3Config
+from atgrpo_jax.models.model_config import DTYPES, Qwen3Config
 
 # Measured on one H200 (docs/device.md, docs/device_results/):
 DENSE_MFU = 0.353  # Qwen3-1.7B update, 4,096 dense tokens, layers in a loop (as TPUs run it)

@@ -37,12 +37,12 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType
 
 from atgrpo_jax.algo.logprobs import chunks_per_head_product
-from atgrpo_jax.models.config import DTYPES, Qwen3Config
+from atgrpo_jax.models.model_config import DTYPES, Qwen3Config
 from atgrpo_jax.models.qwen3 import (LAYER_PARAMS, LORA_TARGETS, KVCache, decodes_per_layer, layer_params,
                                      layer_unroll)
-from atgrpo_jax.plan.architecture import largest_role, model_config, planned_backend
+from atgrpo_jax.plan.planned_model import largest_role, model_config, planned_backend
 from atgrpo_jax.plan.devices import Device, device_platform, hosts_of
-from atgrpo_jax.sharding import (GATHERED_RULES, MESH_AXES, RULES, TRAIN_RULES, MeshConfig, logical_spec,
+from atgrpo_jax.sharding import (GATHERED_RULES, MESH_AXES, RULES, TRAIN_RULES, MeshSettings, logical_spec,
                                  pool_sizes)
 from atgrpo_jax.models.qwen3 import LoRAParam, Qwen3
 from atgrpo_jax.train.batch import length_bucket
@@ -64,7 +64,7 @@ def abstract_mesh(sizes: dict[str, int]) -> AbstractMesh:
 
 def pool_mesh_sizes(mesh: dict, num_devices: int, pools: int, hosts: int = 1) -> dict[str, int]:
     """Mesh sizes of one policy pool, as `sharding.sub_meshes` splits the full mesh."""
-    full = MeshConfig(**mesh).resolve(num_devices, hosts)
+    full = MeshSettings(**mesh).resolve(num_devices, hosts)
     return full if pools == 1 else pool_sizes(full, pools)
 
 

@@ -34,11 +34,11 @@ from optax.tree_utils import tree_map_params
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from atgrpo_jax.distributed import local_mesh
-from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow_registry import make_workflow
 from atgrpo_jax.models import Qwen3
 from atgrpo_jax.models.attention import configured_backend
 from atgrpo_jax.models.lora import attach_lora, merge_lora, split_lora
-from atgrpo_jax.plan.architecture import model_config
+from atgrpo_jax.plan.planned_model import model_config
 from atgrpo_jax.plan.memory import AGENTS
 from atgrpo_jax.sampling import decode as dec
 from atgrpo_jax.sampling.generate import bucket_for
@@ -217,7 +217,7 @@ def _pool_state(config, cfg, name, mesh, tx, lora: bool, seed: int, agents) -> P
 def _packed(mesh, rows: int, width: int, scored: int, samples: int, penalty: bool, logps: int,
             loss=None) -> Packed:
     """An abstract packed mini-batch as `global_array` places it (rows over the batch axes), with the
-    per-entry inputs the loss settings `loss` (a LossConfig; None: the log-probs program's) read."""
+    per-entry inputs the loss settings `loss` (a LossSettings; None: the log-probs program's) read."""
     def arr(shape, dtype):
         return _abstract(shape, dtype, logical_sharding(mesh, ("batch",) + (None,) * (len(shape) - 1), shape))
     rw, rm = (rows, width), (rows, scored)

@@ -1,10 +1,10 @@
-"""The config's `rollout` and `system` sections (atgrpo_jax/sections.py): how training episodes are
+"""The config's `rollout` and `system` sections (atgrpo_jax/typed_config.py): how training episodes are
 sampled, and how a step's work is scheduled; and `AgentSampling`, one agent's sampling settings."""
 from __future__ import annotations
 
 import dataclasses
 
-from atgrpo_jax.sections import Section, key, non_negative, positive
+from atgrpo_jax.typed_config import Section, key, non_negative, positive
 
 PLAIN_GROUPINGS = ("task", "task_agent")  # rollout.plain_grouping: see rollout/plain.py
 SCHEDULES = ("sync", "async")  # system.schedule

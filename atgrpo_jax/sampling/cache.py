@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from atgrpo_jax.models.config import DTYPES, Qwen3Config
+from atgrpo_jax.models.model_config import DTYPES, Qwen3Config
 from atgrpo_jax.models.qwen3 import KVCache
 from atgrpo_jax.sharding import RULES, constrain, logical_sharding
 

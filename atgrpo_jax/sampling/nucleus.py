@@ -15,7 +15,7 @@ This costs two passes over the logits (block maxima, the sum of w), as a
 softmax does, and top_k over HEAD block maxima and HEAD * 48 logits.
 
 Rows whose nucleus runs past their head (flat rows) go to the threshold
-search of search.py, a few passes more; when at most half the rows do, just
+search of top_p_search.py, a few passes more; when at most half the rows do, just
 those are gathered and searched, max(4, N // CHUNKS) rows at a time.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from atgrpo_jax.sampling.draw import blocked, divisor_blocks, fused_sum, pick, top_k_barred
-from atgrpo_jax.sampling.search import Nucleus, by_threshold, from_key, gather_layout, search_nucleus, to_key, weights
+from atgrpo_jax.sampling.top_p_search import Nucleus, by_threshold, from_key, gather_layout, search_nucleus, to_key, weights
 
 CHUNKS = 16  # rows the head leaves are searched max(4, N // CHUNKS) at a time
 HEAD = 64  # blocks gathered and tokens sorted per row: nuclei of up to HEAD tokens end in the head
@@ -66,7 +66,7 @@ def row_head(logits: jax.Array, b: int = HEAD) -> Head:
 
 def _with_nucleus(logits, inv_t, top_p, cap: int, use_head: Callable, use_search: Callable, extra=None):
     """Per-row outputs from each row's nucleus: use_head(head, kept weights [N, c], extra) where the head
-    holds it, else use_search(logits, m, inv_t, nucleus, extra) (search.py). extra: per-row arrays."""
+    holds it, else use_search(logits, m, inv_t, nucleus, extra) (top_p_search.py). extra: per-row arrays."""
     n, vocab = logits.shape
     inv = jnp.broadcast_to(jnp.asarray(inv_t, jnp.float32), (n,))
     head = row_head(logits)

@@ -8,7 +8,7 @@ so it costs a few passes over the logits (see `draw.py`).
 - top_k > 0 (static): `lax.top_k`, then inverse CDF over the k candidates.
 - top_p < 1 without top_k: the exact nucleus (`nucleus.py`): from each row's
   64 largest logits when it ends among them (two passes, as a softmax),
-  else by a threshold search (a few passes more, `search.py`); then a draw
+  else by a threshold search (a few passes more, `top_p_search.py`); then a draw
   inside it.
 
 top-p keeps the smallest prefix of the tokens sorted by probability whose

@@ -38,7 +38,7 @@ from atgrpo_jax.train.validate import resolve, validate_sft
 
 # How long, how often and where (train's RESUMABLE, whose "sft." says a train run ignores these keys),
 # and the sft keys that do not change what is trained.
-SFT_RESUMABLE = tuple(k for k in RESUMABLE if k != "sft.")  # its own resumable keys (train/sections.py: SftSettings) stay
+SFT_RESUMABLE = tuple(k for k in RESUMABLE if k != "sft.")  # its own resumable keys (train/section.py: SftSettings) stay
 
 
 @dataclasses.dataclass

@@ -13,7 +13,7 @@ import functools
 
 import ml_collections
 
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.algo.section import AlgoSettings
 from atgrpo_jax.cli import OPEN_SECTIONS
 from atgrpo_jax.distributed import DistributedSettings
@@ -21,13 +21,13 @@ from atgrpo_jax.envs.section import EnvSettings
 from atgrpo_jax.envs.workflow import RECIPES
 from atgrpo_jax.errors import ConfigError  # noqa: F401  (raised here; also importable from here)
 from atgrpo_jax.models.architecture import model_architecture
-from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.model_config import Qwen3Config
 from atgrpo_jax.models.section import LoraSettings, ModelSettings
 from atgrpo_jax.rollout.section import AgentSampling, RolloutSettings, SystemSettings
-from atgrpo_jax.sections import Section, key, resumable, sub
-from atgrpo_jax.sharding import MeshConfig
+from atgrpo_jax.typed_config import Section, key, resumable, sub
+from atgrpo_jax.sharding import MeshSettings
 from atgrpo_jax.train.roles import Layout, RoleSchedule, role_config, role_optim
-from atgrpo_jax.train.sections import (OptimSettings, PolicySettings, ReferenceSettings, SHARINGS,  # noqa: F401
+from atgrpo_jax.train.section import (OptimSettings, PolicySettings, ReferenceSettings, SHARINGS,  # noqa: F401
                                        SftSettings, Sharing, TrainSettings)
 
 __all__ = ["AgentSampling", "Config", "ConfigError", "SHARINGS", "Sharing", "base_config"]
@@ -41,7 +41,7 @@ class Config(Section):
     tokenizer: str = key("qwen3", '"qwen3" (offline, or model.hf_path\'s own), "char", or a directory (or hub id) '
                          "with tokenizer files")
     char_alphabet: str = key("", 'the char tokenizer\'s characters ("" = printable ASCII and newline)')
-    mesh: MeshConfig = sub(MeshConfig, "device mesh (see atgrpo_jax/sharding.py); -1 = all remaining devices",
+    mesh: MeshSettings = sub(MeshSettings, "device mesh (see atgrpo_jax/sharding.py); -1 = all remaining devices",
                            resumable=True)  # where it runs, not what it computes
     env: EnvSettings = sub(EnvSettings, "the task and its agents")
     policy: PolicySettings = sub(PolicySettings, "who shares weights")
@@ -55,7 +55,7 @@ class Config(Section):
                       "plain_grpo (see REGIMES)")
     rollout: RolloutSettings = sub(RolloutSettings, "sampling of training episodes")
     algo: AlgoSettings = sub(AlgoSettings, "rewards, advantages, group filters")
-    loss: LossConfig = sub(LossConfig, "the clipped policy-gradient loss")
+    loss: LossSettings = sub(LossSettings, "the clipped policy-gradient loss")
     optim: OptimSettings = sub(OptimSettings, "AdamW")
     system: SystemSettings = sub(SystemSettings, "how a step's work is scheduled (atgrpo_jax/rollout/dispatch.py)")
     lora: LoraSettings = sub(LoraSettings, 'adapters (policy.sharing = "lora" or "shared_lora")')

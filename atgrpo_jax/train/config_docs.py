@@ -2,7 +2,7 @@
 (`python -m atgrpo_jax.train.config_docs > docs/reference/config.md` writes the docs' page)."""
 from __future__ import annotations
 
-from atgrpo_jax.sections import rows
+from atgrpo_jax.typed_config import rows
 from atgrpo_jax.train.config import Config
 
 

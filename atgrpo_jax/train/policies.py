@@ -19,13 +19,13 @@ from flax import nnx
 
 from atgrpo_jax.algo.logprobs import SampledFrom
 from atgrpo_jax.distributed import local_model
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.models.lora import attach_lora, merge_lora, split_lora
 from atgrpo_jax.models.qwen3 import Qwen3
 from atgrpo_jax.sampling import generate
 from atgrpo_jax.sampling.cache import shard_model
 from atgrpo_jax.sharding import TRAIN_RULES, pool_compiler_options
-from atgrpo_jax.train.sections import Sharing
+from atgrpo_jax.train.section import Sharing
 from atgrpo_jax.train.update import Packed, TrainState, init_state, make_update_fns, with_lr
 
 
@@ -153,7 +153,7 @@ class PolicySpec:
     the update scores tokens under."""
 
     sharing: Sharing
-    loss: LossConfig = LossConfig()
+    loss: LossSettings = LossSettings()
     lora_rank: int = 16
     lora_alpha: float = 32.0
     seed: int = 0  # of the adapters (one more per agent)

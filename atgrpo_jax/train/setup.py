@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 
 from atgrpo_jax.algo.logprobs import SampledFrom
 from atgrpo_jax.distributed import init_distributed, is_multiprocess, local_mesh
-from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow_registry import make_workflow
 from atgrpo_jax.envs.workflow import Workflow
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.architecture import run_fields

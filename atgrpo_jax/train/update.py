@@ -24,7 +24,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from atgrpo_jax.algo.logprobs import Repeats, SampledFrom, first_seen, fused_head_loss, token_logprobs
-from atgrpo_jax.algo.loss import (LossConfig, aggregation_weights, resolved_old, sequence_log_ratio, sequence_terms,
+from atgrpo_jax.algo.loss import (LossSettings, aggregation_weights, resolved_old, sequence_log_ratio, sequence_terms,
                                   token_loss_terms, weighted_policy_loss)
 from atgrpo_jax.models.strategies import causal, packed
 
@@ -159,7 +159,7 @@ def apply_if_finite(tx, state: TrainState, grads, loss):
     return TrainState(params, opt_state, state.step + ok.astype(jnp.int32)), grad_norm, ok
 
 
-def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how: SampledFrom = SampledFrom(),
+def make_update_fns(graphdef, frozen, tx, loss_cfg: LossSettings, chunk: int, how: SampledFrom = SampledFrom(),
                     compiler_options: dict | None = None):
     """(logprobs_fn, update_fn) for one policy; tokens are scored under the distribution the sampler drew
     them from (`how`, and each token's temperature, top-p and repetition penalty in the batch).
@@ -178,7 +178,7 @@ def make_update_fns(graphdef, frozen, tx, loss_cfg: LossConfig, chunk: int, how:
         (lambda state, batch: update(state, batch, frozen))
 
 
-def update_steps(graphdef, tx, loss_cfg: LossConfig, chunk: int, how: SampledFrom, train_head: bool,
+def update_steps(graphdef, tx, loss_cfg: LossSettings, chunk: int, how: SampledFrom, train_head: bool,
                  compiler_options: dict | None = None):
     """The jitted logprobs(params, packed, frozen) and update(state, packed, frozen) (the state donated)
     of `make_update_fns`. train_head: the LM head is trained (False: it sits in a frozen LoRA base)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from atgrpo_jax.models.config import PRESETS
+from atgrpo_jax.models.model_config import PRESETS
 from atgrpo_jax.registry import closest
 from atgrpo_jax.train.config import RECIPES, REGIMES, Config, ConfigError, base_config
 

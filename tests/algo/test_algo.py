@@ -6,7 +6,7 @@ import pytest
 
 from atgrpo_jax.algo.advantages import group_advantages, group_filter, mix_rewards
 from atgrpo_jax.algo.logprobs import token_logprobs
-from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, weighted_policy_loss
+from atgrpo_jax.algo.loss import LossSettings, aggregation_weights, weighted_policy_loss
 
 
 def policy_loss(cfg, logp, old_logp, advantages, mask, ref_logp=None, entropy=None):
@@ -125,7 +125,7 @@ def test_loss_equals_numpy(agg, dual, kl, ent):
     adv = rng.randn(b)
     mask = rng.rand(b, t) > 0.3
     mask[2] = False
-    cfg = LossConfig(dual_clip=dual, aggregation=agg, kl_coef=kl, entropy_coef=ent)
+    cfg = LossSettings(dual_clip=dual, aggregation=agg, kl_coef=kl, entropy_coef=ent)
     f32 = lambda x: jnp.asarray(x, jnp.float32)
     loss, metrics = policy_loss(cfg, f32(logp), f32(old), f32(adv), jnp.asarray(mask), f32(ref), f32(entropy))
     expected = np_loss(logp, old, adv, mask, 0.2, 0.2, dual, agg, kl, ref, ent, entropy)
@@ -134,7 +134,7 @@ def test_loss_equals_numpy(agg, dual, kl, ent):
 
 
 def test_clip_fraction_and_gradient_at_the_clip_edges():
-    cfg = LossConfig()
+    cfg = LossSettings()
     old = jnp.zeros((1, 4))
     mask = jnp.ones((1, 4), bool)
     # ratios 0.7, 0.9, 1.1, 1.3 with positive advantage: only 1.3 is clipped
@@ -153,9 +153,9 @@ def test_clip_fraction_and_gradient_at_the_clip_edges():
 
 def test_loss_config_errors():
     with pytest.raises(ValueError, match="loss.aggregation"):
-        LossConfig(aggregation="sum")
+        LossSettings(aggregation="sum")
     with pytest.raises(ValueError, match="loss.dual_clip"):
-        LossConfig(dual_clip=0.5)
+        LossSettings(dual_clip=0.5)
 
 
 def test_chunked_logprobs_equal_full_softmax_and_grads():
@@ -220,7 +220,7 @@ def test_importance_correction_equals_numpy(how):
     r = np.exp(logp - old)
     pg = np.maximum(-a * r, -a * np.clip(r, 0.8, 1.2))
     expected = (w_np * pg * mask).sum() / mask.sum()
-    cfg = LossConfig(is_correction=how, is_cap=cap)
+    cfg = LossSettings(is_correction=how, is_cap=cap)
     f32 = lambda x: jnp.asarray(x, jnp.float32)
     w = is_weights(cfg, f32(old), f32(sampler))
     np.testing.assert_allclose(np.asarray(w), w_np, rtol=1e-5)
@@ -228,11 +228,11 @@ def test_importance_correction_equals_numpy(how):
                                          f32(old), jnp.broadcast_to(f32(adv)[:, None], (b, t)), is_w=w)
     np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
     np.testing.assert_allclose(float(metrics["is_weight_mean"]), (w_np * mask).sum() / mask.sum(), rtol=1e-5)
-    assert is_weights(LossConfig(), f32(old), f32(sampler)) is None
+    assert is_weights(LossSettings(), f32(old), f32(sampler)) is None
     with pytest.raises(ValueError, match="loss.is_correction"):
-        LossConfig(is_correction="tis")
+        LossSettings(is_correction="tis")
     with pytest.raises(ValueError, match="loss.is_cap"):
-        LossConfig(is_correction="truncated", is_cap=0.5)
+        LossSettings(is_correction="truncated", is_cap=0.5)
 
 
 def np_overlong(length, budget, buffer, factor):

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from atgrpo_jax.algo.logprobs import SampledFrom, fused_head_loss, token_logprobs
-from atgrpo_jax.algo.loss import LossConfig, aggregation_weights, token_loss_terms, weighted_policy_loss
+from atgrpo_jax.algo.loss import LossSettings, aggregation_weights, token_loss_terms, weighted_policy_loss
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.bench.rows import rows_packed
 from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns, sequence_logprobs
@@ -15,8 +15,8 @@ from atgrpo_jax.train.config import base_config
 from jaxpr_walk import all_eqns
 from tiers import full_case
 
-CONFIGS = [LossConfig(), LossConfig(aggregation="seq-mean-token-mean"),
-           LossConfig(dual_clip=3.0, eps_high=0.28), LossConfig(kl_coef=0.1, entropy_coef=0.01)]
+CONFIGS = [LossSettings(), LossSettings(aggregation="seq-mean-token-mean"),
+           LossSettings(dual_clip=3.0, eps_high=0.28), LossSettings(kl_coef=0.1, entropy_coef=0.01)]
 
 
 def random_inputs(seed=0, b=3, t=11, d=16, v=50):
@@ -56,7 +56,7 @@ def test_fused_loss_and_gradients_equal_remat_path(cfg, chunk):
 
 def test_frozen_head_gets_no_gradient_and_the_same_hidden_gradient():
     hidden, head, targets, mask, old, ref, adv = random_inputs(1)
-    cfg = LossConfig()
+    cfg = LossSettings()
     x = {"old": old, "adv": jnp.broadcast_to(adv[:, None], old.shape), "w": aggregation_weights(mask, cfg.aggregation)}
     terms = lambda lp, en, xc: token_loss_terms(cfg, lp, en, xc)
     grad = lambda head_grad: jax.grad(lambda h, w: fused_head_loss(h, w, targets, x, terms, 8, head_grad)[0],
@@ -84,7 +84,7 @@ def assert_update_reports(update, tx, params, batch, reference):
 
 def test_update_step_matches_the_loss_of_rows():
     """The trainer's update reports the loss, metrics and gradient norm of the rows' loss."""
-    cfg = LossConfig(kl_coef=0.05, entropy_coef=0.02, aggregation="seq-mean-token-mean", dual_clip=2.0)
+    cfg = LossSettings(kl_coef=0.05, entropy_coef=0.02, aggregation="seq-mean-token-mean", dual_clip=2.0)
     model = Qwen3(get_preset("test-tiny"), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     rng = np.random.default_rng(0)
@@ -177,7 +177,7 @@ def test_bf16_head_gradients_multiply_bf16_operands_and_stay_close_to_float32():
     operand would make the backward GEMMs float32 ones), and stay within bf16 rounding of float32."""
     hidden, head, targets, mask, old, ref, adv = random_inputs(2, b=4, t=16, d=32, v=96)
     hidden, head = hidden.astype(jnp.bfloat16), head.astype(jnp.bfloat16)
-    cfg = LossConfig()
+    cfg = LossSettings()
     x = {"old": old, "adv": jnp.broadcast_to(adv[:, None], old.shape), "w": aggregation_weights(mask, cfg.aggregation)}
     terms = lambda lp, en, xc: token_loss_terms(cfg, lp, en, xc)
     loss = lambda h, w: fused_head_loss(h, w, targets, x, terms, 16)[0]
@@ -210,7 +210,7 @@ def test_update_step_with_importance_correction_matches_the_loss_of_rows():
     """loss.is_correction: the trainer's fused update weighs each token as the rows' loss does."""
     from atgrpo_jax.algo.loss import is_weights
 
-    cfg = LossConfig(is_correction="truncated", is_cap=1.2)
+    cfg = LossSettings(is_correction="truncated", is_cap=1.2)
     model = Qwen3(get_preset("test-tiny"), rngs=nnx.Rngs(1))
     graphdef, params = nnx.split(model)
     rng = np.random.default_rng(1)
@@ -241,7 +241,7 @@ def test_sequence_ratio_update_is_gspo(aggregation):
     """loss.ratio_level="sequence": the fused update's loss, metrics and gradient are GSPO's objective
     (Zheng et al. 2025), written here plainly over rows: s_i = exp(mean of the sample's token
     log-ratios), each sample's surrogate max(-A s, -A clip(s)) spread over its tokens by the weights."""
-    cfg = LossConfig(ratio_level="sequence", aggregation=aggregation, eps_low=0.1, eps_high=0.15)
+    cfg = LossSettings(ratio_level="sequence", aggregation=aggregation, eps_low=0.1, eps_high=0.15)
     model = Qwen3(get_preset("test-tiny"), rngs=nnx.Rngs(2))
     graphdef, params = nnx.split(model)
     rng = np.random.default_rng(2)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from atgrpo_jax.algo.logprobs import token_logprobs
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.bench import memory, torch_baseline
 from atgrpo_jax.bench import train as bench
 from atgrpo_jax.models import get_preset
@@ -25,7 +25,7 @@ def sides(tmp_path_factory):
     torch.manual_seed(0)
     optim = bench.optim_config(lr=1e-3)
     optim.weight_decay = 0.1
-    loss_cfg = LossConfig()
+    loss_cfg = LossSettings()
     data = bench.make_batch(CFG.vocab_size, batch=3, seq=24, seed=0)
     ours, theirs = bench.make_models(CFG, 0, str(tmp_path_factory.mktemp("ckpt")))
     logprobs_fn, update_fn, state = bench.jax_update(ours, optim, loss_cfg, chunk=16)  # 69 rows: 5 chunks, padded

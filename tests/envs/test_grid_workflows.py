@@ -231,7 +231,7 @@ def corridor():
 
 def test_a_new_game_is_one_module_and_one_registry_line(corridor):
     """Its workflows exist by name, play, and reward by its own rules."""
-    from atgrpo_jax.envs.registry import make_workflow
+    from atgrpo_jax.envs.workflow_registry import make_workflow
 
     for name, single, roles in (("corridor_direct", False, ("planner", "executor")),
                                 ("corridor_direct", True, ("actor",)),
@@ -327,7 +327,7 @@ def test_tool_agent_empty_list_earns_0_and_nothing_parsed_the_references_penalty
 def test_a_role_alone_in_its_single_agent_environment(solver_wf):
     """`env.kwargs.alone=ROLE` with single_agent: that role alone, its actions stepping the game (the paper's
     "trained alone" ablation): the tool agent's BFS program solves the level by itself."""
-    from atgrpo_jax.envs.registry import make_workflow
+    from atgrpo_jax.envs.workflow_registry import make_workflow
     from atgrpo_jax.envs.sandbox import Limits
 
     wf = make_workflow("plan_path_tool_plan", single_agent=True, alone="tool",

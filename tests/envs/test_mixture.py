@@ -7,7 +7,7 @@ import pytest
 from atgrpo_jax.envs.code_workflow import CodeWorkflow
 from atgrpo_jax.envs.math_workflow import MathWorkflow
 from atgrpo_jax.envs.mixture import MixtureWorkflow
-from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow_registry import make_workflow
 from atgrpo_jax.envs.sandbox import Limits
 from atgrpo_jax.envs.workflow import take_branch
 

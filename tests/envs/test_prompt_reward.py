@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from atgrpo_jax.envs.prompt_reward import PromptReward, RewardError
-from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow_registry import make_workflow
 from atgrpo_jax.envs.workflow import take_branch
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

@@ -5,7 +5,7 @@ import pytest
 
 from atgrpo_jax.envs.math_workflow import MathWorkflow
 from atgrpo_jax.envs.prompt_templates import SHIPPED, Prompts, copy_shipped
-from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow_registry import make_workflow
 
 
 def math(**kw):

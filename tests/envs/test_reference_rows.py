@@ -14,7 +14,7 @@ from atgrpo_jax.envs.grid import INVALID
 from atgrpo_jax.envs.grid_roles import FORMAT_PENALTY, FormatError, actions_from_output, reference_tool_actions
 from atgrpo_jax.envs.math_grading import grade, verify_as_written
 from atgrpo_jax.envs.math_workflow import MathWorkflow
-from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow_registry import make_workflow
 from atgrpo_jax.envs.sandbox import Limits
 from atgrpo_jax.envs.workflow import take_branch
 

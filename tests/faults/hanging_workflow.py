@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow_registry import make_workflow
 from atgrpo_jax.train.step import TRAIN_TASK_STRIDE
 
 

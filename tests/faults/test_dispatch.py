@@ -36,7 +36,7 @@ class Env:
     """The demo workflow; the step of cohort `fail_task`'s first task raises (a worker that fails)."""
 
     def __init__(self, fail_task=None):
-        from atgrpo_jax.envs.registry import make_workflow
+        from atgrpo_jax.envs.workflow_registry import make_workflow
 
         self.wf = make_workflow("plan_path_demo", view="local", lenient=True, plan_len=2, exec_len=2)
         self.agents, self.max_turns, self.name, self.splits = (self.wf.agents, self.wf.max_turns, self.wf.name,

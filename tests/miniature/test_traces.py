@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from atgrpo_jax.envs.registry import make_workflow
+from atgrpo_jax.envs.workflow_registry import make_workflow
 from atgrpo_jax.envs.workflow import take_branch
 from atgrpo_jax.miniature import traces
 

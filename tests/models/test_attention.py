@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from atgrpo_jax.models.attention import Mask, attention, dense_attention, resolve_backend
-from atgrpo_jax.models.config import get_preset
+from atgrpo_jax.models.model_config import get_preset
 from atgrpo_jax.models.qwen3 import KVCache, Qwen3
 
 B, H, KV, D = 2, 4, 2, 16
@@ -126,7 +126,7 @@ def test_the_model_gives_the_same_logits_and_cache_with_each_backend(backend):
 def _update_temp_bytes(backend, t, run=False):
     """Temporary bytes of the trainer's compiled update (loss, backward, AdamW) on one [1, t] row;
     with `run`, the update also runs once on a real row and must give a finite loss."""
-    from atgrpo_jax.algo.loss import LossConfig
+    from atgrpo_jax.algo.loss import LossSettings
     from atgrpo_jax.train.config import base_config
     from atgrpo_jax.bench.rows import rows_update
     from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns
@@ -134,7 +134,7 @@ def _update_temp_bytes(backend, t, run=False):
     cfg = get_preset("test-tiny").replace(attention=backend, max_position_embeddings=16384)
     graphdef, params = nnx.split(Qwen3(cfg, rngs=nnx.Rngs(0)))
     tx, _ = make_optimizer(base_config().optim, 10)
-    _, update_fn = make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), 256)
+    _, update_fn = make_update_fns(graphdef, nnx.State({}), tx, LossSettings(), 256)
     update_fn = rows_update(update_fn)
     row = lambda dtype: jax.ShapeDtypeStruct((1, t), dtype)  # noqa: E731
     batch = (row(jnp.int32), row(bool), row(bool), row(jnp.float32), jax.ShapeDtypeStruct((1,), jnp.float32))

@@ -88,7 +88,7 @@ def test_truncated_file_names_the_file(tmp_path, good):
 
 
 def test_checkpoint_of_another_architecture_names_the_field(good):
-    from atgrpo_jax.models.config import get_preset
+    from atgrpo_jax.models.model_config import get_preset
 
     with pytest.raises(CheckpointError, match=r"has num_layers=1, but model.preset='test-tiny' has 2"):
         load_pretrained(str(good), expected=get_preset("test-tiny", vocab_size=256, hidden_size=64,

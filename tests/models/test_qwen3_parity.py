@@ -102,10 +102,10 @@ def test_compiled_program_does_not_grow_with_depth():
 
 
 def test_preset_comments_state_their_parameter_counts():
-    """Each preset's entry in models/config.py ends with a comment giving its size (596.0M, 1.72B)."""
+    """Each preset's entry in models/model_config.py ends with a comment giving its size (596.0M, 1.72B)."""
     import re
 
-    from atgrpo_jax.models import config
+    from atgrpo_jax.models import model_config as config
     source = open(config.__file__).read()
     for name, cfg in config.PRESETS.items():
         entry = source[source.index(f'"{name}":'):]

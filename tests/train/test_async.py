@@ -106,7 +106,7 @@ class SlowEnv:
 def test_pools_and_host_workers_overlap_on_the_timeline():
     """Two pools and a slow environment (sleeps stand in for device and sandbox time, so what is
     checked is the schedule, not this machine's speed): the timeline shows them at work at once."""
-    from atgrpo_jax.envs.registry import make_workflow
+    from atgrpo_jax.envs.workflow_registry import make_workflow
 
     wf = SlowEnv(make_workflow("plan_path_demo", view="local", lenient=True, plan_len=2, exec_len=2),
                  (0.02, 0.05, 0.2, 0.3))
@@ -232,7 +232,7 @@ def test_a_step_whose_groups_are_all_filtered_updates_nothing():
 def test_requests_waiting_at_a_pool_are_sampled_in_one_call():
     """While a pool decodes, the next cohorts' requests of the same agent queue up; the pool samples
     them in one call (one decode), and each prompt's responses are still those of its own key."""
-    from atgrpo_jax.envs.registry import make_workflow
+    from atgrpo_jax.envs.workflow_registry import make_workflow
     from atgrpo_jax.rollout.samples import SampleOut
 
     calls = []

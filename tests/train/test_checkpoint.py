@@ -18,7 +18,7 @@ import optax
 from flax import nnx
 import pytest
 
-from atgrpo_jax.sharding import MeshConfig, logical_sharding, make_mesh, sub_meshes
+from atgrpo_jax.sharding import MeshSettings, logical_sharding, make_mesh, sub_meshes
 from atgrpo_jax.train.checkpoint import Checkpointer, is_finite_state
 
 WORKER = os.path.join(os.path.dirname(__file__), "ckpt_kill_worker.py")
@@ -96,7 +96,7 @@ def _sharded_target(mesh, values, axes):
 
 
 def test_restore_onto_sharded_target_on_a_2x2x2_mesh(tmp_path):
-    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    mesh = make_mesh(MeshSettings(data=2, fsdp=2, tensor=2))
     rng = np.random.default_rng(1)
     values = {"wq": rng.standard_normal((16, 8)).astype(np.float32),
               "emb": rng.standard_normal((12, 16)).astype(ml_dtypes.bfloat16),
@@ -174,7 +174,7 @@ def test_non_finite_state_is_refused(tmp_path, caplog):
     bad_bf16 = jax.tree.map(lambda x: x, good)
     bad_bf16["train"].params["emb"] = good["train"].params["emb"].at[0, 0].set(-jnp.inf)
     bad_opt = {"mu": np.array([1.0, np.inf], np.float32), "count": np.int32(1)}  # host numpy leaf
-    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    mesh = make_mesh(MeshSettings(data=2, fsdp=2, tensor=2))
     sharded = jax.device_put(jnp.arange(64, dtype=jnp.float32).at[63].set(jnp.nan).reshape(8, 8),
                              logical_sharding(mesh, ("batch", "embed"), (8, 8)))
     assert len(sharded.sharding.device_set) == 8

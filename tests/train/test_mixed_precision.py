@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.plan.devices import parse_device
 from atgrpo_jax.plan.memory import plan
@@ -28,7 +28,7 @@ def one_policy(master_dtype: str, lr: float = 1e-6):
     tx, _ = make_optimizer(c.optim, 10)
     base = Qwen3(CFG, rngs=nnx.Rngs(0))
     layout = resolve(tiny()).policy.routing
-    spec = PolicySpec(layout, LossConfig(logprob_chunk=64), master_dtype=master_dtype)
+    spec = PolicySpec(layout, LossSettings(logprob_chunk=64), master_dtype=master_dtype)
     return build_policies(spec, base, ["a"], tx)[0]
 
 

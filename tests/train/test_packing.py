@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 from tiers import full_case
 
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.rollout.samples import Samples
 from atgrpo_jax.bench.rows import as_rows, rows_packed
@@ -131,7 +131,7 @@ def test_packed_logprobs_equal_unshared_rows(tiny):
     mb, rows = minibatch()
     out = pack(mb)
     tx, _ = make_optimizer(base_config().optim, 10)
-    logprobs_fn, _ = make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), 16)
+    logprobs_fn, _ = make_update_fns(graphdef, nnx.State({}), tx, LossSettings(), 16)
     packed = np.asarray(logprobs_fn(params, out.packed.placed()))
     want, _ = sequence_logprobs(nnx.merge(graphdef, params), jnp.asarray(rows["tokens"]),
                                 jnp.asarray(rows["valid"]), 16)
@@ -145,9 +145,9 @@ def test_packed_logprobs_equal_unshared_rows(tiny):
 # reference log-probs, each entry's sample for GSPO's sequence ratio); simpler losses in the full tier
 # (tiers.py). The losses' math is held to the rows' loss in tests/algo/test_fused_loss.py; this test
 # is about the packing.
-@pytest.mark.parametrize("cfg", [LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1, ratio_level="sequence")]
-                         + [full_case(LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1), id="seq-mean-kl"),
-                            full_case(LossConfig(), id="default")], ids=str)
+@pytest.mark.parametrize("cfg", [LossSettings(aggregation="seq-mean-token-mean", kl_coef=0.1, ratio_level="sequence")]
+                         + [full_case(LossSettings(aggregation="seq-mean-token-mean", kl_coef=0.1), id="seq-mean-kl"),
+                            full_case(LossSettings(), id="default")], ids=str)
 def test_packed_update_equals_unshared_rows(tiny, cfg):
     graphdef, params = tiny
     mb, r = minibatch()
@@ -202,7 +202,7 @@ def test_a_first_step_that_takes_its_own_old_logprobs_equals_one_given_them(tiny
     mb, _ = minibatch()
     packed = pack(mb).packed.placed()
     tx, _ = make_optimizer(base_config().optim, 10)
-    cfg = LossConfig(kl_coef=0.0, entropy_coef=0.01, dual_clip=3.0)
+    cfg = LossSettings(kl_coef=0.0, entropy_coef=0.01, dual_clip=3.0)
     logprobs_fn, update = make_update_fns(graphdef, nnx.State({}), tx, cfg, 16)
     fresh = lambda: init_state(jax.tree.map(jnp.copy, params), tx)
     recomputed = logprobs_fn(params, packed)

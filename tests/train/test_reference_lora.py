@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.lora import attach_lora, split_lora
 from atgrpo_jax.train.config import base_config
 from atgrpo_jax.train.policies import PolicySpec, build_policies
-from atgrpo_jax.train.sections import SHARINGS
+from atgrpo_jax.train.section import SHARINGS
 from atgrpo_jax.train.update import make_optimizer
 from atgrpo_jax.train.validate import resolve
 from tiny_config import tiny
@@ -55,7 +55,7 @@ def test_row_l_lora_a_starts_as_peft_draws_it_under_the_reference():
 
 def shared_adapter(samples_base: bool):
     tx, _ = make_optimizer(base_config().optim, 10)
-    spec = PolicySpec(SHARINGS["shared_lora"], LossConfig(logprob_chunk=64), lora_rank=4, lora_alpha=8.0,
+    spec = PolicySpec(SHARINGS["shared_lora"], LossSettings(logprob_chunk=64), lora_rank=4, lora_alpha=8.0,
                       samples_base=samples_base)
     policy = build_policies(spec, base_model(), ["a", "b"], tx)[0]
     trained = jax.tree.map(lambda x: x + 0.05, policy.state.params)  # an adapter that has learned something

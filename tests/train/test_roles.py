@@ -110,7 +110,7 @@ def test_a_model_per_role_trains_resumes_and_exports_each_at_its_size(tmp_path):
 
 def test_role_models_are_checked_and_planned_as_the_largest():
     from atgrpo_jax.plan.devices import TPUS
-    from atgrpo_jax.plan.architecture import model_config
+    from atgrpo_jax.plan.planned_model import model_config
     from atgrpo_jax.plan.memory import plan
 
     c = unequal()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.train.config import ConfigError, base_config
 from atgrpo_jax.bench.rows import rows_packed
@@ -63,7 +63,7 @@ def test_the_optimizer_steps_at_the_rate_set_for_the_training_step():
     """AdamW's step is linear in the rate: twice the rate moves every weight twice as far, 0 not at all."""
     graphdef, params = nnx.split(Qwen3(get_preset("test-tiny", num_layers=1), rngs=nnx.Rngs(0)))
     tx, lr_at = make_optimizer(optim(lr=1e-3, schedule="cosine", warmup_steps=2), total_steps=10)
-    _, update = make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), 64)
+    _, update = make_update_fns(graphdef, nnx.State({}), tx, LossSettings(), 64)
     tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 50 + 1
     mask = jnp.ones((2, 8), bool)
     batch = rows_packed(tokens, mask, mask.at[:, 0].set(False), jnp.zeros((2, 8)), jnp.array([-1.0, 1.0]))

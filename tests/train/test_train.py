@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from atgrpo_jax.algo.loss import LossConfig
+from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.train.config import ConfigError, base_config
 from atgrpo_jax.train.validate import resolve
@@ -64,7 +64,7 @@ def test_nan_loss_skips_the_update():
     graphdef, params = nnx.split(Qwen3(cfg, rngs=nnx.Rngs(0)))
     c = base_config()
     tx, _ = make_optimizer(c.optim, 10)
-    _, update = make_update_fns(graphdef, nnx.State({}), tx, LossConfig(), 64)
+    _, update = make_update_fns(graphdef, nnx.State({}), tx, LossSettings(), 64)
     state = init_state(params, tx)
     before = [np.asarray(x) for x in jax.tree.leaves(state.params)]
     opt_before = [np.asarray(x) for x in jax.tree.leaves(state.opt_state)]

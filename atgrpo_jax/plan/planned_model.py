@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from atgrpo_jax.models.attention import configured_backend, resolve_backend
-from atgrpo_jax.models.config import Qwen3Config
+from atgrpo_jax.models.model_config import Qwen3Config
 
 
 def model_config(config) -> Qwen3Config:

@@ -1,4 +1,4 @@
-"""The trainer's config sections (atgrpo_jax/sections.py): `policy` (who shares weights), `reference`
+"""The trainer's config sections (atgrpo_jax/typed_config.py): `policy` (who shares weights), `reference`
 (the switches of recipe "reference"), `optim` (AdamW and its schedule), `train` (the run) and `sft` (the
 supervised warm start, whose command builds on the trainer)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 
 from atgrpo_jax.registry import closest
-from atgrpo_jax.sections import Section, at_least, key, non_negative, positive, within
+from atgrpo_jax.typed_config import Section, at_least, key, non_negative, positive, within
 from atgrpo_jax.train.update import SCHEDULES
 
 
