@@ -20,7 +20,7 @@ LM-head chunks is not counted as useful.
 Memory of the log-prob computation (final hidden states [B, T-1, D] and head
 [D, V] in, loss of token log-probs, gradients of both out) is measured for
 ours (chunked), a full-logits `log_softmax` JAX version and the PyTorch
-baseline's code, two ways (`bench.memory`): XLA's compiled temp bytes (JAX only;
+baseline's code, two ways (`bench/peak_memory.py`): XLA's compiled temp bytes (JAX only;
 inputs and outputs excluded) and the peak RSS rise over the call, sampled every
 0.5 ms (all three; includes the [D, V] head gradient the call returns). The peak RSS
 rise of one whole update step is reported for both sides too.
@@ -40,7 +40,7 @@ from flax import nnx
 
 from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.bench.common import KEEP_HEAP_HELP, machine_notes, matmul_peak, print_json_last
-from atgrpo_jax.bench.memory import PeakRSS, logprob_memory, rss_follows_live_buffers
+from atgrpo_jax.bench.peak_memory import PeakRSS, logprob_memory, rss_follows_live_buffers
 from atgrpo_jax.bench.torch_baseline import load_hf_model, torch_batch, torch_optimizer, torch_step
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.model_config import Qwen3Config

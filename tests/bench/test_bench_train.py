@@ -11,7 +11,7 @@ import torch
 
 from atgrpo_jax.algo.logprobs import token_logprobs
 from atgrpo_jax.algo.loss import LossSettings
-from atgrpo_jax.bench import memory, torch_baseline
+from atgrpo_jax.bench import peak_memory as memory, torch_baseline
 from atgrpo_jax.bench import train as bench
 from atgrpo_jax.models import get_preset
 
