@@ -159,9 +159,9 @@ class CodeWorkflow:
 
     @property
     def agents(self) -> tuple[Agent, ...]:
-        coder = Agent("coder", extract_code_block)
-        tester = Agent("tester", lambda text: extract_tests("io", text, self.max_generated_tests))
-        return (coder,) if self.single_agent else (coder, tester)
+        parsers = {"coder": extract_code_block,
+                   "tester": lambda text: extract_tests("io", text, self.max_generated_tests)}
+        return tuple(Agent(role, parsers[role]) for role in code_roles(self.single_agent))
 
     # ------------------------------------------------------------ state
     def reset(self, task_ids: Sequence[int], split: str) -> dict[str, np.ndarray]:
@@ -266,6 +266,11 @@ class CodeWorkflow:
                 out["gt_pass_rate"][b, j] = 0.0
             if check_end:
                 out["done"][b, j] = out["passes_generated"][b, j]
+
+
+def code_roles(single_agent: bool = False, **_) -> tuple[str, ...]:
+    """The workflow's roles in turn order, known without its data (the planner counts them)."""
+    return ("coder",) if single_agent else ("coder", "tester")
 
 
 def make_code_workflow(single_agent: bool = False, **kwargs) -> CodeWorkflow:

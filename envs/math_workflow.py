@@ -65,6 +65,7 @@ class MathRewards:
     tool_wrong: float = 0.0
     tool_error: float = -1.0
     team_correct: float = 1.0
+    aggregator_correct: float = 1.0  # math_aggregation's third role (envs/math_aggregation.py)
 
 
 def load_problems(name: str, fields: dict | None = None, data_dir: str = "") -> tuple[dict, ...]:
@@ -182,10 +183,8 @@ class MathWorkflow:
 
     @property
     def agents(self) -> tuple[Agent, ...]:
-        reasoner, tool = Agent("reasoner", extract_boxed), Agent("tool", extract_code_block)
-        if self.single_agent:
-            return (reasoner,)
-        return (tool, reasoner) if self.tool_first else (reasoner, tool)
+        parsers = {"reasoner": extract_boxed, "tool": extract_code_block}
+        return tuple(Agent(role, parsers[role]) for role in math_roles(self.single_agent, self.tool_first))
 
     # ------------------------------------------------------------ state
     def reset(self, task_ids: Sequence[int], split: str) -> dict[str, np.ndarray]:
@@ -326,10 +325,23 @@ class MathWorkflow:
                 out["done"][b, j] = self._agree(out, b, j)
 
 
-def make_math_workflow(single_agent: bool = False, **kwargs) -> MathWorkflow:
-    """Factory for configs (envs.workflow_registry); `limits` may be a dict of sandbox.Limits fields."""
+def math_roles(single_agent: bool = False, tool_first: bool = False, **_) -> tuple[str, ...]:
+    """The workflow's roles in turn order, known without its data (the planner counts them)."""
+    if single_agent:
+        return ("reasoner",)
+    return ("tool", "reasoner") if tool_first else ("reasoner", "tool")
+
+
+def typed_settings(kwargs: dict) -> dict:
+    """A config's env.kwargs for a math workflow: `limits` and `rewards` may be dicts of their fields."""
+    kwargs = dict(kwargs)
     if isinstance(kwargs.get("limits"), dict):
         kwargs["limits"] = Limits(**kwargs["limits"])
     if isinstance(kwargs.get("rewards"), dict):
         kwargs["rewards"] = MathRewards(**kwargs["rewards"])
-    return MathWorkflow(single_agent=single_agent, **kwargs)
+    return kwargs
+
+
+def make_math_workflow(single_agent: bool = False, **kwargs) -> MathWorkflow:
+    """Factory for configs (envs.workflow_registry)."""
+    return MathWorkflow(single_agent=single_agent, **typed_settings(kwargs))

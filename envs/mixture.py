@@ -26,23 +26,29 @@ from atgrpo_jax.envs.workflow import Agent, StepOut, branch
 SEP = "/"  # a split of one workflow: "NAME/SPLIT"
 
 
+def position_roles(part_roles: dict[str, Sequence[str]], roles: Sequence[str] = ()) -> tuple[str, ...]:
+    """The mixture's role names: `roles`, else each position's names across the parts joined by "_"
+    (math's reasoner and code's coder at position 0: "reasoner_coder")."""
+    counts = {name: len(r) for name, r in part_roles.items()}
+    if len(set(counts.values())) > 1:
+        raise ValueError(f"env.kwargs.weights: the workflows' agents are matched by position, so their "
+                         f"numbers must agree; got {counts}")
+    count = next(iter(counts.values()))
+    if roles and len(roles) != count:
+        raise ValueError(f"env.kwargs.roles: {count} names wanted (one per position), got {list(roles)}")
+    return tuple(roles) or tuple("_".join(dict.fromkeys(r[i] for r in part_roles.values())) for i in range(count))
+
+
 class MixtureWorkflow:
     def __init__(self, parts: dict[str, Any], weights: dict[str, float], roles: Sequence[str] = ()):
         if len(parts) < 2:
             raise ValueError(f"env.kwargs.weights: a mixture needs two workflows or more, got {list(parts)}")
-        counts = {name: len(w.agents) for name, w in parts.items()}
-        if len(set(counts.values())) > 1:
-            raise ValueError(f"env.kwargs.weights: the workflows' agents are matched by position, so their "
-                             f"numbers must agree; got {counts}")
+        names = position_roles({name: [a.name for a in w.agents] for name, w in parts.items()}, roles)
         bad = {n: w for n, w in weights.items() if not (isinstance(w, (int, float)) and w > 0)}
         if bad:
             raise ValueError(f"env.kwargs.weights: every weight must be a number > 0, got {bad}")
         self.parts, self.names = parts, list(parts)
         self.cumulative = np.cumsum([float(weights[n]) for n in self.names]) / sum(map(float, weights.values()))
-        count = next(iter(counts.values()))
-        if roles and len(roles) != count:
-            raise ValueError(f"env.kwargs.roles: {count} names wanted (one per position), got {list(roles)}")
-        names = roles or ["_".join(dict.fromkeys(w.agents[i].name for w in parts.values())) for i in range(count)]
         self.agents = tuple(Agent(n, functools.partial(self._parse, i)) for i, n in enumerate(names))
         self.max_turns = max(w.max_turns for w in parts.values())
         self.name = "mixture_" + "_".join(self.names)

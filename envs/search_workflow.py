@@ -129,8 +129,8 @@ class SearchWorkflow:
 
     @property
     def agents(self) -> tuple[Agent, ...]:
-        reasoner, searcher = Agent("reasoner", answer_of), Agent("searcher", search_query)
-        return (searcher,) if self.single_agent else (reasoner, searcher)
+        parsers = {"reasoner": answer_of, "searcher": search_query}
+        return tuple(Agent(role, parsers[role]) for role in search_roles(self.single_agent))
 
     # ------------------------------------------------------------ state
     def reset(self, task_ids: Sequence[int], split: str) -> dict[str, np.ndarray]:
@@ -242,6 +242,11 @@ def _resolved(question: str, answers: Sequence[str]) -> str:
     """`#n` in a sub-question replaced by sub-question n's answer, where it has one."""
     return re.sub(r"#(\d+)", lambda m: answers[int(m.group(1)) - 1] if 0 < int(m.group(1)) <= len(answers)
                   else m.group(0), question)
+
+
+def search_roles(single_agent: bool = False, **_) -> tuple[str, ...]:
+    """The workflow's roles in turn order, known without its data (the planner counts them)."""
+    return ("searcher",) if single_agent else ("reasoner", "searcher")
 
 
 def make_search_workflow(single_agent: bool = False, **kwargs) -> SearchWorkflow:

@@ -1,8 +1,9 @@
 """Workflows by name, for configs: `make_workflow(name, single_agent, **kwargs)`.
 
 A name is one of:
-- a registered workflow: `math`, `code`, `prompt_reward` (a dataset of prompts scored by a reward
-  function of yours), `plan_path_demo` (the CPU demo), `search` (search QA, envs/search_workflow.py),
+- a registered workflow: `math`, `math_aggregation` (three roles: envs/math_aggregation.py), `code`,
+  `prompt_reward` (a dataset of prompts scored by a reward function of yours), `plan_path_demo` (the
+  CPU demo), `search` (search QA, envs/search_workflow.py),
   `mixture` (several of these in one run, envs/mixture.py), or one of yours
   (`@WORKFLOWS.register("my_task")` on a factory);
 - `<game>_<kind>` for every game in envs/games.py and every kind of grid workflow:
@@ -20,15 +21,16 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from atgrpo_jax.envs.code_workflow import make_code_workflow
+from atgrpo_jax.envs.code_workflow import code_roles, make_code_workflow
 from atgrpo_jax.envs.episode import as_workflow
 from atgrpo_jax.envs.games import GAMES
 from atgrpo_jax.envs.grid_roles import single_kind
 from atgrpo_jax.envs.grid_workflows import make_grid_workflow, plan_path_demo
-from atgrpo_jax.envs.math_workflow import make_math_workflow
-from atgrpo_jax.envs.mixture import MixtureWorkflow, check_settings
-from atgrpo_jax.envs.prompt_reward import make_prompt_reward
-from atgrpo_jax.envs.search_workflow import make_search_workflow
+from atgrpo_jax.envs.math_aggregation import aggregation_roles, make_math_aggregation
+from atgrpo_jax.envs.math_workflow import make_math_workflow, math_roles
+from atgrpo_jax.envs.mixture import MixtureWorkflow, check_settings, position_roles
+from atgrpo_jax.envs.prompt_reward import PromptReward, make_prompt_reward
+from atgrpo_jax.envs.search_workflow import make_search_workflow, search_roles
 from atgrpo_jax.registry import Registry, closest, import_function, registered
 
 WORKFLOWS: Registry = Registry("env.workflow")
@@ -38,6 +40,11 @@ GRID_KINDS = ("tool_plan", "direct")  # `<game>_<kind>`; single_agent picks `<ki
 @WORKFLOWS.register("math")
 def _math(single_agent: bool = False, recipe: str = "paper", **kwargs):
     return make_math_workflow(single_agent=single_agent, recipe=recipe, **kwargs)
+
+
+@WORKFLOWS.register("math_aggregation")
+def _math_aggregation(single_agent: bool = False, recipe: str = "paper", **kwargs):
+    return make_math_aggregation(single_agent=single_agent, recipe=recipe, **kwargs)
 
 
 @WORKFLOWS.register("code")
@@ -128,3 +135,26 @@ def make_workflow(name: str, single_agent: bool = False, recipe: str = "paper", 
         if "unexpected keyword argument" not in str(e):
             raise
         raise ValueError(f"env.kwargs: {e} (workflow {name!r})") from None
+
+
+def _mixture_roles(single_agent: bool = False, recipe: str = "paper", weights=None, roles=(), **settings):
+    parts = {name: workflow_roles(name, single_agent, recipe, **dict(settings.get(name, {})))
+             for name in dict(weights or {})}
+    return position_roles(parts, roles) if parts else tuple(roles)
+
+
+# The roles of the workflows that read data sets or files, known without them: what the planner counts on a
+# machine where the data is not prepared. Every other workflow is built to be asked.
+ROLES: dict[str, Callable[..., tuple[str, ...]]] = {
+    "math": math_roles, "math_aggregation": aggregation_roles, "code": code_roles, "search": search_roles,
+    "mixture": _mixture_roles,
+    "prompt_reward": lambda single_agent=False, **_: PromptReward.roles[:1] if single_agent else PromptReward.roles,
+}
+
+
+def workflow_roles(name: str, single_agent: bool = False, recipe: str = "paper", **kwargs) -> tuple[str, ...]:
+    """The role names (turn order) of the workflow `make_workflow(name, ...)` builds, without its data for the
+    built-in workflows that read data; a workflow of yours is built (an error building it is raised)."""
+    if name in ROLES:
+        return tuple(ROLES[name](single_agent=single_agent, recipe=recipe, **kwargs))
+    return tuple(a.name for a in make_workflow(name, single_agent, recipe, **kwargs).agents)

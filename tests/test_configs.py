@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from atgrpo_jax.envs.workflow_registry import make_workflow
+from atgrpo_jax.envs.workflow_registry import make_workflow, workflow_roles
 from atgrpo_jax.train.config import REGIMES, ConfigError
 from atgrpo_jax.train.validate import resolve
 
@@ -47,9 +47,12 @@ def test_config_resolves_in_every_regime_and_builds_its_workflow(path):
         c.regime = "shared"
         with pytest.raises(ConfigError, match="contradicts regime='shared'"):
             resolve(c)
-    for single in (False, True):
+    for single in (False, True) if base.env.workflow != "math_aggregation" else (False,):  # (a team only)
         wf = make_workflow(base.env.workflow, single_agent=single, **dict(base.env.kwargs))
-        assert len(wf.agents) == (1 if single or base.env.workflow == "prompt_reward" else 2)  # (one role there)
+        assert len(wf.agents) == (1 if single or base.env.workflow == "prompt_reward" else
+                                  3 if base.env.workflow == "math_aggregation" else 2)  # (one role there)
+        # the planner's count of the roles, made without the data, names the same roles
+        assert [a.name for a in wf.agents] == list(workflow_roles(base.env.workflow, single, **dict(base.env.kwargs)))
 
 
 @pytest.mark.parametrize("path", PAPER, ids=lambda p: os.path.basename(p))

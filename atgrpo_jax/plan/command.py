@@ -2,8 +2,8 @@
 
 Flags: --device=v5p|v4|v5e|v6e|gpu or an accelerator type (v5p-32, v5litepod-8,
 v6e-16); --num-devices=N (default: the chips of that slice, or of one host);
---gpu-memory-gb=80 with --device=gpu; --policies=N (default 2 for
-policy.sharing=per_role, else 1); --json for a machine-readable plan.
+--gpu-memory-gb=80 with --device=gpu; --policies=N (default: one pool per role of the
+workflow with policy.pools, else 1); --json for a machine-readable plan.
 
 --compile=TARGET compiles the step's programs for a TPU topology or a GPU instead
 (plan/compile_cli.py) and reports what the compiler says beside the plan.
@@ -111,7 +111,7 @@ def _flags() -> flags.FlagValues:
     flags.DEFINE_integer("num-devices", None, "devices in the run (default: chips of the slice)",
                          flag_values=fv)
     flags.DEFINE_float("gpu-memory-gb", 80.0, "memory per GPU in GiB (with --device=gpu)", flag_values=fv)
-    flags.DEFINE_integer("policies", None, "policy pools (default: 2 for policy.sharing=per_role, else 1)",
+    flags.DEFINE_integer("policies", None, "policy pools (default: one per role of the workflow with policy.pools, else 1)",
                          flag_values=fv)
     flags.DEFINE_boolean("json", False, "print the plan as JSON", flag_values=fv)
     flags.DEFINE_string("compile", None, "compile the step's programs for a TPU topology (v5p:2x2x1, v5p-32, v6e-8, "

@@ -15,17 +15,16 @@ from typing import Callable
 
 from atgrpo_jax.plan import costing
 from atgrpo_jax.plan.compiled import COLLECTIVES, Analysis, analyze
-from atgrpo_jax.plan.planned_model import model_config
-from atgrpo_jax.plan.memory import AGENTS, plan
-from atgrpo_jax.plan.programs import DoesNotFit, agent_names, compile_progress, step_programs  # noqa: F401  (DoesNotFit: callers)
+from atgrpo_jax.plan.planned_model import model_config, planned_roles
+from atgrpo_jax.plan.memory import plan
+from atgrpo_jax.plan.programs import DoesNotFit, compile_progress, step_programs  # noqa: F401  (DoesNotFit: callers)
 from atgrpo_jax.plan.targets import GiB, Target
 from atgrpo_jax.sharding import MeshSettings, pool_sizes
 
 
 def planned(config, target: Target) -> dict[str, int]:
     """The planner's per-chip peaks on the target (python -m atgrpo_jax.plan), by program."""
-    pools = AGENTS if config.policy.routing.per_agent and not config.policy.routing.lora and config.policy.pools else 1
-    p = plan(config, target.planner_device(), target.chips, pools)
+    p = plan(config, target.planner_device(), target.chips)  # pools as the trainer cuts them
     s = p.sampling_terms
     beside = p.sampling_peak - max(s["prefill_phase"], s["decode_phase"])  # what both sampling phases hold
     return {"prefill": beside + s["prefill_phase"], "decode segment": beside + s["decode_phase"],
@@ -45,9 +44,11 @@ def modelled_seconds(a: Analysis, cfg, chip) -> float:
     return passes * costing.forward_flops(cfg, p.rows, p.length) / (chips * flops_per_s)
 
 
-def model_step(config, target: Target, assumptions: costing.Assumptions, agents: int = AGENTS) -> dict:
+def model_step(config, target: Target, assumptions: costing.Assumptions) -> dict:
     """The modelled seconds of a training step of `config` on `target` (plan/costing.py; no compile):
     the pools and meshes as train/setup.py lays them out, each host sampling its share of the tasks."""
+    roles = planned_roles(config)
+    agents = len(roles)
     layout = config.layout(agents)
     pools = layout.pools
     full = MeshSettings.from_mapping(config.mesh.to_dict()).resolve(target.chips, target.hosts)
@@ -55,7 +56,7 @@ def model_step(config, target: Target, assumptions: costing.Assumptions, agents:
     r = config.rollout
     prompts = r.num_tasks // target.hosts * (1 if r.tree else r.k)
     models = 1 if layout.lora else layout.policies  # each model learns from its agents only
-    roles = agent_names(config)[0] if config.policy.role_models and models > 1 else []
+    roles = roles if config.policy.role_models and models > 1 else []
     cfgs = [model_config(config.role(name)) for name in roles] if len(roles) == models else [None] * models
     work = [costing.PoolWork(agents // models, dict(pool, data=1), prompts, prompts * (r.k if r.tree else 1),
                              math.prod(pool.values()), cfg)
@@ -198,7 +199,7 @@ def _compile_report(config, target: Target, assumptions: costing.Assumptions, de
             "planned_peak_bytes": plans.get(program.name), "hbm_bytes": hbm, "flops": a.flops,
             "bytes_accessed": a.bytes_accessed, "optimal_seconds": a.optimal_s, "collectives": a.collectives,
             "modelled_s": modelled_seconds(a, steps.pool_cfgs[a.program.pool], target.chip), "compile_s": round(a.compile_s, 1)})
-    step = model_step(config, target, assumptions, sum(len(s.agents) for s in steps.pools))
+    step = model_step(config, target, assumptions)
     mesh = dict(zip(steps.mesh.axis_names, steps.mesh.devices.shape))
     return {"target": target.name, "chip": target.chip.name, "chips": target.chips, "hosts": target.hosts,
             "mesh": mesh, "fits": all(r["compiled_peak_bytes"] <= hbm for r in rows), "programs": rows,

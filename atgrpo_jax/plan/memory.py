@@ -40,7 +40,7 @@ from atgrpo_jax.algo.logprobs import chunks_per_head_product
 from atgrpo_jax.models.model_config import DTYPES, Qwen3Config
 from atgrpo_jax.models.qwen3 import (LAYER_PARAMS, LORA_TARGETS, KVCache, decodes_per_layer, layer_params,
                                      layer_unroll)
-from atgrpo_jax.plan.planned_model import largest_role, model_config, planned_backend
+from atgrpo_jax.plan.planned_model import largest_role, model_config, planned_backend, planned_roles
 from atgrpo_jax.plan.devices import Device, device_platform, hosts_of
 from atgrpo_jax.sharding import (GATHERED_RULES, MESH_AXES, RULES, TRAIN_RULES, MeshSettings, logical_spec,
                                  pool_sizes)
@@ -54,7 +54,6 @@ NO_REMAT_SEQ_FACTOR = 1.0  # times one layer's 20 sequence-sized residuals
 REMAT_SCORE_BUFFERS = 2.0  # the recomputed scores and probabilities
 REMAT_SEQ_FACTOR = 1.4  # the recomputed residuals plus their gradients in flight
 HEADROOM = 0.10  # fraction of memory kept free: estimate error, fragmentation, runtime
-AGENTS = 2  # every multi-agent workflow in envs/ has two roles (per_role: two models, lora: two adapters)
 
 
 def abstract_mesh(sizes: dict[str, int]) -> AbstractMesh:
@@ -302,7 +301,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
 
     config, unequal = largest_role(config)
     cfg = model_config(config)
-    layout = config.layout(AGENTS)
+    layout = config.layout(len(planned_roles(config)))
     if policies is None:  # pools: one per agent's model with policy.pools, else all models on one mesh
         policies = layout.pools
     models = (1 if layout.lora else layout.policies) if policies == 1 else 1  # full models on one device's mesh

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from atgrpo_jax.models.attention import configured_backend, resolve_backend
+from atgrpo_jax.envs.workflow_registry import workflow_roles
 from atgrpo_jax.models.model_config import Qwen3Config
 
 
@@ -35,3 +36,15 @@ def largest_role(config) -> tuple[Any, str]:
     size, _, largest = max(options)
     return largest, (f"policy.role_models: planned as if every role's model were the largest ({size:,} "
                      "parameters), an upper bound; plan --compile builds each role's own")
+
+
+def planned_roles(config) -> tuple[str, ...]:
+    """The roles of the config's workflow, as the trainer will build it (envs/workflow_registry.py
+    `workflow_roles`: known without the data for the built-in workflows): one model, adapter or pool each
+    where the regime says so. A workflow of yours that cannot be built here is one error saying why."""
+    env = config.env
+    try:
+        return workflow_roles(env.workflow, env.single_agent, config.recipe, **dict(env.kwargs))
+    except Exception as e:  # noqa: BLE001  (a workflow of yours: whatever it raises, said in one line)
+        raise ValueError(f"env.workflow={env.workflow!r}: the plan counts its roles by building it here, which "
+                         f"failed ({type(e).__name__}: {str(e)[:200]})") from None

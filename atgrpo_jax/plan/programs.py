@@ -34,12 +34,10 @@ from optax.tree_utils import tree_map_params
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from atgrpo_jax.distributed import local_mesh
-from atgrpo_jax.envs.workflow_registry import make_workflow
 from atgrpo_jax.models import Qwen3
 from atgrpo_jax.models.attention import configured_backend
 from atgrpo_jax.models.lora import attach_lora, merge_lora, split_lora
-from atgrpo_jax.plan.planned_model import model_config
-from atgrpo_jax.plan.memory import AGENTS
+from atgrpo_jax.plan.planned_model import model_config, planned_roles
 from atgrpo_jax.sampling import decode as dec
 from atgrpo_jax.sampling.generate import bucket_for
 from atgrpo_jax.sharding import (RULES, TRAIN_RULES, batch_shards, logical_sharding, make_mesh, platform_of,
@@ -156,17 +154,6 @@ def outputs(program: "Program"):
                         compiled.output_shardings)
 
 
-def agent_names(config) -> tuple[list[str], str]:
-    """The workflow's agents, and a note when they had to be assumed (its data is not prepared here)."""
-    try:
-        workflow = make_workflow(config.env.workflow, single_agent=config.env.single_agent, recipe=config.recipe,
-                                 **dict(config.env.kwargs))
-        return [a.name for a in workflow.agents], ""
-    except Exception as e:  # noqa: BLE001  (a workflow that needs data or a service: its roles are assumed)
-        n = 1 if config.env.single_agent else AGENTS
-        return [f"agent_{i}" for i in range(n)], f"{n} agents assumed ({type(e).__name__}: {str(e)[:120]})"
-
-
 def tokenizer_size(config) -> tuple[int, int]:
     """(ids the tokenizer has, its pad id): what the sampler limits the vocabulary to."""
     tok = make_tokenizer(config.tokenizer, config.model.hf_path, config.char_alphabet)
@@ -249,8 +236,8 @@ def step_programs(config, devices, hosts: int, on_one_host: Callable = lambda de
     one host's devices as the devices to compile that host's own programs (sampling) for."""
     mesh = make_mesh(config.mesh.to_dict(), devices)
     platform = platform_of(mesh)
-    names, note = agent_names(config)
-    notes = [note] if note else []
+    names = list(planned_roles(config))
+    notes = []
     def cfg_of(c):  # the model of config `c` as this platform runs it
         return model_config(c).replace(
             attention=configured_backend(config.model.attention, platform, config.optim.share_prompts),
