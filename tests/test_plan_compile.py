@@ -227,3 +227,20 @@ def test_a_child_that_died_in_a_check_is_the_one_line_and_one_killed_otherwise_s
     log.write_text("")
     killed = _died(-signal.SIGKILL, ("update", "policy"), "v5p:2x2x1", str(log))
     assert isinstance(killed, CompileDied) and "signal 9" in str(killed) and "update of policy" in str(killed)
+
+
+def test_four_roles_make_four_pools_of_programs_on_their_own_chips():
+    """A four-role workflow (tests/train/team_workflow.py) per role with pools: four policies, each
+    with its own programs on its own chip of the four (no compile: the programs as laid out)."""
+    config = config_of("--config.env.workflow=team_workflow:make", "--config.env.kwargs.roles=4",
+                       "--config.policy.sharing=per_role", "--config.policy.pools=True", "--config.mesh.data=0",
+                       "--config.mesh.fsdp=-1")
+    steps = step_programs(config, parse_target("v5p:2x2x1").devices(), 1)
+    assert [s.name for s in steps.pools] == ["policy_r0", "policy_r1", "policy_r2", "policy_r3"]
+    assert [s.agents for s in steps.pools] == [[0], [1], [2], [3]]
+    chips = [{d.id for d in s.mesh.devices.flat} for s in steps.pools]
+    assert sorted(map(len, chips)) == [1, 1, 1, 1] and len(set().union(*chips)) == 4
+    for s in steps.pools:  # every policy's own step, on its own chip
+        mine = [p for p in steps.programs if p.pool == s.name and p.reported]
+        assert [p.name for p in mine] == ["prefill", "decode segment", "old log-probs", "update"], s.name
+        assert all({d.id for d in p.mesh.devices.flat} <= {d.id for d in s.mesh.devices.flat} for p in mine)

@@ -24,5 +24,6 @@ class Relay:
         return state, float(text.count("U")), float(len(text) % 2 == 0), False
 
 
-def make(single_agent=False, roles=3):
+def make(single_agent=False, roles=3, **demo_settings):
+    """(demo_settings: the demo config's env.kwargs, for its own workflow: a relay has none.)"""
     return EpisodeWorkflow(Relay(1 if single_agent else int(roles)))
