@@ -1,9 +1,13 @@
-"""Compare training regimes at an equal budget, over several seeds: a markdown table and a plot.
+"""Compare training regimes (or the values of any config key) at an equal budget, over several seeds: a
+markdown table and a plot.
 
     python -m atgrpo_jax.ablate --config=configs/demo.py --regimes=shared,per_role,single_agent,plain_grpo \\
         --seeds=0,1,2 --out=runs/regimes --config.train.steps=80
+    python -m atgrpo_jax.ablate --config=configs/demo.py --key=algo.advantage --regimes=grpo,rloo,dr_mas \\
+        --seeds=0,1,2 --out=runs/estimators
 
-Each (regime, seed) trains in OUT/<regime>/seed<k> with the same config and number of steps
+Each arm (a regime, or with --key a value of that key) and seed trains in OUT/<arm>/seed<k> with the
+same config and number of steps
 (train.seed and model.init_seed set to the seed, no time budget), resuming a run that was
 interrupted and skipping one that is complete. Then OUT/table.md (held-out success at the end:
 mean and standard deviation over seeds, each seed's value, samples per step), OUT/table.json
@@ -24,17 +28,18 @@ from atgrpo_jax.train.metrics import read_metrics
 from atgrpo_jax.train.validate import resolve
 
 
-def run_configs(config, regimes, seeds, out: str) -> dict:
-    """{(regime, seed): (config, workdir)} of every run; any bad flag or config is a one-line error
-    here, before anything is written."""
+def run_configs(config, regimes, seeds, out: str, key: str = "regime") -> dict:
+    """{(arm, seed): (config, workdir)} of every run, an arm being a regime or a value of `key`; any bad
+    flag or config is a one-line error here, before anything is written."""
 
     bad = [s for s in seeds if not str(s).isdigit()]
     if bad or not seeds:
         raise cli.UsageError(f"--seeds: {bad or 'none given'}: give whole numbers >= 0 (--seeds=0,1,2)")
     if not regimes:
-        raise cli.UsageError(f"--regimes: none given: name some of {', '.join(REGIMES)}")
+        raise cli.UsageError(f"--regimes: none given: name some of {', '.join(REGIMES)}" if key == "regime" else
+                             f"--regimes: no values of --key={key} given")
     unknown = [r for r in regimes if r not in REGIMES]
-    if unknown:
+    if unknown and key == "regime":
         raise cli.UsageError(f"--regimes: {unknown} are not regimes ({', '.join(REGIMES)})")
     for name, values in (("--regimes", list(regimes)), ("--seeds", [int(s) for s in seeds])):
         twice = sorted({str(v) for v in values if values.count(v) > 1})
@@ -43,16 +48,16 @@ def run_configs(config, regimes, seeds, out: str) -> dict:
     runs = {}
     for regime in regimes:
         for seed in seeds:
-            c = config.copy_and_resolve_references()
-            c.regime, c.train.seed, c.model.init_seed, c.train.time_budget_s = regime, int(seed), int(seed), 0.0
+            c = cli.apply_overrides(config.copy_and_resolve_references(), [(key, regime)])
+            c.train.seed, c.model.init_seed, c.train.time_budget_s = int(seed), int(seed), 0.0
             runs[(regime, seed)] = (resolve(c), os.path.join(out, regime, f"seed{seed}"))
     return runs
 
 
-def run_table(config, regimes, seeds, out: str) -> dict:
-    """Train every (regime, seed) (see the module docstring); returns table.json's dict."""
+def run_table(config, regimes, seeds, out: str, key: str = "regime") -> dict:
+    """Train every (arm, seed) (see the module docstring); returns table.json's dict."""
 
-    planned = run_configs(config, regimes, seeds, out)
+    planned = run_configs(config, regimes, seeds, out, key)
     wd.check_writable(out, "--out")  # before hours of training, not after
     os.makedirs(out, exist_ok=True)
     runs = {}
@@ -64,7 +69,7 @@ def run_table(config, regimes, seeds, out: str) -> dict:
             rows = read_metrics(workdir)
         runs[(regime, seed)] = rows
     table = summarize(runs, regimes, seeds)
-    write_outputs(table, runs, out)
+    write_outputs(table, runs, out, key)
     return table
 
 
@@ -83,8 +88,8 @@ def summarize(runs: dict, regimes, seeds) -> dict:
     return table
 
 
-def markdown(table: dict, steps: int) -> str:
-    lines = [f"| regime | held-out success after {steps} steps (mean ± std) | per seed | samples per step |",
+def markdown(table: dict, steps: int, key: str = "regime") -> str:
+    lines = [f"| {key} | held-out success after {steps} steps (mean ± std) | per seed | samples per step |",
              "|---|---|---|---|"]
     for regime, t in table.items():
         seeds = ", ".join(f"{x:.0%}" for x in t["final"])
@@ -92,13 +97,13 @@ def markdown(table: dict, steps: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(table: dict, runs: dict, out: str):
+def write_outputs(table: dict, runs: dict, out: str, key: str = "regime"):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     steps = max(r["step"] for rows in runs.values() for r in rows)
     with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(markdown(table, steps))
+        f.write(markdown(table, steps, key))
     with open(os.path.join(out, "table.json"), "w") as f:
         f.write(cli.dumps(table, indent=2))  # a seed without an evaluation: null, not NaN
     fig = Figure(figsize=(6.4, 4.0), dpi=100)
@@ -124,7 +129,7 @@ def main(f, overrides=()):
     if not f.out.value:
         raise cli.UsageError("--out is required")
     config = cli.apply_overrides(cli.load_config(f.config.value), overrides)
-    run_table(config, f.regimes.value, f.seeds.value, f.out.value)
+    run_table(config, f.regimes.value, f.seeds.value, f.out.value, f.key.value)
     print(open(os.path.join(f.out.value, "table.md")).read())
 
 
@@ -133,7 +138,8 @@ def _flags() -> types.SimpleNamespace:
     return types.SimpleNamespace(
         config=flags.DEFINE_string("config", None, "config file configs/X.py[:ARG]; its keys: --config.KEY=VALUE"),
         regimes=flags.DEFINE_list("regimes", ["shared", "per_role", "single_agent", "plain_grpo"],
-                                  "regimes (train.config.REGIMES) to compare"),
+                                  "the arms to compare: regimes (train.config.REGIMES), or with --key its values"),
+        key=flags.DEFINE_string("key", "regime", "the config key the arms set (e.g. algo.advantage)"),
         seeds=flags.DEFINE_list("seeds", ["0", "1", "2"], "seeds (train.seed and model.init_seed)"),
         out=flags.DEFINE_string("out", None, "directory of the runs, the table and the plot"))
 

@@ -40,6 +40,20 @@ def test_regime_table_over_seeds(tmp_path):
     assert os.path.getmtime(tmp_path / "shared" / "seed0" / "metrics.jsonl") == before
 
 
+def test_the_arms_may_be_the_values_of_any_key(tmp_path):
+    from atgrpo_jax.ablate import markdown, run_configs
+
+    runs = run_configs(tiny(), ["grpo", "rloo"], ["0", "1"], str(tmp_path), key="algo.advantage")
+    assert {(arm, seed): (c.algo.advantage, c.train.seed, w) for (arm, seed), (c, w) in runs.items()} == {
+        (a, s): (a, int(s), str(tmp_path / a / f"seed{s}")) for a in ("grpo", "rloo") for s in ("0", "1")}
+    assert markdown({"rloo": {"final": [0.5], "mean": 0.5, "std": 0.0, "samples_per_step": 8}}, 3,
+                    "algo.advantage").startswith("| algo.advantage | held-out success after 3 steps")
+    from atgrpo_jax.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"config.algo.advantage: unknown 'no_such'; known: grpo, drgrpo"):
+        run_configs(tiny(), ["no_such"], ["0"], str(tmp_path), key="algo.advantage")
+
+
 def test_a_role_trained_alone_leaves_the_other_as_it_was_and_policies_can_be_swapped(tmp_path):
     from atgrpo_jax.evaluate import load_policies_from, parse_policies
     from atgrpo_jax.train.loop import run_training
