@@ -3,6 +3,7 @@ with the trained weights: logits equal to the trainer's model within 1e-4."""
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -192,3 +193,21 @@ def test_generation_config_carries_the_repetition_penalty():
     run.sampling = [c.rollout.agent("a")]
     run.policy_of_agent = [0]
     assert generation_config(run, 0).repetition_penalty in (None, 1.0)  # unset: transformers applies none
+
+
+def test_a_run_continues_from_its_export_with_model_hf_path_alone(tmp_path):
+    """The tests' tiny config (a preset sized by model.vocab_size) exported, then started again from the
+    export by setting model.hf_path and nothing else: the new run's weights are the trained ones."""
+    from atgrpo_jax.train.loop import run_training
+    from atgrpo_jax.train.setup import build_run
+    from atgrpo_jax.train.validate import resolve
+
+    work, out = str(tmp_path / "run"), str(tmp_path / "hf")
+    run_training(tiny(**{"optim.lr": 3e-2, "optim.warmup_steps": 0, "train.steps": 1, "train.eval_every": 0,
+                         "train.checkpoint_every": 1, "train.log_episodes_every": 0}), work)
+    export_policy(work, out)
+    again = build_run(resolve(tiny(**{"model.hf_path": out})))
+    trained = trained_policy(work, 0)
+    got, want = jax.tree.leaves(again.policies[0].state.params), jax.tree.leaves(trained.state.params)
+    assert len(got) == len(want) and all(np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+                                         for a, b in zip(got, want))

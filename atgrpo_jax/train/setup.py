@@ -102,7 +102,8 @@ def build_model(config, mesh, hf_key: str = "model.hf_path") -> Qwen3:
     m = config.model
     attention = configured_backend(m.attention, platform_of(mesh), config.optim.share_prompts)
     if m.hf_path:
-        expected = get_preset(m.preset) if m.preset else None
+        sized = {"vocab_size": m.vocab_size} if m.vocab_size else {}  # the preset as the config sizes it
+        expected = get_preset(m.preset, **sized) if m.preset else None
         local = local_model_dir(m.hf_path, hf_key)
         if not os.path.isdir(local):
             raise CheckpointError(f"config.{hf_key}={m.hf_path!r}: no such directory (nor a hub id)")
