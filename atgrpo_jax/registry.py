@@ -82,8 +82,20 @@ def registered(name: str, key: str) -> Any:
     """The object behind a `py:` name; a ValueError naming the config `key` when this process has none."""
     if name not in OBJECTS:
         raise ValueError(f"{key}={name!r}: no such object in this process (a `py:` name stands for an object "
-                         "handed to atgrpo_jax.Trainer: run through the same Python API)")
+                         f"handed to atgrpo_jax.Trainer): {how_to_pass(name, key)}")
     return OBJECTS[name]
+
+
+def how_to_pass(name: str, key: str) -> str:
+    """What a command run outside that Python process can be given instead of the `py:` name."""
+    kind, _, where = name[len("py:"):].partition(":")
+    module, _, qualname = where.rpartition(".")
+    if module and module not in ("__main__", "?") and "." not in qualname:
+        return f"pass it by import path, --config.{key}={module}:{qualname}"
+    if module == "__main__":
+        return (f"the {kind} {qualname!r} was defined in a script: move it into a module and pass "
+                f"--config.{key}=module:{qualname}, or run through the same Python API")
+    return "run through the same Python API (this object has no import path)"
 
 
 def import_function(spec: str, key: str) -> Callable[..., Any]:

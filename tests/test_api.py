@@ -196,3 +196,15 @@ def test_a_callback_that_raises_or_has_no_method_is_one_line():
         run_hooks(user_hooks([Broken()], 0), StepInfo(3, {}, False, False, True))
     with pytest.raises(UsageError, match=r"callbacks: .* has none of on_step_end, on_evaluate, on_save"):
         user_hooks([object()], 0)
+
+
+def test_a_py_name_outside_its_process_says_how_to_pass_the_object():
+    from atgrpo_jax.registry import registered
+
+    with pytest.raises(ValueError, match=r"pass it by import path, --config.env.kwargs.reward_fn=mymod:score$"):
+        registered("py:reward:mymod.score", "env.kwargs.reward_fn")
+    with pytest.raises(ValueError, match=r"'reward' was defined in a script: move it into a module and pass "
+                                         r"--config.env.kwargs.reward_fn=module:reward"):
+        registered("py:reward:__main__.reward", "env.kwargs.reward_fn")
+    with pytest.raises(ValueError, match=r"run through the same Python API \(this object has no import path\)"):
+        registered("py:workflow:0123abcd4567", "env.workflow")
