@@ -70,3 +70,22 @@ def test_the_guide_s_workflow_example_trains_and_evaluates(tmp_path):
     solver = logged[0]["log"][0]
     assert solver["agent"] == "solver" and len(solver["branches"]) == 8  # the demo's K
     assert "+" in solver["prompt"] and all("parsed_as" in b and "advantage" in b for b in solver["branches"])
+
+
+def test_the_own_task_guide_s_python_example_runs_as_written_without_a_warning(tmp_path, monkeypatch, capfd):
+    """The guide's first example (two reward functions, a dataset file each), cut to 2 steps: it trains,
+    evaluates and exports, and says no warning on the way."""
+    code = re.search(r"```python\n(.*?)```", section(open(GUIDE, encoding="utf-8").read(), "## From Python"),
+                     re.S).group(1)
+    assert '"train.steps": 100' in code
+    code = code.replace('"train.steps": 100', '"train.steps": 2, "train.eval_every": 2')
+    monkeypatch.chdir(tmp_path)
+    for name, n in (("train.jsonl", 40), ("test.jsonl", 8)):
+        with open(name, "w") as f:
+            for i in range(n):
+                f.write(json.dumps({"prompt": f"{i % 10}+{i // 10}", "answer": i % 10 + i // 10}) + "\n")
+    os.symlink(os.path.join(ROOT, "configs"), tmp_path / "configs")
+    exec(compile(code, "own-task.md", "exec"), {})
+    assert (tmp_path / "runs" / "mine" / "hf" / "model.safetensors").exists()
+    said = capfd.readouterr()
+    assert "warning" not in (said.out + said.err).lower(), said.err
