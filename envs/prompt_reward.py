@@ -31,6 +31,8 @@ run with one line naming it (RewardError), not a traceback.
 """
 from __future__ import annotations
 
+import functools
+import re
 import sys
 from typing import Any, Sequence
 
@@ -133,14 +135,26 @@ class PromptReward:
     def score(self, completions: list[str], records: list[dict], **context) -> tuple[np.ndarray, list[str]]:
         """The reward functions on one batch, checked and summed with their weights: (scores [N], feedback [N],
         the first function's that gives any). context: the role, turn and history a function may ask for."""
-        total, feedback = np.zeros(len(completions), np.float32), None
-        for spec, fn, weight in self.reward_fns:
+        total, feedback, _ = self.score_parts(completions, records, **context)
+        return total, feedback
+
+    def score_parts(self, completions: list[str], records: list[dict], **context):
+        """`score`, and each function's own (unweighted) scores by its name: (total, feedback, {name: [N]})."""
+        total, feedback, parts = np.zeros(len(completions), np.float32), None, {}
+        for (spec, fn, weight), name in zip(self.reward_fns, self.part_names):
             scores, said = self._score_one(spec, fn, completions, records, context)
             total += np.float32(weight) * scores
+            parts[name] = scores
             feedback = said if feedback is None else feedback
         if feedback is None:
             feedback = [f"Your answer scored {s:.3g}. Try again." for s in total]
-        return total, [str(f) for f in feedback]
+        return total, [str(f) for f in feedback], parts
+
+    @functools.cached_property
+    def part_names(self) -> list[str]:
+        """Each reward function's name in the metrics (reward_fn/NAME/mean): its own, numbered when two share it."""
+        names = [re.split(r"[.:]", spec)[-1] or "reward" for spec, _, _ in self.reward_fns]
+        return [f"{n}_{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
 
     def _score_one(self, spec, fn, completions, records, context) -> tuple[np.ndarray, list | None]:
         who = f"env.kwargs.reward_fn={spec!r}"
@@ -180,10 +194,11 @@ class PromptReward:
         records = [self.record(state, b) for b in range(batch)]
         role = self.agents[agent].name
         histories = [state["history"][b] for b in range(batch) for _ in range(k)]
-        scores, feedback = self.score([r for row in grid for r in row], [records[b] for b in range(batch)
-                                                                          for _ in range(k)],
-                                      role=role, turn=turn, history=histories)
+        scores, feedback, parts = self.score_parts([r for row in grid for r in row],
+                                                   [records[b] for b in range(batch) for _ in range(k)],
+                                                   role=role, turn=turn, history=histories)
         scores = scores.reshape(batch, k)
+        by_part = obj_array([{name: float(p[i]) for name, p in parts.items()} for i in range(batch * k)])
         out = branch(state, k)
         last = agent == len(self.agents) - 1
         for b in range(batch):
@@ -195,7 +210,8 @@ class PromptReward:
             out["success"] = success
             out["done"] = success | (turn + 1 >= self.max_turns)
         return StepOut(state=out, local_reward=scores, team_reward=scores,
-                       parsed_as=obj_array([f"score {s:.3g}" for s in scores.ravel()]).reshape(batch, k))
+                       parsed_as=obj_array([f"score {s:.3g}" for s in scores.ravel()]).reshape(batch, k),
+                       reward_parts=by_part.reshape(batch, k))
 
 
 def reward_arguments(completions: list[str], records: list[dict], **context) -> dict:

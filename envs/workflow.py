@@ -59,6 +59,9 @@ class StepOut:
     # [B, K] object str: what the environment read from each response (the action), or why nothing
     # parsed; shown in episode logs. None: the workflow does not say.
     parsed_as: np.ndarray | None = None
+    # [B, K] object: each response's reward by part ({"exact": 1.0, "short": 0.4}), for metrics (reward_fn/NAME/
+    # mean, /std); None: the workflow does not say.
+    reward_parts: np.ndarray | None = None
     # Whether a branch ended or succeeded is read from its state (`done(out.state)`,
     # `success(out.state)`): one place for each fact.
 

@@ -93,6 +93,16 @@ def test_several_reward_functions_are_summed_with_their_weights(tmp_path):
                                 history=[(), ()])
     np.testing.assert_allclose(scores, [1.0 + 0.5 / 3, 0.5 / 3], rtol=1e-6)
     assert feedback[0].startswith("Your answer scored")
+    out = wf.step(wf.reset([0], "train"), 0, 0, [["2", "10"]])  # each function's own score, for the metrics
+    assert out.reward_parts.tolist() == [[{"exact": 1.0, "length": pytest.approx(1 / 3)},
+                                          {"exact": 0.0, "length": pytest.approx(2 / 3)}]]
+    from atgrpo_jax.train.step_metrics import reward_part_metrics
+
+    samples = types.SimpleNamespace(reward_parts=np.concatenate([out.reward_parts, np.full((1, 2), None, object)]),
+                                    mask=np.array([[True, True], [True, False]]))
+    assert reward_part_metrics(samples) == {"reward_fn/exact/mean": 0.5, "reward_fn/exact/std": 0.5,
+                                            "reward_fn/length/mean": pytest.approx(0.5),
+                                            "reward_fn/length/std": pytest.approx(1 / 6)}
     with pytest.raises(ValueError, match=r"env.kwargs.reward_weights: 1 weights for 2 reward functions"):
         make_workflow("prompt_reward", train_path=str(data), test_path=str(data),
                       reward_fn=["prompt_reward_fns:exact", "test_api:length"], reward_weights=[1.0])

@@ -87,5 +87,7 @@ def test_the_own_task_guide_s_python_example_runs_as_written_without_a_warning(t
     os.symlink(os.path.join(ROOT, "configs"), tmp_path / "configs")
     exec(compile(code, "own-task.md", "exec"), {})
     assert (tmp_path / "runs" / "mine" / "hf" / "model.safetensors").exists()
+    last = [json.loads(line) for line in (tmp_path / "runs" / "mine" / "metrics.jsonl").open()][-1]
+    assert {"reward_fn/exact/mean", "reward_fn/exact/std", "reward_fn/short/mean"} <= set(last)  # as TRL logs them
     said = capfd.readouterr()
     assert "warning" not in (said.out + said.err).lower(), said.err

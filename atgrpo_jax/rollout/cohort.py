@@ -52,6 +52,7 @@ class Record:
     mask: np.ndarray  # [B, K]
     best: np.ndarray  # [B]
     version: int = -1  # the optimizer step of the weights that sampled it (-1: not known)
+    reward_parts: np.ndarray | None = None  # [B, K] object: each response's reward by part (None: not said)
 
 
 @dataclasses.dataclass
@@ -146,7 +147,8 @@ class Stages:
             mask &= ~np.asarray(self.workflow.done(c.state), bool)[:, None]
         parsed_as = step.parsed_as if step.parsed_as is not None else np.full((b, k), "", object)
         c.records.append(Record(req.turn, req.agent, *right_padded(req.prompts), out, reward, local, team,
-                                parsed_as, mask, best, self.versions[req.agent] if self.versions else -1))
+                                parsed_as, mask, best, self.versions[req.agent] if self.versions else -1,
+                                step.reward_parts))
         c.agent += 1
         if c.agent == len(self.workflow.agents):
             c.turn, c.agent = c.turn + 1, 0
@@ -239,6 +241,7 @@ def combine(cohorts: list[Cohort], n: int, k: int) -> list[Record]:
         lengths, texts = np.zeros(n * k, np.int32), [""] * (n * k)
         arrays = {name: np.zeros((n, k), np.float32) for name in ("reward", "local", "team")}
         parsed_as, mask, best = np.full((n, k), "", object), np.zeros((n, k), bool), np.zeros(n, np.int64)
+        reward_parts = np.full((n, k), None, object)
         for rows, r in parts:
             dest = (rows[:, None] * k + np.arange(k)).ravel()
             prompt[rows, :r.prompt.shape[1]], plen[rows] = r.prompt, r.prompt_len
@@ -250,6 +253,9 @@ def combine(cohorts: list[Cohort], n: int, k: int) -> list[Record]:
             for name in arrays:
                 arrays[name][rows] = getattr(r, name)
             parsed_as[rows], mask[rows], best[rows] = r.parsed_as, r.mask, r.best
+            if r.reward_parts is not None:
+                reward_parts[rows] = r.reward_parts
         out.append(Record(turn, agent, prompt, plen, SampleOut(tokens, lengths, logps, texts), arrays["reward"],
-                          arrays["local"], arrays["team"], parsed_as, mask, best, parts[0][1].version))
+                          arrays["local"], arrays["team"], parsed_as, mask, best, parts[0][1].version,
+                          reward_parts))
     return out

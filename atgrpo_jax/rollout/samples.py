@@ -69,13 +69,15 @@ class Samples:
     # [G, K] int: the optimizer step of the weights that sampled each sample (-1: not known). With
     # system.staleness >= 2 one episode's turns may come from different weights (a partial rollout).
     version: np.ndarray
+    reward_parts: np.ndarray  # [G, K] object: each sample's reward by part (a dict), or None where not said
 
     @classmethod
     def empty(cls, k: int) -> "Samples":
         z = lambda *shape, dtype=np.int32: np.zeros(shape, dtype)
         f = lambda: z(0, k, dtype=np.float32)
         return cls(z(0, 0), z(0), z(0, k), z(0, k, 0), z(0, k), z(0, k, 0, dtype=np.float32), f(), f(), f(),
-                   z(0, k, dtype=bool), z(0), z(0), z(0, k), z(0), z(0, k, dtype=object), z(0, k, dtype=object), z(0), z(0, k))
+                   z(0, k, dtype=bool), z(0), z(0), z(0, k), z(0), z(0, k, dtype=object), z(0, k, dtype=object), z(0), z(0, k),
+                   z(0, k, dtype=object))
 
     @property
     def num_groups(self) -> int:
@@ -134,4 +136,4 @@ def concat(parts: Sequence[Samples]) -> Samples:
     return Samples(cat("prompt", p), cat("prompt_len"), prompt_of, cat("response", r), cat("response_len"),
                    cat("sampler_logp", r), cat("reward"), cat("local_reward"), cat("team_reward"), cat("mask"),
                    cat("task"), cat("agent"), cat("sample_agent"), cat("turn"), cat("text"), cat("parsed_as"),
-                   cat("selected"), cat("version"))
+                   cat("selected"), cat("version"), cat("reward_parts"))

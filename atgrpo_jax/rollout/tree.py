@@ -128,7 +128,8 @@ def record_samples(r: Record, k: int, streams: np.ndarray) -> Samples:
         team_reward=r.team, mask=r.mask, task=np.asarray(streams), agent=np.full(b, r.agent),
         sample_agent=np.full((b, k), r.agent), turn=np.full(b, r.turn),
         text=obj_array(r.out.texts).reshape(b, k), parsed_as=r.parsed_as,
-        selected=np.where(r.mask[:, 0], r.best, -1), version=np.full((b, k), r.version))
+        selected=np.where(r.mask[:, 0], r.best, -1), version=np.full((b, k), r.version),
+        reward_parts=r.reward_parts if r.reward_parts is not None else np.full((b, k), None, object))
 
 
 @dataclasses.dataclass(frozen=True)

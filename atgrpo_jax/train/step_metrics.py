@@ -25,6 +25,7 @@ def rollout_metrics(run: Run, ro, groups: Groups) -> dict:
         metrics[f"reward/{agent.name}"] = float(episodes.agent_reward[a])
     metrics.update(completion_metrics(samples, [s.max_new_tokens for s in run.sampling], run.stop_ids,
                                       [a.name for a in run.workflow.agents]))
+    metrics.update(reward_part_metrics(samples))
     kinds = getattr(run.workflow, "kinds", None)  # a mixture of workflows: the success of each
     if kinds is not None:  # (episodes are in task order: the step's ids, rounds of dynamic sampling after)
         kind = kinds(ro.step * TRAIN_TASK_STRIDE + np.arange(len(episodes.success)), "train")
@@ -34,6 +35,19 @@ def rollout_metrics(run: Run, ro, groups: Groups) -> dict:
     if ro.stale:
         metrics.update(staleness(run, samples))
     return metrics
+
+
+def reward_part_metrics(samples) -> dict:
+    """Each reward part's mean and std over the live samples that have it (`reward_fn/NAME/mean`, `/std`: a
+    prompt_reward task's functions, unweighted, as TRL logs `rewards/NAME/mean`)."""
+    values: dict[str, list[float]] = {}
+    for parts in samples.reward_parts[samples.mask]:
+        for name, value in (parts or {}).items():
+            values.setdefault(name, []).append(value)
+    out = {}
+    for name, v in sorted(values.items()):
+        out[f"reward_fn/{name}/mean"], out[f"reward_fn/{name}/std"] = float(np.mean(v)), float(np.std(v))
+    return out
 
 
 def completion_metrics(samples, max_new_tokens: list[int], stop_ids, names: list[str]) -> dict:

@@ -37,7 +37,7 @@ def minibatch(groups=GROUPS, vocab=512, pad_rows=2, seed=0):
     samples = Samples(prompt, np.array([p for _, p, _ in groups], np.int32),
                       np.repeat(np.arange(g_n)[:, None], k_n, 1), response, response_len, logp, zeros(), zeros(),
                       zeros(), mask, np.arange(g_n), np.zeros(g_n, int), zeros(int), np.zeros(g_n, int),
-                      zeros(object), zeros(object), np.full(g_n, -1), zeros(int))
+                      zeros(object), zeros(object), np.full(g_n, -1), zeros(int), zeros(object))
     g, k = np.nonzero(mask)
     n = len(g) + pad_rows
     pad = lambda x, fill=0: np.concatenate([x, np.full(pad_rows, fill, x.dtype)])  # noqa: E731
