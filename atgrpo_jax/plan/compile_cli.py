@@ -28,7 +28,7 @@ def planned(config, target: Target) -> dict[str, int]:
     s = p.sampling_terms
     beside = p.sampling_peak - max(s["prefill_phase"], s["decode_phase"])  # what both sampling phases hold
     return {"prefill": beside + s["prefill_phase"], "decode segment": beside + s["decode_phase"],
-            "update": p.update_peak}
+            "old log-probs": p.logprob_peak, "update": p.update_peak}
 
 
 def modelled_seconds(a: Analysis, cfg, chip) -> float:

@@ -166,6 +166,9 @@ def update_activations(cfg: Qwen3Config, mesh, batch: int, seq: int, chunk: int,
         "logprob_head": head + logits,
     }
     terms["total"] = saved + terms["attention_mask"] + max(terms["layer_backward"], terms["logprob_head"])
+    # A forward pass alone (the old log-probs, train/update.py logprobs_fn): no residuals are kept, so one
+    # layer's working set at a time, or the last hidden states beside one float32 logits block.
+    terms["forward"] = attn["mask"] + max(working + residuals + gathered, hidden + logits)
     return terms
 
 
@@ -286,6 +289,7 @@ class Plan:
     sampling_terms: dict
     update_peak: int
     sampling_peak: int
+    logprob_peak: int  # the old log-probs' forward pass over one mini-batch
     peak: int
     fits: bool
     notes: list = dataclasses.field(default_factory=list)
@@ -360,6 +364,7 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
                                    a.get("repetition_penalty", 1) != 1 for a in r.agents.values()), platform=platform)
     resident = p_bytes + optimizer + reference
     update_peak = resident + upd["total"]
+    logprob_peak = resident + upd["batch"] + acts[cfg.remat]["forward"]
     sampling_peak = resident + merged + sampling["kv_cache"] + sampling["working"]
     peak = max(update_peak, sampling_peak)
     usable = int(device.hbm_bytes * (1 - HEADROOM))
@@ -378,4 +383,4 @@ def plan(config, device: Device, num_devices: int, policies: int | None = None) 
         activations=upd["activations"], activations_remat=acts[True]["total"],
         activations_no_remat=acts[False]["total"], activation_terms=acts[cfg.remat],
         kv_cache=sampling["kv_cache"], sampling_working=sampling["working"] + merged, sampling_terms=sampling,
-        update_peak=update_peak, sampling_peak=sampling_peak, peak=peak, fits=peak <= usable, notes=notes)
+        update_peak=update_peak, sampling_peak=sampling_peak, logprob_peak=logprob_peak, peak=peak, fits=peak <= usable, notes=notes)
