@@ -25,7 +25,7 @@ def rollout_metrics(run: Run, ro, groups: Groups) -> dict:
         metrics[f"reward/{agent.name}"] = float(episodes.agent_reward[a])
     metrics.update(completion_metrics(samples, [s.max_new_tokens for s in run.sampling], run.stop_ids,
                                       [a.name for a in run.workflow.agents]))
-    metrics.update(reward_part_metrics(samples))
+    metrics.update(reward_part_metrics(samples, [a.name for a in run.workflow.agents]))
     kinds = getattr(run.workflow, "kinds", None)  # a mixture of workflows: the success of each
     if kinds is not None:  # (episodes are in task order: the step's ids, rounds of dynamic sampling after)
         kind = kinds(ro.step * TRAIN_TASK_STRIDE + np.arange(len(episodes.success)), "train")
@@ -37,16 +37,20 @@ def rollout_metrics(run: Run, ro, groups: Groups) -> dict:
     return metrics
 
 
-def reward_part_metrics(samples) -> dict:
+def reward_part_metrics(samples, names: list[str] = ()) -> dict:
     """Each reward part's mean and std over the live samples that have it (`reward_fn/NAME/mean`, `/std`: a
-    prompt_reward task's functions, unweighted, as TRL logs `rewards/NAME/mean`)."""
-    values: dict[str, list[float]] = {}
-    for parts in samples.reward_parts[samples.mask]:
-        for name, value in (parts or {}).items():
-            values.setdefault(name, []).append(value)
+    prompt_reward task's functions, unweighted, as TRL logs `rewards/NAME/mean`); per role ("ROLE/...")
+    with several agents."""
     out = {}
-    for name, v in sorted(values.items()):
-        out[f"reward_fn/{name}/mean"], out[f"reward_fn/{name}/std"] = float(np.mean(v)), float(np.std(v))
+    for a, prefix in [(None, "")] + ([(a, f"{n}/") for a, n in enumerate(names)] if len(names) > 1 else []):
+        mine = samples.mask if a is None else samples.mask & (samples.sample_agent == a)
+        values: dict[str, list[float]] = {}
+        for parts in samples.reward_parts[mine]:
+            for name, value in (parts or {}).items():
+                values.setdefault(name, []).append(value)
+        for name, v in sorted(values.items()):
+            out[f"{prefix}reward_fn/{name}/mean"], out[f"{prefix}reward_fn/{name}/std"] = (float(np.mean(v)),
+                                                                                          float(np.std(v)))
     return out
 
 
