@@ -99,12 +99,14 @@ def test_several_reward_functions_are_summed_with_their_weights(tmp_path):
     from atgrpo_jax.train.step_metrics import reward_part_metrics
 
     samples = types.SimpleNamespace(reward_parts=np.concatenate([out.reward_parts, np.full((1, 2), None, object)]),
-                                    mask=np.array([[True, True], [True, False]]), sample_agent=np.array([[0, 1], [0, 0]]))
+                                    mask=np.array([[True, True], [True, False]]),
+                                    sample_agent=np.array([[0, 1], [0, 0]]))
     assert reward_part_metrics(samples) == {"reward_fn/exact/mean": 0.5, "reward_fn/exact/std": 0.5,
                                             "reward_fn/length/mean": pytest.approx(0.5),
                                             "reward_fn/length/std": pytest.approx(1 / 6)}
     by_role = reward_part_metrics(samples, ["solver", "checker"])  # several agents: per role too
-    assert by_role["solver/reward_fn/exact/mean"] == 1.0 and by_role["checker/reward_fn/length/mean"] == pytest.approx(2 / 3)
+    assert by_role["solver/reward_fn/exact/mean"] == 1.0
+    assert by_role["checker/reward_fn/length/mean"] == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match=r"env.kwargs.reward_weights: 1 weights for 2 reward functions"):
         make_workflow("prompt_reward", train_path=str(data), test_path=str(data),
                       reward_fn=["prompt_reward_fns:exact", "test_api:length"], reward_weights=[1.0])
