@@ -244,3 +244,16 @@ def test_four_roles_make_four_pools_of_programs_on_their_own_chips():
         mine = [p for p in steps.programs if p.pool == s.name and p.reported]
         assert [p.name for p in mine] == ["prefill", "decode segment", "old log-probs", "update"], s.name
         assert all({d.id for d in p.mesh.devices.flat} <= {d.id for d in s.mesh.devices.flat} for p in mine)
+
+
+@pytest.mark.full  # tiers.py: three pools' programs compiled for a 3-host slice, ~45 s on two cores
+def test_three_roles_compile_on_three_pools_of_a_three_host_slice(capsys):
+    """A three-role per-role run with pools on v5p:2x2x3 (12 chips, 3 hosts): each role's programs compile
+    on its own pool (one host's 4 chips), with the planner's numbers beside them."""
+    code, r, _ = report(capsys, "--compile=v5p:2x2x3", *SMALL, "--config.env.workflow=team_workflow:make",
+                        "--config.env.kwargs.roles=3", "--config.policy.sharing=per_role", "--config.policy.pools=True")
+    assert code == 0 and r["fits"] and (r["chips"], r["hosts"]) == (12, 3)
+    pools = sorted({p["pool"] for p in r["programs"]})
+    assert pools == ["policy_r0", "policy_r1", "policy_r2"]
+    for p in r["programs"]:
+        assert p["planned_peak_bytes"] and abs(p["planned_peak_bytes"] / p["compiled_peak_bytes"] - 1) < 0.35, p

@@ -82,3 +82,20 @@ def test_the_planner_counts_the_workflow_s_roles():
     assert planned_roles(resolve(team(4))) == ("r0", "r1", "r2", "r3")
     paper = cli.config_from_args("configs/math_aggregation_qwen3_1p7b.py", [("model.init", "random")])
     assert planned_roles(resolve(paper)) == ("reasoner", "tool", "aggregator")  # no data needed to count
+
+
+def test_three_roles_train_and_evaluate_from_the_command_s_loop(tmp_path):
+    import json
+
+    from atgrpo_jax.train.loop import run_training
+    from atgrpo_jax.train.metrics import read_metrics
+
+    work = str(tmp_path / "relay")
+    run_training(team(regime="per_role", **{"train.steps": 2, "train.eval_every": 2, "train.eval_tasks": 4,
+                                            "train.log_episodes_every": 1}), work)
+    rows = read_metrics(work)
+    assert {f"reward/r{i}" for i in range(3)} | {f"policy_r{i}/loss" for i in range(3)} <= set(rows[-1])
+    assert 0 <= rows[-1]["eval_success"] <= 1
+    with open(f"{work}/episodes.jsonl") as f:
+        log = json.loads(f.readline())["log"]
+    assert [t["agent"] for t in log] == ["r0", "r1", "r2", "r0", "r1", "r2"]  # two turns of three roles
