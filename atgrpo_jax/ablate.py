@@ -24,7 +24,7 @@ from absl import flags
 from atgrpo_jax import cli, workdir as wd
 from atgrpo_jax.train.config import REGIMES
 from atgrpo_jax.train.loop import run_training
-from atgrpo_jax.train.metrics import read_metrics
+from atgrpo_jax.train.metrics_files import read_metrics
 from atgrpo_jax.train.validate import resolve
 
 

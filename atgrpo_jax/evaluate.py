@@ -25,7 +25,7 @@ from atgrpo_jax.train.checkpoint import Checkpointer, short_cause
 from atgrpo_jax.train.config import from_saved
 from atgrpo_jax.train.episodes import evaluation_records
 from atgrpo_jax.train.heldout import evaluation
-from atgrpo_jax.train.metrics import METRICS_FILE
+from atgrpo_jax.train.metrics_files import METRICS_FILE
 from atgrpo_jax.train.plots import plot_learning_curves
 from atgrpo_jax.train.resume import restore_given
 from atgrpo_jax.train.setup import Run, build_run

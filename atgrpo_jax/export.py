@@ -32,7 +32,7 @@ from atgrpo_jax.models.hub_ids import is_repo_id
 from atgrpo_jax.models.peft_io import save_adapter
 from atgrpo_jax.train.checkpoint import Checkpointer
 from atgrpo_jax.train.config import from_saved
-from atgrpo_jax.train.metrics import METRICS_FILE, read_metrics
+from atgrpo_jax.train.metrics_files import METRICS_FILE, read_metrics
 from atgrpo_jax.train.resume import restore_given
 from atgrpo_jax.train.setup import Run, build_run
 from atgrpo_jax.train.step import policy_states, set_policy_states

@@ -21,7 +21,7 @@ def leaves(policy):
 
 def test_regime_table_over_seeds(tmp_path):
     from atgrpo_jax.ablate import run_table
-    from atgrpo_jax.train.metrics import read_metrics
+    from atgrpo_jax.train.metrics_files import read_metrics
 
     one_step = tiny()
     one_step.train.update(steps=1, eval_every=1, checkpoint_every=1)  # 4 runs: one step each is enough for a table
@@ -64,7 +64,7 @@ def test_a_role_trained_alone_leaves_the_other_as_it_was_and_policies_can_be_swa
     c.policy.sharing, c.policy.frozen_agents = "per_role", ("planner",)
     start = build_run(resolve(c.copy_and_resolve_references()))
     run_training(c, str(tmp_path / "executor_alone"))
-    from atgrpo_jax.train.metrics import read_metrics
+    from atgrpo_jax.train.metrics_files import read_metrics
     trained_rows = [r for r in read_metrics(str(tmp_path / "executor_alone")) if "policy_executor/samples" in r]
     assert trained_rows and all(r["samples"] == r["policy_executor/samples"] > 0 for r in trained_rows)  # the table's
     trained = build_run(resolve(_per_role()))

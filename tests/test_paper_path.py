@@ -66,7 +66,7 @@ def config(task, checkpoint, sharing):
 
 def check_run(workdir, task):
     """What a user looks at after training: metrics, the agents' words, the checkpoint."""
-    from atgrpo_jax.train.metrics import read_metrics
+    from atgrpo_jax.train.metrics_files import read_metrics
 
     rows = read_metrics(workdir)
     assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["reward_mean"]) for r in rows)
@@ -155,7 +155,7 @@ def test_each_paper_workflow_trains_on_real_text(tmp_path, task):
     from atgrpo_jax import cli
     from atgrpo_jax.models.hub_ids import local_model_dir
     from atgrpo_jax.train.loop import run_training
-    from atgrpo_jax.train.metrics import read_metrics
+    from atgrpo_jax.train.metrics_files import read_metrics
 
     path = local_model_dir("smollm2-135m-instruct")
     sets = {**SMALL, **FLOAT32, **PER_TASK.get(task, {}), "model.hf_path": path, "model.preset": "", "tokenizer": path,

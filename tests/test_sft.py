@@ -156,7 +156,7 @@ def test_the_loss_is_transformers_cross_entropy_on_the_assistant_tokens(tmp_path
 
 
 def test_the_command_learns_the_conversations(sft_run):
-    from atgrpo_jax.train.metrics import read_metrics
+    from atgrpo_jax.train.metrics_files import read_metrics
 
     rows = read_metrics(sft_run["workdir"])
     steps = [r for r in rows if "loss" in r]

@@ -21,7 +21,7 @@ from atgrpo_jax.envs.workflow_registry import make_workflow
 from atgrpo_jax.miniature import traces
 from atgrpo_jax.models.tokenizer import qwen3_tokenizer, render_chat
 from atgrpo_jax.models.trimmed import save_trimmed, trim_qwen3
-from atgrpo_jax.train.metrics import read_metrics
+from atgrpo_jax.train.metrics_files import read_metrics
 
 RECIPES = ("paper", "reference")
 REGIMES = ("single_agent", "shared", "per_role", "plain_grpo")

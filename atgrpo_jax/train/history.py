@@ -8,7 +8,7 @@ import time
 
 from atgrpo_jax import workdir as wd
 from atgrpo_jax.errors import UsageError
-from atgrpo_jax.train.metrics import METRICS_FILE
+from atgrpo_jax.train.metrics_files import METRICS_FILE
 
 NOTE_FILE = "metrics.note.txt"
 

@@ -24,7 +24,7 @@ from atgrpo_jax.train.hooks import user_hooks
 from atgrpo_jax.train.episodes import as_markdown, training_records
 from atgrpo_jax.train.heldout import evaluation
 from atgrpo_jax.train.hooks import Hook, StepInfo, run_hooks
-from atgrpo_jax.train.metrics import EPISODES_FILE, last_logged
+from atgrpo_jax.train.metrics_files import EPISODES_FILE, last_logged
 from atgrpo_jax.train.progress import say
 from atgrpo_jax.train.setup import Run
 from atgrpo_jax.train.start import Launch, Opened, check_before_writing, held, open_run

@@ -10,6 +10,8 @@ Non-finite values: JSON has no NaN, so NaN, +-inf (and None) are written as
 has no point at that step). Integers stay integers in the jsonl; TensorBoard
 stores float32. A value that is not a number raises an error naming the key.
 
+Reading the files, and cutting them back, is train/metrics_files.py.
+
 Resuming (`resume_step=s`): the lines and events of steps > s (written by the
 killed run after its last checkpoint) are dropped, so a resumed run's files
 equal an uninterrupted run's: metrics.jsonl is rewritten without them, and so
@@ -48,15 +50,11 @@ import numpy as np
 
 from atgrpo_jax import workdir as wd
 from atgrpo_jax.errors import LogWriteError
+from atgrpo_jax.train.metrics_files import (_EVENTS_PREFIX, JSONL_FILES, METRICS_FILE, TB_DIR, truncate_events,
+                                            truncate_metrics)
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
-EPISODES_FILE = "episodes.jsonl"  # what the agents said (train/episodes.py)
-JSONL_FILES = (METRICS_FILE, EPISODES_FILE)  # rows with a "step": truncated alike on resume
-TB_DIR = "tb"
-_EVENTS_PREFIX = "events.out.tfevents."
-# Metrics measured by the wall clock (they differ between two runs of the same steps).
 WALL_CLOCK = ("rollout_s", "update_s", "tokens_per_s", "rollout_tokens_per_s", "time_s", "host_busy")
 WALL_CLOCK_PREFIXES = ("pool_busy/",)
 
@@ -88,94 +86,6 @@ def _scalar(key: str, value: Any) -> int | float | None:
         raise TypeError(f"metric {key!r} must be a number, got {arr.dtype} value {value!r}")
     x = float(arr)
     return x if math.isfinite(x) else None
-
-
-def _parse_lines(path: str) -> list[dict]:
-    """The complete JSON lines of `path` (local or a URL); a torn (unparsable) line is skipped."""
-    rows = []
-    with (wd.as_epath(path).open("r") if wd.is_remote(path) else open(path, encoding="utf-8")) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                log.warning("%s:%d: skipping a torn line (killed while writing?)", path, n)
-                continue
-            if isinstance(row, dict) and "step" in row:
-                rows.append(row)
-    return rows
-
-
-def read_metrics(workdir: str) -> list[dict]:
-    """All rows of `workdir/metrics.jsonl` (or of a .jsonl path; local or a URL), in file order."""
-    workdir = os.fspath(workdir)
-    path = workdir if workdir.endswith(".jsonl") else wd.join(workdir, METRICS_FILE)
-    return _parse_lines(path)
-
-
-def last_logged(workdir: str) -> dict:
-    """The newest value of every metric in `workdir/metrics.jsonl` (the last step's, and the last
-    evaluation's), as the last step of a run returns them; {} without the file."""
-    try:
-        rows = read_metrics(workdir)
-    except (OSError, ValueError):
-        return {}
-    out: dict = {}
-    for row in rows:
-        out.update({k: v for k, v in row.items() if v is not None})
-    return out
-
-
-def truncate_metrics(path: str, keep_up_to_step: int) -> int:
-    """Rewrite `path` keeping only rows with step <= keep_up_to_step; returns rows dropped."""
-    if not os.path.exists(path):
-        return 0
-    with open(path, encoding="utf-8") as f:
-        total = sum(1 for line in f if line.strip())
-    rows = [r for r in _parse_lines(path) if r["step"] <= keep_up_to_step]
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, allow_nan=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)  # atomic: a kill here leaves the old file or the new one
-    return total - len(rows)
-
-
-def truncate_events(tb_dir: str, keep_up_to_step: int) -> int:
-    """Rewrite the event files in `tb_dir` without events of steps > keep_up_to_step; returns events dropped."""
-    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
-    from tensorboard.compat.proto import event_pb2
-    from tensorboard.summary.writer.record_writer import RecordWriter
-
-    if not os.path.isdir(tb_dir):
-        return 0
-    dropped = 0
-    for name in sorted(os.listdir(tb_dir)):
-        path = os.path.join(tb_dir, name)
-        if not name.startswith(_EVENTS_PREFIX) or not os.path.isfile(path):
-            continue
-        records = list(RawEventFileLoader(path).Load())  # a torn last record is left out
-        keep = []
-        for raw in records:
-            event = event_pb2.Event.FromString(raw)
-            late = event.step > keep_up_to_step and (event.HasField("summary") or event.HasField("session_log"))
-            if not late:
-                keep.append(raw)
-        if len(keep) == len(records) and os.path.getsize(path) == sum(len(r) + 16 for r in records):
-            continue  # nothing late, nothing torn
-        dropped += len(records) - len(keep)
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            writer = RecordWriter(f)
-            for raw in keep:
-                writer.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    return dropped
 
 
 def _ends_with_newline(path: str) -> bool:
@@ -382,28 +292,3 @@ class MetricsWriter:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def read_tb_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
-    """Scalars as TensorBoard's own event reader sees them: {tag: [(step, value), ...]}.
-
-    `logdir` is a workdir (its `tb/` is read) or an event directory, local or
-    a URL (read through TensorBoard's own fsspec layer, as `tensorboard
-    --logdir gs://...` would).
-    """
-    from tensorboard.backend.event_processing import event_accumulator as ea
-    from tensorboard.util import tensor_util
-
-    logdir = os.fspath(logdir)
-    tb_dir = wd.join(logdir, TB_DIR) if wd.isdir(wd.join(logdir, TB_DIR)) else logdir
-    acc = ea.EventAccumulator(tb_dir, size_guidance={ea.TENSORS: 0, ea.SCALARS: 0})
-    acc.Reload()
-    out: dict[str, list[tuple[int, float]]] = {}
-    tags = acc.Tags()
-    for tag in tags.get(ea.TENSORS, []):
-        if acc.SummaryMetadata(tag).plugin_data.plugin_name != "scalars":  # text (the episodes), ...
-            continue
-        out[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
-    for tag in tags.get(ea.SCALARS, []):  # legacy simple_value summaries
-        out.setdefault(tag, []).extend((e.step, float(e.value)) for e in acc.Scalars(tag))
-    return out

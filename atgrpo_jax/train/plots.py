@@ -7,7 +7,7 @@ import os
 from typing import Mapping, Sequence
 
 from atgrpo_jax import workdir as wd
-from atgrpo_jax.train.metrics import read_metrics
+from atgrpo_jax.train.metrics_files import read_metrics
 
 AXIS_LABELS = {"step": "training step", "time_s": "wall-clock time (s)", "eval_success": "success rate (held out)"}
 

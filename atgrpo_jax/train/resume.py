@@ -18,7 +18,7 @@ from atgrpo_jax import cli
 from atgrpo_jax.train import checkpoint
 from atgrpo_jax.train.config import RESUMABLE, changed_keys, from_saved
 from atgrpo_jax.train.validate import resolve
-from atgrpo_jax.train.metrics import EPISODES_FILE, METRICS_FILE, TB_DIR
+from atgrpo_jax.train.metrics_files import EPISODES_FILE, METRICS_FILE, TB_DIR
 from atgrpo_jax import workdir as wd
 from atgrpo_jax.train.step import policy_states
 

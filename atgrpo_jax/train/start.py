@@ -20,7 +20,8 @@ from atgrpo_jax.train.heldout import evaluation_splits
 from atgrpo_jax.train.history import check_history
 from atgrpo_jax.train.init_from import source_checkpoint
 from atgrpo_jax.train.lock import LOCK_FILE, WorkdirLock
-from atgrpo_jax.train.metrics import EPISODES_FILE, METRICS_FILE, TB_DIR, MetricsWriter
+from atgrpo_jax.train.metrics import MetricsWriter
+from atgrpo_jax.train.metrics_files import EPISODES_FILE, METRICS_FILE, TB_DIR
 from atgrpo_jax.train.prefetch import Prefetch
 from atgrpo_jax.train.progress import ProgressBar, say
 from atgrpo_jax.train.resume import changes_from_saved, has_checkpoints, keep_history, restore_or_start

@@ -273,7 +273,7 @@ def test_an_unknown_name_lists_both_kinds():
 
 
 def finite_losses(workdir):
-    from atgrpo_jax.train.metrics import read_metrics
+    from atgrpo_jax.train.metrics_files import read_metrics
 
     rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
     assert [r["step"] for r in rows] == [1, 2]

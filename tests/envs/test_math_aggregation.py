@@ -53,7 +53,7 @@ def test_the_config_trains_one_model_per_role(tmp_path):
     from atgrpo_jax import cli
     from atgrpo_jax.models.tokenizer import qwen3_tokenizer
     from atgrpo_jax.train.loop import run_training
-    from atgrpo_jax.train.metrics import read_metrics
+    from atgrpo_jax.train.metrics_files import read_metrics
     from hf_fixtures import make_hf_checkpoint
 
     ckpt = str(tmp_path / "Qwen3-tiny")

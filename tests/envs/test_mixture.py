@@ -69,7 +69,7 @@ def test_a_mixture_trains_and_reports_each_workflow(tmp_path):
     from tiny_config import tiny
 
     from atgrpo_jax.train import loop
-    from atgrpo_jax.train.metrics import read_metrics
+    from atgrpo_jax.train.metrics_files import read_metrics
 
     c = tiny(**{"train.steps": 1, "train.eval_every": 1, "train.eval_tasks": 2, "rollout.num_tasks": 6})
     grid = dict(c.env.kwargs)

@@ -111,7 +111,7 @@ def test_the_shipped_fixture_is_what_its_generator_writes(tmp_path):
 def test_a_tiny_model_trains_and_evaluates_on_search_with_the_real_tokenizer(tmp_path):
     from atgrpo_jax.train import loop
     from atgrpo_jax.train.config import base_config
-    from atgrpo_jax.train.metrics import read_metrics
+    from atgrpo_jax.train.metrics_files import read_metrics
 
     c = base_config()
     c.model.update(preset="test-tiny", vocab_size=151680, init="random")

@@ -35,7 +35,8 @@ def assert_no_traceback(proc):
 
 
 def metrics_rows(workdir) -> list[dict]:
-    from atgrpo_jax.train.metrics import is_wall_clock, read_metrics
+    from atgrpo_jax.train.metrics import is_wall_clock
+    from atgrpo_jax.train.metrics_files import read_metrics
 
     return [{k: v for k, v in r.items() if not is_wall_clock(k)} for r in read_metrics(str(workdir))]
 

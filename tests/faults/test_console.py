@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from atgrpo_jax.train.metrics import read_metrics
+from atgrpo_jax.train.metrics_files import read_metrics
 from atgrpo_jax.train.progress import ProgressBar
 from atgrpo_jax.train.start import console_keys
 from tiny_config import tiny

@@ -51,7 +51,7 @@ def kills_and_a_signal_in_an_evaluation_then_the_run_equals_an_uninterrupted_one
     assert_no_traceback(proc)
     assert "resuming at step 2" in proc.stdout
     assert metrics_rows(work) == metrics_rows(finished_run), why  # bitwise, each row once (evaluations too)
-    from atgrpo_jax.train.metrics import read_tb_scalars
+    from atgrpo_jax.train.metrics_files import read_tb_scalars
 
     tb, reference = read_tb_scalars(str(work)), read_tb_scalars(str(finished_run))  # a real run's events
     for tag in ("loss", "eval_success"):

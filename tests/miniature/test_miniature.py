@@ -4,7 +4,7 @@ import json
 import pytest
 
 from atgrpo_jax import cli
-from atgrpo_jax.train.metrics import read_metrics
+from atgrpo_jax.train.metrics_files import read_metrics
 
 
 @pytest.mark.full  # tiers.py: ~40 s; test_traces, test_trimmed, test_sft and test_ablate cover its stages

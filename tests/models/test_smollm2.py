@@ -68,7 +68,7 @@ def test_configs_smollm2_trains_through_the_python_api_on_a_user_s_data_and_rewa
                                  "rollout.k": 2, "rollout.max_new_tokens": 8, "optim.mini_batch_size": 4})
     metrics = trainer.train()
     assert 0.0 <= metrics["eval_success"] <= 1.0
-    from atgrpo_jax.train.metrics import read_metrics
+    from atgrpo_jax.train.metrics_files import read_metrics
     rows_logged = [r for r in read_metrics(str(tmp_path / "run")) if "loss" in r]
     assert [r["step"] for r in rows_logged] == [1, 2] and all(r["skipped"] == 0 for r in rows_logged)
     assert all(np.isfinite(r["loss"]) and r["completion_len_max"] <= 8 for r in rows_logged)

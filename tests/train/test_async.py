@@ -137,7 +137,7 @@ def test_staleness_n_samples_with_weights_up_to_n_updates_old(tmp_path, stalenes
     by pi_old / pi_sampler (not a correction of 1 against itself). per_role: two policies on two pools,
     their updates paced from threads beside the rollouts in flight."""
     from atgrpo_jax.train.loop import run_training
-    from atgrpo_jax.train.metrics import read_metrics
+    from atgrpo_jax.train.metrics_files import read_metrics
 
     c = config(sharing, pools=sharing == "per_role")
     c.system.staleness = staleness

@@ -13,7 +13,8 @@ import pytest
 
 from atgrpo_jax import cli
 from atgrpo_jax.train.config import ConfigError, base_config
-from atgrpo_jax.train.metrics import MetricsWriter, read_metrics
+from atgrpo_jax.train.metrics import MetricsWriter
+from atgrpo_jax.train.metrics_files import read_metrics
 from atgrpo_jax.train.validate import resolve
 from atgrpo_jax.train.wandb_log import RUN_ID_FILE, WandbLogger
 

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from atgrpo_jax.train.metrics import MetricsWriter, read_metrics, read_tb_scalars
+from atgrpo_jax.train.metrics import MetricsWriter
+
+from atgrpo_jax.train.metrics_files import read_metrics, read_tb_scalars
 from atgrpo_jax.train.progress import ProgressBar
 
 
@@ -190,7 +192,7 @@ def test_progress_bar_redraws_in_place_on_a_terminal_and_times_only_this_process
 
 
 def test_episode_rows_and_text_are_truncated_on_resume_like_metrics(tmp_path):
-    from atgrpo_jax.train.metrics import EPISODES_FILE
+    from atgrpo_jax.train.metrics_files import EPISODES_FILE
 
     with MetricsWriter(str(tmp_path)) as w:
         for step in (1, 2, 3):

@@ -13,7 +13,7 @@ import pytest
 
 from atgrpo_jax import launch
 from atgrpo_jax.distributed import CPU_COLLECTIVES_FLAG, ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
-from atgrpo_jax.train.metrics import read_metrics
+from atgrpo_jax.train.metrics_files import read_metrics
 from tiers import FULL, full_case
 
 DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "demo.py")

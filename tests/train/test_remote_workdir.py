@@ -15,7 +15,8 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 
 from atgrpo_jax.evaluate import write_eval_outputs
 from atgrpo_jax import workdir as wd
-from atgrpo_jax.train.metrics import MetricsWriter, read_metrics, read_tb_scalars
+from atgrpo_jax.train.metrics import MetricsWriter
+from atgrpo_jax.train.metrics_files import read_metrics, read_tb_scalars
 from tiny_config import tiny
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

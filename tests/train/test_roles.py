@@ -4,7 +4,7 @@ import pytest
 from tiny_config import tiny
 
 from atgrpo_jax.train.config import ConfigError, base_config
-from atgrpo_jax.train.metrics import read_metrics
+from atgrpo_jax.train.metrics_files import read_metrics
 from atgrpo_jax.train.validate import resolve
 
 

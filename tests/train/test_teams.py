@@ -88,7 +88,7 @@ def test_three_roles_train_and_evaluate_from_the_command_s_loop(tmp_path):
     import json
 
     from atgrpo_jax.train.loop import run_training
-    from atgrpo_jax.train.metrics import read_metrics
+    from atgrpo_jax.train.metrics_files import read_metrics
 
     work = str(tmp_path / "relay")
     run_training(team(regime="per_role", **{"train.steps": 2, "train.eval_every": 2, "train.eval_tasks": 4,

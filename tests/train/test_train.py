@@ -14,7 +14,7 @@ from atgrpo_jax.algo.loss import LossSettings
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.train.config import ConfigError, base_config
 from atgrpo_jax.train.validate import resolve
-from atgrpo_jax.train.metrics import read_metrics
+from atgrpo_jax.train.metrics_files import read_metrics
 from atgrpo_jax.bench.rows import rows_packed
 from atgrpo_jax.train.update import init_state, make_optimizer, make_update_fns
 from tiny_config import tiny
