@@ -10,11 +10,25 @@ from atgrpo_jax.typed_config import Section, key, non_negative, within
 FILTER_SCOPES = ("policy", "agent", "batch")
 
 
+def team_weights(weighting: str, max_turns: int, discount: float = 0.99) -> tuple[float, ...]:
+    """Per turn, what the team reward is multiplied by (algo.team_weighting); () = 1 at every turn."""
+    if weighting == "turn_weighted":
+        return tuple((t + 1) / max_turns for t in range(max_turns))
+    if weighting == "discount":
+        return tuple(discount ** (max_turns - t) for t in range(max_turns))
+    return ()
+
+
 @dataclasses.dataclass(frozen=True)
 class AlgoSettings(Section):
     PATH = "algo"
 
     alpha: float = key(1.0, "an agent's reward = its own + alpha * the team's")
+    team_weighting: str = key("none", 'the team reward of turn t (0-based) of max_turns T, weighted as the '
+                              'reference\'s reward options: "turn_weighted" x (t + 1) / T (later turns, closer to '
+                              'the outcome, count more), "discount" x team_discount^(T - t), "none" x 1',
+                              choices=("none", "turn_weighted", "discount"))
+    team_discount: float = key(0.99, 'the discount factor of team_weighting="discount"', check=within(0, 1))
     advantage: str = key("grpo", "advantage estimator (docs/guides/estimators.md): per group grpo, drgrpo, rloo, "
                          "magrpo; over each policy's batch of the step reinforce_pp, dr_mas",
                          choices=estimator_names)

@@ -107,6 +107,7 @@ class Stages:
     # empty: not known). A rollout run in parts (InFlight) changes it between parts.
     versions: tuple[int, ...] = ()
     reference_tree: ReferenceTree = ReferenceTree()
+    team_weights: tuple[float, ...] = ()  # per turn, the team reward's multiplier (algo.team_weighting); (): 1
 
     def start(self, task_ids: np.ndarray, split: str, rows: np.ndarray) -> Cohort:
         return Cohort(rows, self.workflow.reset(task_ids[rows], split), np.zeros(len(rows), np.int32))
@@ -135,7 +136,8 @@ class Stages:
         local = checked_rewards(step.local_reward, live, k, where("local"), tasks)
         team = checked_rewards(step.team_reward, live, k, where("team"), tasks)
         with np.errstate(over="ignore", invalid="ignore"):
-            reward = checked_rewards(local + np.float32(self.alpha) * team, live, k, where("combined"), tasks)
+            alpha = self.alpha * (self.team_weights[req.turn] if self.team_weights else 1.0)
+            reward = checked_rewards(local + np.float32(alpha) * team, live, k, where("combined"), tasks)
         mask = np.repeat(live[:, None], k, axis=1)
         best = np.argmax(np.where(mask, reward, -np.inf), axis=1)
         quirks = self.reference_tree

@@ -42,7 +42,8 @@ class PlainRollout:
         episode_tasks = np.repeat(np.asarray(inputs.task_ids), k)  # [B * K]: episode e rolls out task e // K
         streams = inputs.first_task * k + np.arange(num_tasks * k)
         tasks = inputs.first_task + np.arange(num_tasks)  # the groups' Samples.task
-        stages = Stages(inputs.workflow, inputs.encode, 1, inputs.max_turns, inputs.alpha, inputs.key, streams)
+        stages = Stages(inputs.workflow, inputs.encode, 1, inputs.max_turns, inputs.alpha, inputs.key, streams,
+                        team_weights=inputs.team_weights)
 
         def post(records, success, turns):
             if not records:

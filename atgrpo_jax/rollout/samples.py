@@ -76,8 +76,8 @@ class Samples:
         z = lambda *shape, dtype=np.int32: np.zeros(shape, dtype)
         f = lambda: z(0, k, dtype=np.float32)
         return cls(z(0, 0), z(0), z(0, k), z(0, k, 0), z(0, k), z(0, k, 0, dtype=np.float32), f(), f(), f(),
-                   z(0, k, dtype=bool), z(0), z(0), z(0, k), z(0), z(0, k, dtype=object), z(0, k, dtype=object), z(0), z(0, k),
-                   z(0, k, dtype=object))
+                   z(0, k, dtype=bool), z(0), z(0), z(0, k), z(0), z(0, k, dtype=object), z(0, k, dtype=object), z(0),
+                   z(0, k), z(0, k, dtype=object))
 
     @property
     def num_groups(self) -> int:

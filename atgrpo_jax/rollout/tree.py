@@ -46,6 +46,7 @@ class RolloutInputs:
     # rolling out a slice passes where it starts)
     first_task: int = 0
     schedule: Schedule | None = None
+    team_weights: tuple[float, ...] = ()  # per turn, the team reward's multiplier (algo.team_weighting); (): 1
 
 
 @dataclasses.dataclass
@@ -151,7 +152,7 @@ class TreeRollout:
         as_samples = lambda records: concat([record_samples(r, k, streams) for r in records]) \
             if records else Samples.empty(k)  # noqa: E731
         stages = Stages(workflow, inputs.encode, k, inputs.max_turns, inputs.alpha, inputs.key, streams,
-                        reference_tree=self.reference_tree)
+                        reference_tree=self.reference_tree, team_weights=inputs.team_weights)
 
         def post(records, success, turns):
             samples = as_samples(records)

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from atgrpo_jax.algo.advantages import first_informative, group_filter
+from atgrpo_jax.algo.section import team_weights
 from atgrpo_jax.distributed import gather_objects, task_slice
 from atgrpo_jax.envs.workflow import TRAIN_TASK_STRIDE
 from atgrpo_jax.rollout.cohort import ReferenceTree
@@ -66,10 +67,11 @@ def begin_rollout(run: Run, strategy: TreeRollout | PlainRollout, task_ids: np.n
     has advanced).
     finished: where each policy's complete groups go early (`early_updates`)."""
     mine = task_slice(len(task_ids))
-    r = run.config.rollout
+    r, a = run.config.rollout, run.config.algo
     sample_fn = sample_fn_for(run, temperature, strategy.prompts(mine.stop - mine.start), evaluation)
     return strategy.begin(RolloutInputs(run.workflow, sample_fn, run.encode, task_ids[mine], split,
                                         max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key,
+                                        team_weights=team_weights(a.team_weighting, r.max_turns, a.team_discount),
                                         first_task=mine.start, schedule=schedule_for(run, tracer, finished)))
 
 

@@ -5,6 +5,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from atgrpo_jax.algo.section import team_weights
 from atgrpo_jax.plan.planned_model import planned_roles
 from atgrpo_jax.rollout.tree import RolloutInputs, TreeRollout
 from atgrpo_jax.train.setup import build_run
@@ -27,12 +28,14 @@ def leaves(tree):
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def test_three_roles_group_by_task_agent_turn_with_the_best_branch_passed_on():
+@pytest.mark.parametrize("weighting", ["none", "turn_weighted"])
+def test_three_roles_group_by_task_agent_turn_with_the_best_branch_passed_on(weighting):
     run = build_run(resolve(team(regime="shared")))
     tasks = [5, 6]
+    weights = team_weights(weighting, 2)  # the reference's turn_weighted: x (t + 1) / T
     samples, episodes = TreeRollout(K).begin(RolloutInputs(run.workflow, sample_fn_for(run, 1.0, 2 * K), run.encode,
                                                            tasks, "train", max_turns=2, alpha=1.0,
-                                                           key=jax.random.key(0))).run()
+                                                           key=jax.random.key(0), team_weights=weights)).run()
     got = sorted(zip(samples.task.tolist(), samples.agent.tolist(), samples.turn.tolist()))
     want = sorted((t, a, turn) for t in range(len(tasks)) for a in range(3) for turn in range(2))  # each once
     assert got == want
@@ -42,7 +45,8 @@ def test_three_roles_group_by_task_agent_turn_with_the_best_branch_passed_on():
         for k in range(K):
             ids = samples.response[g, k, :samples.response_len[g, k]].tolist()
             text = run.tokenizer.decode([t for t in ids if t not in run.stop_ids])  # what the step was given
-            want = text.count("U") + float(len(text) % 2 == 0)
+            turn_weight = weights[samples.turn[g]] if weights else 1.0
+            want = text.count("U") + turn_weight * float(len(text) % 2 == 0)
             assert samples.reward[g, k] == pytest.approx(want), (g, k, text)
 
 
@@ -99,3 +103,9 @@ def test_three_roles_train_and_evaluate_from_the_command_s_loop(tmp_path):
     with open(f"{work}/episodes.jsonl") as f:
         log = json.loads(f.readline())["log"]
     assert [t["agent"] for t in log] == ["r0", "r1", "r2", "r0", "r1", "r2"]  # two turns of three roles
+
+
+def test_team_weightings_are_the_reference_s_formulas():
+    assert team_weights("none", 4) == ()
+    assert team_weights("turn_weighted", 4) == (0.25, 0.5, 0.75, 1.0)  # (t + 1) / T
+    np.testing.assert_allclose(team_weights("discount", 3, 0.9), [0.9 ** 3, 0.9 ** 2, 0.9])  # gamma^(T - t)
