@@ -50,8 +50,8 @@ class MathAggregation(MathWorkflow):
 
     @property
     def agents(self) -> tuple[Agent, ...]:
-        return (Agent("reasoner", extract_boxed), Agent("tool", extract_code_block),
-                Agent("aggregator", extract_boxed))
+        parsers = {"reasoner": extract_boxed, "tool": extract_code_block, "aggregator": extract_boxed}
+        return tuple(Agent(role, parsers[role]) for role in ROLES)
 
     def reset(self, task_ids: Sequence[int], split: str) -> dict[str, np.ndarray]:
         state = super().reset(task_ids, split)
