@@ -257,3 +257,15 @@ def test_three_roles_compile_on_three_pools_of_a_three_host_slice(capsys):
     assert pools == ["policy_r0", "policy_r1", "policy_r2"]
     for p in r["programs"]:
         assert p["planned_peak_bytes"] and abs(p["planned_peak_bytes"] / p["compiled_peak_bytes"] - 1) < 0.35, p
+
+
+def test_a_slice_that_cannot_be_cut_into_the_roles_pools_says_so_before_compiling(capsys):
+    """Three roles' pools on a v5p:2x2x1 (4 chips, one host): one line naming the mesh and the count, exit 2,
+    before any program compiles."""
+    code = plan_main(["plan", f"--config={DEMO}", "--compile=v5p:2x2x1", *SMALL,
+                      "--config.env.workflow=team_workflow:make", "--config.env.kwargs.roles=3",
+                      "--config.policy.sharing=per_role", "--config.policy.pools=True"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and not any(line.startswith(("compiling ", "  compiled ")) and " of " in line for line in err), err
+    assert err[-1] == ("error: cannot split a mesh of {'data': 1, 'fsdp': 4, 'tensor': 1} into 3 equal pools: neither "
+                       "fsdp*tensor (4) nor data (1) is a multiple of 3"), err
