@@ -74,26 +74,32 @@ def run_table(config, regimes, seeds, out: str, key: str = "regime") -> dict:
 
 
 def summarize(runs: dict, regimes, seeds) -> dict:
-    """Per regime: the held-out success of each seed at its last evaluation, their mean and std."""
+    """Per regime: the held-out success of each seed at its last evaluation, their mean and std, and
+    before training (`start`: each seed's evaluation at step 0, the untrained agents; None without one)."""
     table = {}
     for regime in regimes:
-        finals, samples = [], []
+        finals, starts, samples = [], [], []
         for seed in seeds:
             rows = runs[(regime, seed)]
             evals = [r for r in rows if r.get("eval_success") is not None]
             finals.append(evals[-1]["eval_success"] if evals else float("nan"))
+            starts.append(next((r["eval_success"] for r in evals if r["step"] == 0), None))
             samples += [r["samples"] for r in rows if r.get("samples") is not None]
         table[regime] = {"final": finals, "mean": float(np.mean(finals)), "std": float(np.std(finals, ddof=1))
-                         if len(finals) > 1 else 0.0, "samples_per_step": float(np.mean(samples)) if samples else 0.0}
+                         if len(finals) > 1 else 0.0, "samples_per_step": float(np.mean(samples)) if samples else 0.0,
+                         "start": starts}
     return table
 
 
 def markdown(table: dict, steps: int, key: str = "regime") -> str:
-    lines = [f"| {key} | held-out success after {steps} steps (mean ± std) | per seed | samples per step |",
-             "|---|---|---|---|"]
+    lines = [f"| {key} | held-out success after {steps} steps (mean ± std) | per seed | before training "
+             "(untrained) | samples per step |", "|---|---|---|---|---|"]
     for regime, t in table.items():
         seeds = ", ".join(f"{x:.0%}" for x in t["final"])
-        lines.append(f"| {regime} | {t['mean']:.1%} ± {t['std']:.1%} | {seeds} | {t['samples_per_step']:.0f} |")
+        starts = [x for x in t.get("start", ()) if x is not None]
+        start = f"{np.mean(starts):.1%}" if starts else "-"
+        lines.append(f"| {regime} | {t['mean']:.1%} ± {t['std']:.1%} | {seeds} | {start} | "
+                     f"{t['samples_per_step']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -31,6 +31,8 @@ def test_regime_table_over_seeds(tmp_path):
         assert table[regime]["final"] == finals
         assert table[regime]["mean"] == pytest.approx(np.mean(finals))
         assert table[regime]["std"] == pytest.approx(np.std(finals, ddof=1))
+        starts = [read_metrics(str(tmp_path / regime / f"seed{s}"))[0] for s in (0, 1)]  # the step-0 evaluation
+        assert [r["step"] for r in starts] == [0, 0] and table[regime]["start"] == [r["eval_success"] for r in starts]
     assert table["shared"]["samples_per_step"] > table["plain_grpo"]["samples_per_step"]  # the tree samples more
     text = (tmp_path / "table.md").read_text()
     assert "| shared |" in text and "| plain_grpo |" in text and (tmp_path / "curves.png").stat().st_size > 1000
@@ -38,6 +40,10 @@ def test_regime_table_over_seeds(tmp_path):
     before = os.path.getmtime(tmp_path / "shared" / "seed0" / "metrics.jsonl")
     run_table(one_step, ["shared"], ["0"], str(tmp_path))  # complete runs are not trained again
     assert os.path.getmtime(tmp_path / "shared" / "seed0" / "metrics.jsonl") == before
+    one_step.train.eval_first = False  # arms that start alike: no step-0 evaluation of each
+    table = run_table(one_step, ["shared"], ["0"], str(tmp_path / "no_start"))
+    assert [r["step"] for r in read_metrics(str(tmp_path / "no_start" / "shared" / "seed0"))] == [1]
+    assert table["shared"]["start"] == [None] and "| - |" in (tmp_path / "no_start" / "table.md").read_text()
 
 
 def test_the_arms_may_be_the_values_of_any_key(tmp_path):

@@ -78,7 +78,7 @@ def _train(config, launch: Launch, stop, print_result: bool = True, callbacks=()
     with ending_in_one_line(ckpt, writer, bar, lambda: step):
         if stop.requested():
             raise stopped(start)
-        if start == 0 and t.eval_every:
+        if start == 0 and t.eval_every and t.eval_first:
             last = evaluate_before_training(o, writer, lead)
         if start and start >= t.steps:  # nothing left: the logged metrics, not an empty result
             last = last_logged(workdir)

@@ -156,6 +156,9 @@ class TrainSettings(Section):
     steps: int = key(200, "training steps", check=positive, resumable=True)
     seed: int = key(0, "seed of tasks, sampling and mini-batch order")
     eval_every: int = key(10, "evaluate every this many steps (0 = never)", check=non_negative, resumable=True)
+    eval_first: bool = key(True, "with eval_every, evaluate before the first step too (the untrained start: step 0); "
+                           "False skips it, e.g. in an ablation whose arms all start from the same weights",
+                           resumable=True)
     eval_tasks: int = key(100, "tasks per evaluation split of generated tasks (a finite split: all its problems)",
                           resumable=True)
     eval_k: int = key(1, "episodes per held-out task (avg@k)", resumable=True)
