@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from atgrpo_jax.models.attention import configured_backend, resolve_backend
-from atgrpo_jax.envs.workflow_registry import workflow_roles
 from atgrpo_jax.models.model_config import Qwen3Config
 
 
@@ -44,7 +43,7 @@ def planned_roles(config) -> tuple[str, ...]:
     where the regime says so. A workflow of yours that cannot be built here is one error saying why."""
     env = config.env
     try:
-        return workflow_roles(env.workflow, env.single_agent, config.recipe, **dict(env.kwargs))
+        return config.roles  # made once per config: plan --compile asks three times
     except Exception as e:  # noqa: BLE001  (a workflow of yours: whatever it raises, said in one line)
         raise ValueError(f"env.workflow={env.workflow!r}: the plan counts its roles by building it here, which "
                          f"failed ({type(e).__name__}: {str(e)[:200]})") from None

@@ -99,6 +99,13 @@ class Config(Section):
         checkpoint's config.json): read on first use, since a checkpoint's config is a file."""
         return model_architecture(self.model)
 
+    @functools.cached_property
+    def roles(self) -> tuple[str, ...]:
+        """The workflow's roles in turn order (envs/workflow_registry.py `workflow_roles`: known without the
+        data for the built-in workflows; a workflow of yours is built once to ask it)."""
+        from atgrpo_jax.envs.workflow_registry import workflow_roles  # (envs import this module)
+        return tuple(workflow_roles(self.env.workflow, self.env.single_agent, self.recipe, **dict(self.env.kwargs)))
+
     def layout(self, agents: int) -> Layout:
         """How `agents` agents map onto trained weights and device pools (policy.sharing, policy.pools)."""
         routing = self.policy.routing
