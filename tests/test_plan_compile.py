@@ -269,3 +269,51 @@ def test_a_slice_that_cannot_be_cut_into_the_roles_pools_says_so_before_compilin
     assert code == 2 and not any(line.startswith(("compiling ", "  compiled ")) and " of " in line for line in err), err
     assert err[-1] == ("error: cannot split a mesh of {'data': 1, 'fsdp': 4, 'tensor': 1} into 3 equal pools: neither "
                        "fsdp*tensor (4) nor data (1) is a multiple of 3"), err
+
+
+# The slices users rent (docs/results/tpu.md "Pools on every slice"), each cut into the two roles' pools;
+# v6e:4x4's first pool fails a RET_CHECK of libtpu's compile-only client (the test after).
+POOL_SLICES = ["v5p:2x2x1", "v5p:2x2x2", "v5p:2x2x4", "v5p:2x4x4", "v6e:2x2", "v6e:2x4", "v5e:2x4"]
+PER_ROLE_POOLS = ["--config.policy.sharing=per_role", "--config.policy.pools=True"]
+
+
+@pytest.mark.full  # tiers.py: ~40 s a slice; the v5p:2x2x1 compile above keeps pools in the default tier
+@pytest.mark.parametrize("target", POOL_SLICES)
+def test_two_roles_pools_compile_on_every_slice_users_rent(capsys, target):
+    """The small model per role with a pool per role: every program of both pools compiles, each on
+    its own half of the slice's chips, and every one of them is planned: never far under, and over by
+    less than 128 MiB (at this size XLA's fixed costs weigh most; the 1.7B test below holds it to 10%)."""
+    code, r, err = report(capsys, f"--compile={target}", *SMALL, *PER_ROLE_POOLS)
+    assert code == 0 and r["fits"], err
+    assert len({p["pool"] for p in r["programs"]}) == 2 and len(r["programs"]) == 8  # two pools' own four
+    for p in r["programs"]:
+        planned, compiled = p["planned_peak_bytes"], p["compiled_peak_bytes"]
+        assert planned and 0.7 * compiled < planned < compiled + 128 * 2**20, p
+
+
+@pytest.mark.full  # tiers.py: ~20 s; its line's form is the default tier's (the child's log read back, above)
+def test_v6e_16_s_first_pool_fails_libtpu_s_compile_only_check_in_one_line(capsys):
+    """libtpu's compile-only client rejects a collective of the first pool on a v6e:4x4 (a RET_CHECK: a
+    device id beyond the pool's count, docs/results/tpu.md): one line naming the program, exit 1. This
+    test fails once a libtpu compiles it, and the cut is then one users can rent."""
+    code = plan_main(["plan", f"--config={DEMO}", "--compile=v6e:4x4", *SMALL, *PER_ROLE_POOLS])
+    err = verdict(capsys.readouterr().err)
+    assert code == 1 and len(err) == 1, err
+    assert re.fullmatch(r"libtpu (aborted|failed) compiling .+ of policy_\w+ for v6e:4x4 \(.*Unexpected device_id.*",
+                        err[0]), err
+
+
+@pytest.mark.full  # tiers.py: ~8 min on two cores (eight 1.7B programs); the sweep's row on the results page
+def test_the_1p7b_per_role_pools_config_compiles_on_a_v5p_16_within_the_plan(capsys):
+    """The command of docs/results/tpu.md "Two roles on two pools of a v5p-16": two Qwen3-1.7B models on
+    their pools of 4 chips compile (the second pool's with the all-reduce libtpu lowers) and fit, and the
+    planner is within 10% of every compiled peak."""
+    code = plan_main(["plan", f"--config={os.path.join(ROOT, 'configs', 'plan_path_qwen3_1p7b.py')}",
+                      "--compile=v5p:2x2x2", "--config.regime=per_role", "--config.policy.pools=True",
+                      "--config.model.init=random", "--json"])
+    out = capsys.readouterr()
+    r = json.loads(out.out.strip().splitlines()[-1])
+    assert code == 0 and r["fits"], out.err
+    assert sorted({p["pool"] for p in r["programs"]}) == ["policy_plan", "policy_tool"]
+    for p in r["programs"]:
+        assert abs(p["planned_peak_bytes"] / p["compiled_peak_bytes"] - 1) < 0.10, p
