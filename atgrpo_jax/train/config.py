@@ -103,7 +103,7 @@ class Config(Section):
     def roles(self) -> tuple[str, ...]:
         """The workflow's roles in turn order (envs/workflow_registry.py `workflow_roles`: known without the
         data for the built-in workflows; a workflow of yours is built once to ask it)."""
-        from atgrpo_jax.envs.workflow_registry import workflow_roles  # (envs import this module)
+        from atgrpo_jax.envs.workflow_registry import workflow_roles  # (when asked: it loads every workflow)
         return tuple(workflow_roles(self.env.workflow, self.env.single_agent, self.recipe, **dict(self.env.kwargs)))
 
     def layout(self, agents: int) -> Layout:
