@@ -397,20 +397,3 @@ def test_module_entry_point_reads_overrides(config_file):
     assert p["mini_batch"] == 2 and p["num_devices"] == 2 and p["hbm_bytes"] == 24 * GiB
     assert p["activations"] == p["activations_remat"]
 
-
-def test_a_workflow_of_yours_is_built_once_per_config_to_count_its_roles(monkeypatch):
-    """The planner, the programs and the step-time model all ask for the roles: a workflow that is not
-    built in is built once per resolved config (Config.roles), not once per question."""
-    import team_workflow
-
-    built = []
-    monkeypatch.setattr(team_workflow, "make", lambda *a, **k: built.append(1) or team_workflow.EpisodeWorkflow(
-        team_workflow.Relay(3)))
-    c = tiny(**{"env.workflow": "team_workflow:make", "policy.sharing": "per_role"})
-    config = resolve(c, weights=False)
-    before = len(built)  # (resolve may build it to check the config)
-    from atgrpo_jax.plan.planned_model import planned_roles
-
-    assert planned_roles(config) == ("r0", "r1", "r2") and planned_roles(config) == config.roles
-    plan(config, TPUS["v5p"], 4)
-    assert len(built) - before <= 1

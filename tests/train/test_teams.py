@@ -109,3 +109,20 @@ def test_team_weightings_are_the_reference_s_formulas():
     assert team_weights("none", 4) == ()
     assert team_weights("turn_weighted", 4) == (0.25, 0.5, 0.75, 1.0)  # (t + 1) / T
     np.testing.assert_allclose(team_weights("discount", 3, 0.9), [0.9 ** 3, 0.9 ** 2, 0.9])  # gamma^(T - t)
+
+
+def test_a_workflow_of_yours_is_built_once_per_config_to_count_its_roles(monkeypatch):
+    """The planner, the programs and the step-time model all ask for the roles: a workflow that is not
+    built in is built once per resolved config (Config.roles), not once per question."""
+    import team_workflow
+    from atgrpo_jax.plan.devices import TPUS
+    from atgrpo_jax.plan.memory import plan
+
+    built = []
+    monkeypatch.setattr(team_workflow, "make", lambda *a, **k: built.append(1) or team_workflow.EpisodeWorkflow(
+        team_workflow.Relay(3)))
+    config = resolve(team(**{"policy.sharing": "per_role"}), weights=False)
+    before = len(built)  # (resolve may build it to check the config)
+    assert planned_roles(config) == ("r0", "r1", "r2") and planned_roles(config) == config.roles
+    plan(config, TPUS["v5p"], 4)
+    assert len(built) - before <= 1
