@@ -43,10 +43,10 @@ def overlong_penalty(length: jax.Array, budget: jax.Array, buffer: int, factor: 
 
 
 def _centered(r: jax.Array, m: jax.Array):
-    """(r - mean) on the live samples (0 elsewhere), and how many are live."""
-    n = m.sum()
-    mean = (r * m).sum() / jnp.maximum(n, 1.0)
-    return (r - mean) * m, n
+    """(r - mean) on the live samples (0 elsewhere), and how many are live. Exactly 0 for a group whose live
+    rewards are all equal (see `_group_centered`)."""
+    centered, based = _group_centered(r[None], m[None])
+    return centered[0], m.sum()
 
 
 @ADVANTAGES.register("grpo")
@@ -84,11 +84,15 @@ def magrpo(r: jax.Array, m: jax.Array) -> jax.Array:
 
 def _group_centered(r: jax.Array, m: jax.Array) -> tuple[jax.Array, jax.Array]:
     """[G, K] r minus its group's mean on the live samples of groups with 2+ of them (0 elsewhere), and
-    [G, K] which samples those are (float)."""
+    [G, K] which samples those are (float). The mean is taken of the differences from one live reward
+    of the group: equal rewards then center to exactly 0, where a float32 mean of K equal values (K not
+    a power of two) is off by an ulp, which GRPO's std division would make an advantage of ~0.1."""
     n = m.sum(axis=1, keepdims=True)
-    mean = (r * m).sum(axis=1, keepdims=True) / jnp.maximum(n, 1.0)
+    first = jnp.take_along_axis(r, jnp.argmax(m, axis=1)[:, None], axis=1)  # [G, 1] a live reward
+    d = (r - first) * m
+    mean = d.sum(axis=1, keepdims=True) / jnp.maximum(n, 1.0)
     based = m * (n > 1)  # a live sample with a group baseline
-    return (r - mean) * based, based
+    return (d - mean) * based, based
 
 
 @BATCH_ADVANTAGES.register("reinforce_pp")

@@ -297,3 +297,44 @@ def test_two_demo_steps_train_with_dr_mas(tmp_path):
                               "algo.advantage": "dr_mas", "algo.role_advantage": {"executor": "magrpo"}}),
                       str(tmp_path / "run"))
     assert finite_losses(str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("estimator", sorted(estimator_names()))
+def test_a_per_group_counterfactual_baseline_changes_no_estimators_advantages(estimator):
+    """Why there is no `counterfactual` estimator under tree sampling (docs/guides/estimators.md): a
+    group's K samples differ only in its agent's action, so "that agent removed" is one outcome per group,
+    and subtracting one number per group (the difference reward r - R_without) moves no advantage."""
+    rewards, mask, agent = random_groups(4)
+    without = np.random.RandomState(5).randn(len(rewards), 1).astype(np.float32) * 3.0
+    plain, credited = (np.asarray(group_advantages(jnp.asarray(r), jnp.asarray(mask), estimator, agent))
+                       for r in (rewards, rewards - without))
+    if estimator == "dr_mas":  # its per-agent scale is taken around the agent's mean over groups: the
+        # shift moves that scale, not the direction of any group's advantages
+        plain, credited = (a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12) for a in (plain, credited))
+    np.testing.assert_allclose(credited, plain, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("estimator", sorted(estimator_names()))
+@pytest.mark.parametrize("k", [3, 5, 6])
+def test_a_group_of_equal_rewards_gets_exactly_zero(estimator, k):
+    """Equal rewards carry no signal, whatever float32 makes of their mean (K not a power of two)."""
+    rewards = np.repeat(np.random.RandomState(k).uniform(-2, 2, size=(500, 1)), k, axis=1).astype(np.float32)
+    rewards[:, 0] = np.where(np.arange(500) % 7 == 0, 9.0, rewards[:, 0])  # a first sample masked out below
+    mask = np.ones(rewards.shape, bool)
+    mask[::7, 0] = False
+    got = np.asarray(group_advantages(jnp.asarray(rewards), jnp.asarray(mask), estimator, np.zeros(500, np.int32)))
+    assert np.all(got == 0)
+
+
+def test_ccpos_event_bonus_on_pass_fail_outcomes_leaves_grpo_unchanged():
+    """CCPO's bonus (+lambda where the team passed and the agent-removed baseline failed, -lambda where it
+    failed and the baseline passed) on +-1 outcomes with one baseline per group is an increasing affine
+    map of each group's rewards: GRPO's advantages are the same."""
+    rng = np.random.RandomState(6)
+    joint = rng.choice([-1.0, 1.0], size=(40, 6)).astype(np.float32)
+    baseline = rng.uniform(-1, 1, size=(40, 1))  # the group mean of the agent-removed outcomes
+    bonus = ((joint > 0) & (baseline < 0)).astype(np.float32) - ((joint < 0) & (baseline > 0))
+    mask = jnp.ones(joint.shape, bool)
+    plain, credited = (np.asarray(group_advantages(jnp.asarray(r), mask, "grpo")) for r in (joint, joint + 0.2 * bonus))
+    np.testing.assert_allclose(credited, plain, rtol=1e-4, atol=1e-4)
+    assert not np.allclose(joint + 0.2 * bonus, joint)  # the bonus did change the rewards
