@@ -95,7 +95,11 @@ def local_mesh(mesh: Mesh, process: int | None = None) -> Mesh:
     data = mesh.axis_names.index("data")
     rows = np.moveaxis(mesh.devices, data, 0)
     mine = [i for i in range(rows.shape[0]) if any(d.process_index == me for d in rows[i].flat)]
-    if not mine or any(d.process_index != me for i in mine for d in rows[i].flat):
+    if not mine:
+        raise ValueError(f"mesh {dict(mesh.shape)} has no device of process {me}: every process samples its share "
+                         "of the tasks with every policy, so each policy's devices must include some of every "
+                         "process's")
+    if any(d.process_index != me for i in mine for d in rows[i].flat):
         raise ValueError(
             f"mesh {dict(mesh.shape)} over {len({d.process_index for d in mesh.devices.flat})} processes: "
             f"fsdp x tensor ({mesh.shape['fsdp']} x {mesh.shape['tensor']} devices) must stay inside one process "

@@ -106,19 +106,25 @@ def make_mesh(config: MeshSettings | dict | None = None, devices: Sequence[Any] 
     return Mesh(grid, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 
-def pool_sizes(sizes: dict[str, int], num_pools: int) -> dict[str, int]:
-    """Mesh sizes of one of `num_pools` equal pools cut from a mesh of `sizes`.
+def pool_sizes(sizes: dict[str, int], num_pools: int, hosts: int = 1) -> dict[str, int]:
+    """Mesh sizes of one of `num_pools` equal pools cut from a mesh of `sizes` over `hosts` processes.
 
     Each data row (one process's devices on a pod) is cut into pools, so every
     pool keeps the data axis and each process holds a copy of every policy; a
-    pool keeps as much of the tensor axis as fits. If rows cannot be cut, whole
-    data rows go to each pool instead.
+    pool keeps as much of the tensor axis as fits. In one process, if rows cannot
+    be cut, whole data rows go to each pool instead. Over several processes they
+    cannot: each process samples its share of the tasks with every policy, so
+    every pool needs devices on every process (distributed.local_mesh).
     """
     row = sizes["fsdp"] * sizes["tensor"]
     if num_pools > 0 and row % num_pools == 0:
         per = row // num_pools
         tensor = math.gcd(sizes["tensor"], per)
         return {"data": sizes["data"], "fsdp": per // tensor, "tensor": tensor}
+    if hosts > 1:
+        raise ValueError(f"cannot split a mesh of {sizes} over {hosts} hosts into {num_pools} pools with devices "
+                         f"on every host (each host samples its share of the tasks with every policy): a host's "
+                         f"fsdp*tensor ({row}) is not a multiple of {num_pools}")
     if num_pools > 0 and sizes["data"] % num_pools == 0:
         return dict(sizes, data=sizes["data"] // num_pools)
     raise ValueError(f"cannot split a mesh of {sizes} into {num_pools} equal pools: neither fsdp*tensor "
@@ -146,7 +152,7 @@ def sub_meshes(mesh: Mesh, num_pools: int) -> list[Mesh]:
     """Split a mesh's devices into `num_pools` disjoint pools of equal size (see pool_sizes): each data row
     in compact blocks of its chips (`physical_order`), or whole data rows per pool."""
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
-    pool = pool_sizes(sizes, num_pools)
+    pool = pool_sizes(sizes, num_pools, hosts=len({getattr(d, "process_index", 0) for d in mesh.devices.flat}))
     rows = mesh.devices.reshape(sizes["data"], -1)  # [data, fsdp*tensor]
     if pool["data"] == sizes["data"]:
         rows = np.asarray([physical_order(list(row)) for row in rows], dtype=object)

@@ -246,17 +246,19 @@ def test_four_roles_make_four_pools_of_programs_on_their_own_chips():
         assert all({d.id for d in p.mesh.devices.flat} <= {d.id for d in s.mesh.devices.flat} for p in mine)
 
 
-@pytest.mark.full  # tiers.py: three pools' programs compiled for a 3-host slice, ~45 s on two cores
-def test_three_roles_compile_on_three_pools_of_a_three_host_slice(capsys):
-    """A three-role per-role run with pools on v5p:2x2x3 (12 chips, 3 hosts): each role's programs compile
-    on its own pool (one host's 4 chips), with the planner's numbers beside them."""
-    code, r, _ = report(capsys, "--compile=v5p:2x2x3", *SMALL, "--config.env.workflow=team_workflow:make",
-                        "--config.env.kwargs.roles=3", "--config.policy.sharing=per_role", "--config.policy.pools=True")
-    assert code == 0 and r["fits"] and (r["chips"], r["hosts"]) == (12, 3)
-    pools = sorted({p["pool"] for p in r["programs"]})
-    assert pools == ["policy_r0", "policy_r1", "policy_r2"]
-    for p in r["programs"]:
-        assert p["planned_peak_bytes"] and abs(p["planned_peak_bytes"] / p["compiled_peak_bytes"] - 1) < 0.35, p
+def test_three_pools_on_three_hosts_of_four_chips_are_refused_as_the_trainer_refuses_them(capsys):
+    """v5p:2x2x3 (3 hosts of 4 chips) for three roles' pools: a pool per host would leave each host without
+    the other roles' models, and every host samples its share of the tasks with every model, so the trainer
+    refuses it (train/setup.py, via sharding.pool_sizes); plan --compile says the same line, exit 2, before
+    any program compiles."""
+    code = plan_main(["plan", f"--config={DEMO}", "--compile=v5p:2x2x3", *SMALL,
+                      "--config.env.workflow=team_workflow:make", "--config.env.kwargs.roles=3",
+                      "--config.policy.sharing=per_role", "--config.policy.pools=True"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and not any(line.startswith(("compiling ", "  compiled ")) and " of " in line for line in err), err
+    assert err[-1] == ("error: cannot split a mesh of {'data': 3, 'fsdp': 4, 'tensor': 1} over 3 hosts into 3 pools "
+                       "with devices on every host (each host samples its share of the tasks with every policy): "
+                       "a host's fsdp*tensor (4) is not a multiple of 3"), err
 
 
 def test_a_slice_that_cannot_be_cut_into_the_roles_pools_says_so_before_compiling(capsys):
@@ -286,6 +288,24 @@ def test_two_roles_pools_compile_on_every_slice_users_rent(capsys, target):
     code, r, err = report(capsys, f"--compile={target}", *SMALL, *PER_ROLE_POOLS)
     assert code == 0 and r["fits"], err
     assert len({p["pool"] for p in r["programs"]}) == 2 and len(r["programs"]) == 8  # two pools' own four
+    for p in r["programs"]:
+        planned, compiled = p["planned_peak_bytes"], p["compiled_peak_bytes"]
+        assert planned and 0.7 * compiled < planned < compiled + 128 * 2**20, p
+
+
+@pytest.mark.full  # tiers.py: twelve or sixteen programs of the small model, ~3 min each on two cores
+@pytest.mark.parametrize("roles,pools", [(4, True), (3, False)], ids=["4-roles-4-pools", "3-roles-shared-chips"])
+def test_teams_compile_on_two_hosts(capsys, roles, pools):
+    """A team on v5p:2x2x2 (2 hosts of 4 chips), one model per role. Four pools: each is one chip of each host
+    (data 2), so each host samples with every model. Three roles, whose pools no TPU host divides: the
+    three models share all 8 chips. Every program of every model compiles and is planned as in the
+    two-role test above."""
+    code, r, err = report(capsys, "--compile=v5p:2x2x2", *SMALL, "--config.env.workflow=team_workflow:make",
+                          f"--config.env.kwargs.roles={roles}", "--config.policy.sharing=per_role",
+                          f"--config.policy.pools={pools}")
+    assert code == 0 and r["fits"] and r["hosts"] == 2, err
+    assert sorted({p["pool"] for p in r["programs"]}) == [f"policy_r{i}" for i in range(roles)]
+    assert len(r["programs"]) == 4 * roles
     for p in r["programs"]:
         planned, compiled = p["planned_peak_bytes"], p["compiled_peak_bytes"]
         assert planned and 0.7 * compiled < planned < compiled + 128 * 2**20, p

@@ -8,7 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 from atgrpo_jax.models import Qwen3, get_preset
 from atgrpo_jax.models.hf_io import load_pretrained, save_pretrained
-from atgrpo_jax.sharding import MeshSettings, logical_spec, make_mesh, sub_meshes
+from atgrpo_jax.sharding import MeshSettings, logical_spec, make_mesh, pool_sizes, sub_meshes
 from hf_fixtures import left_padded_batch
 
 
@@ -106,6 +106,16 @@ def test_sub_meshes_are_disjoint_pools():
     assert [sorted(d.id for d in p.devices.flat) for p in rows_only] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     with pytest.raises(ValueError, match="cannot split a mesh of .* into 3 equal pools"):
         sub_meshes(mesh, 3)
+
+
+def test_pools_over_several_hosts_each_hold_devices_on_every_host():
+    """Every host samples its share of the tasks with every policy (distributed.local_mesh), so a pool of
+    whole hosts is a layout one process can use and several cannot."""
+    assert pool_sizes({"data": 3, "fsdp": 4, "tensor": 1}, 3) == {"data": 1, "fsdp": 4, "tensor": 1}
+    with pytest.raises(ValueError, match=r"over 3 hosts into 3 pools with devices on every host .* fsdp\*tensor "
+                                         r"\(4\) is not a multiple of 3"):
+        pool_sizes({"data": 3, "fsdp": 4, "tensor": 1}, 3, hosts=3)
+    assert pool_sizes({"data": 2, "fsdp": 4, "tensor": 1}, 4, hosts=2) == {"data": 2, "fsdp": 1, "tensor": 1}
 
 
 def test_sharded_forward_equals_unsharded(tmp_path):

@@ -21,7 +21,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLICES = ("v5p:2x2x1", "v5p:2x2x2", "v5p:2x2x4", "v5p:2x4x4", "v6e:2x2", "v6e:2x4", "v6e:4x4", "v5e:2x4",
-          "v5p:2x2x3")  # the last: the one of these shapes that three pools divide
+          "v5p:2x2x3")  # the last: 3 hosts, one per pool of three (refused: each host samples with every model)
 CONFIGS = {2: "configs/plan_path_qwen3_1p7b.py", 3: "configs/math_aggregation_qwen3_1p7b.py"}
 FLAGS = ("--config.regime=per_role", "--config.policy.pools=True", "--config.model.init=random")
 
@@ -48,6 +48,8 @@ def short(row: dict) -> str:
     e = row["error"]
     if m := re.search(r"neither (.+)", e):
         return f"cannot be cut: neither {m.group(1)}"
+    if m := re.search(r"over (\d+) hosts into (\d+) pools with devices on every host .*: (a host's .+)", e):
+        return f"cannot be cut: {m.group(2)} pools need chips on each of the {m.group(1)} hosts; {m.group(3)}"
     if m := re.search(r"DOES NOT FIT on \S+: (.+?) needs ([\d.]+) GiB per chip, more than the ([\d.]+) GiB", e):
         changes = [a for a in row.get("what_lowers", []) if "larger slice" not in a]  # a setting, on this slice
         advice = f"; the planner's first change: {changes[0]}" if changes else ""

@@ -52,7 +52,7 @@ def model_step(config, target: Target, assumptions: costing.Assumptions) -> dict
     layout = config.layout(agents)
     pools = layout.pools
     full = MeshSettings.from_mapping(config.mesh.to_dict()).resolve(target.chips, target.hosts)
-    pool = full if pools == 1 else pool_sizes(full, pools)
+    pool = full if pools == 1 else pool_sizes(full, pools, target.hosts)
     r = config.rollout
     prompts = r.num_tasks // target.hosts * (1 if r.tree else r.k)
     models = 1 if layout.lora else layout.policies  # each model learns from its agents only

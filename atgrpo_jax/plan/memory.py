@@ -64,7 +64,7 @@ def abstract_mesh(sizes: dict[str, int]) -> AbstractMesh:
 def pool_mesh_sizes(mesh: dict, num_devices: int, pools: int, hosts: int = 1) -> dict[str, int]:
     """Mesh sizes of one policy pool, as `sharding.sub_meshes` splits the full mesh."""
     full = MeshSettings(**mesh).resolve(num_devices, hosts)
-    return full if pools == 1 else pool_sizes(full, pools)
+    return full if pools == 1 else pool_sizes(full, pools, hosts)
 
 
 def local_bytes(shape: Sequence[int], axes: Sequence[str | None], itemsize: float, mesh,

@@ -103,3 +103,37 @@ def test_two_processes_train_like_one_and_their_checkpoint_resumes_in_one(tmp_pa
                         resumed)
     assert [r["step"] for r in read_metrics(os.path.join(resumed, "metrics.jsonl"))] == [1, 2, 3]
     assert np.isfinite(last["loss"]) and last["skipped"] == 0
+
+
+@pytest.mark.full  # tiers.py: two launches of ~1 minute each on two cores
+def test_per_role_pools_over_two_processes_train_like_one_and_three_pools_of_whole_hosts_are_refused(tmp_path):
+    """Each role's pool spans both processes (one pair of each process's 4 devices), each process samples
+    its tasks with both models: the metrics equal one process's with the same pools. Three roles' pools
+    cannot take a host each: every process refuses in the same line, naming why."""
+    from atgrpo_jax.train.loop import run_training
+    pools = {"policy.sharing": "per_role", "policy.pools": True}
+    two, one = str(tmp_path / "two"), str(tmp_path / "one")
+    flags = [f"--config.{k}={v}" for k, v in {**OVERRIDES, **pools}.items()]
+    cmd = [sys.executable, "-m", "atgrpo_jax.train", f"--config={DEMO}", f"--workdir={two}", *flags]
+    proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.launch", "--processes=2", "--devices=4", "--", *cmd],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_training(demo_config(**pools), one)
+    m1, m2 = read_metrics(os.path.join(one, "metrics.jsonl")), read_metrics(os.path.join(two, "metrics.jsonl"))
+    assert [r["step"] for r in m2] == [1, 2]
+    for a, b in zip(m1, m2):
+        for key in ("success", "reward_mean", "policy_planner/loss", "policy_executor/loss",
+                    "policy_planner/grad_norm", "policy_executor/grad_norm"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=f"step {a['step']} {key}")
+
+    three = [sys.executable, "-m", "atgrpo_jax.train", f"--config={DEMO}", f"--workdir={tmp_path / 'three'}",
+             *flags, "--config.env.workflow=team_workflow:make", "--config.env.kwargs.roles=3",
+             "--config.rollout.num_tasks=6", "--config.train.eval_tasks=6", "--config.mesh.data=0"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "atgrpo_jax.launch", "--processes=3", "--devices=4", "--", *three],
+                          capture_output=True, text=True, timeout=600, env=env)
+    errors = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if "error:" in line]
+    assert proc.returncode != 0 and errors, proc.stdout[-3000:] + proc.stderr[-3000:]  # (the first stops the rest)
+    assert all(line.split("] ", 1)[1] == "error: config.mesh: cannot split a mesh of {'data': 3, 'fsdp': 4, "
+               "'tensor': 1} over 3 hosts into 3 pools with devices on every host (each host samples its share "
+               "of the tasks with every policy): a host's fsdp*tensor (4) is not a multiple of 3" for line in errors)
