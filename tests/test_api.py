@@ -16,7 +16,8 @@ from atgrpo_jax.train.guard import SignalWatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "docs", "examples"))
-import agree  # noqa: E402  (the docs' example, trained here)
+import agree  # noqa: E402  (the docs' examples, trained here)
+import judge  # noqa: E402
 
 SHORT = {"train.steps": 2, "train.eval_every": 2, "train.eval_tasks": 4, "rollout.num_tasks": 4, "rollout.k": 2}
 DATA = [{"prompt": f"{a}+{b}=", "answer": a + b} for a in range(4) for b in range(3)]
@@ -149,6 +150,19 @@ def test_the_docs_two_role_episode_trains(tmp_path):
     assert 0 <= metrics["eval_success"] <= 1
     rows = [json.loads(line) for line in open(tmp_path / "agree" / "metrics.jsonl")]
     assert {"reward/proposer", "reward/critic"} <= set(rows[-1])
+
+
+def test_the_docs_three_role_episode_trains_and_its_judge_sees_only_the_solvers(tmp_path):
+    trainer = judge.trainer(str(tmp_path / "judge"), **{"train.steps": 2, "train.eval_every": 2,
+                                                        "rollout.num_tasks": 4, "train.eval_tasks": 4,
+                                                        "train.log_episodes_every": 1})
+    assert 0 <= trainer.train()["eval_success"] <= 1
+    rows = [json.loads(line) for line in open(tmp_path / "judge" / "metrics.jsonl")]
+    assert {"reward/left", "reward/right", "reward/judge"} <= set(rows[-1])
+    log = json.loads(open(tmp_path / "judge" / "episodes.jsonl").readline())["log"]
+    assert [t["agent"] for t in log] == ["left", "right", "judge"]
+    left, right = (t["branches"][t["selected"]]["response"].strip()[:1] for t in log[:2])  # the kept branches
+    assert f"user\n{left} {right}<|im_end|>" in log[2]["prompt"] and "say" not in log[2]["prompt"], log[2]["prompt"]
 
 
 def test_runs_that_cannot_learn_say_so(tmp_path):
