@@ -293,7 +293,7 @@ def test_two_roles_pools_compile_on_every_slice_users_rent(capsys, target):
         assert planned and 0.7 * compiled < planned < compiled + 128 * 2**20, p
 
 
-@pytest.mark.full  # tiers.py: twelve or sixteen programs of the small model, ~3 min each on two cores
+@pytest.mark.full  # tiers.py: twelve or sixteen programs of the small model, ~50 and ~80 s on two cores
 @pytest.mark.parametrize("roles,pools", [(4, True), (3, False)], ids=["4-roles-4-pools", "3-roles-shared-chips"])
 def test_teams_compile_on_two_hosts(capsys, roles, pools):
     """A team on v5p:2x2x2 (2 hosts of 4 chips), one model per role. Four pools: each is one chip of each host
