@@ -45,7 +45,7 @@ def overlong_penalty(length: jax.Array, budget: jax.Array, buffer: int, factor: 
 def _centered(r: jax.Array, m: jax.Array):
     """(r - mean) on the live samples (0 elsewhere), and how many are live. Exactly 0 for a group whose live
     rewards are all equal (see `_group_centered`)."""
-    centered, based = _group_centered(r[None], m[None])
+    centered, _ = _group_centered(r[None], m[None])
     return centered[0], m.sum()
 
 
