@@ -74,6 +74,15 @@ def rloo(r: jax.Array, m: jax.Array) -> jax.Array:
     return jnp.where(n > 1, centered * n / jnp.maximum(n - 1.0, 1.0), 0.0)
 
 
+@ADVANTAGES.register("counterfactual")
+def counterfactual(r: jax.Array, m: jax.Array) -> jax.Array:
+    """CCPO's counterfactual credit under tree sampling: given each sample's counterfactual reward (the team's
+    outcome at the end of the turn with the later agents' chosen responses replayed on its branch: the
+    trainer hands this estimator Samples.counterfactual_reward, rollout/counterfactual.py), that reward minus
+    the mean of the group's other live samples, the agent's replaced actions: `rloo` of those rewards."""
+    return rloo(r, m)
+
+
 @ADVANTAGES.register("magrpo")
 def magrpo(r: jax.Array, m: jax.Array) -> jax.Array:
     """MAGRPO's group-relative advantage (Liu et al. 2025, CoMLRL's default "mean" mode): r minus the mean

@@ -30,7 +30,8 @@ class AlgoSettings(Section):
                               choices=("none", "turn_weighted", "discount"))
     team_discount: float = key(0.99, 'the discount factor of team_weighting="discount"', check=within(0, 1))
     advantage: str = key("grpo", "advantage estimator (docs/guides/estimators.md): per group grpo, drgrpo, rloo, "
-                         "magrpo; over each policy's batch of the step reinforce_pp, dr_mas",
+                         "magrpo, counterfactual (CCPO's credit; needs rollout.tree); over each policy's batch of "
+                         "the step reinforce_pp, dr_mas",
                          choices=estimator_names)
     role_advantage: dict = key({}, "per agent, another estimator than algo.advantage (any of its names), e.g. "
                                "--config.algo.role_advantage.coder=drgrpo (rLLM's per-trajectory-group map); unset "
@@ -51,6 +52,14 @@ class AlgoSettings(Section):
     dynamic_sampling: int = key(0, "DAPO's dynamic sampling: while a policy has fewer groups with reward variance "
                                 "than its first rollout had groups, roll out rollout.num_tasks more tasks, at most "
                                 "this many times; 0: off", check=non_negative)
+
+    def estimator_of(self, role: str) -> str:
+        """The estimator of agent `role`: algo.role_advantage's, else algo.advantage."""
+        return self.role_advantage.get(role, self.advantage)
+
+    def counterfactual_for(self, roles) -> bool:
+        """Whether any of `roles` uses the counterfactual estimator (its rollout then replays each turn)."""
+        return any(self.estimator_of(r) == "counterfactual" for r in roles)
 
     def check(self):
         for name, estimator in self.role_advantage.items():

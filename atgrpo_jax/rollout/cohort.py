@@ -14,11 +14,12 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from atgrpo_jax.envs.workflow import Workflow, take_branch
 from atgrpo_jax.errors import RewardError
+from atgrpo_jax.rollout import counterfactual
+from atgrpo_jax.rollout.counterfactual import where_rows
 from atgrpo_jax.rollout.samples import SampleOut, right_padded
 from atgrpo_jax.trace import Tracer
 
@@ -53,6 +54,11 @@ class Record:
     best: np.ndarray  # [B]
     version: int = -1  # the optimizer step of the weights that sampled it (-1: not known)
     reward_parts: np.ndarray | None = None  # [B, K] object: each response's reward by part (None: not said)
+    counterfactual: np.ndarray | None = None  # [B, K] rollout/counterfactual.py's reward (None: `reward`)
+
+    def __post_init__(self):
+        if self.counterfactual is None:
+            self.counterfactual = self.reward
 
 
 @dataclasses.dataclass
@@ -78,6 +84,7 @@ class Cohort:
     records: list[Record] = dataclasses.field(default_factory=list)
     turn: int = 0  # the next stage
     agent: int = 0
+    replays: list = dataclasses.field(default_factory=list)  # this turn's counterfactual.Replay, if computed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +115,7 @@ class Stages:
     versions: tuple[int, ...] = ()
     reference_tree: ReferenceTree = ReferenceTree()
     team_weights: tuple[float, ...] = ()  # per turn, the team reward's multiplier (algo.team_weighting); (): 1
+    counterfactual: bool = False  # compute every sample's counterfactual reward (rollout/counterfactual.py)
 
     def start(self, task_ids: np.ndarray, split: str, rows: np.ndarray) -> Cohort:
         return Cohort(rows, self.workflow.reset(task_ids[rows], split), np.zeros(len(rows), np.int32))
@@ -144,16 +152,34 @@ class Stages:
         if req.agent > 0 and quirks.shared_later_reward:  # every branch is a copy of the first agent's pick
             best = next(r.best for r in reversed(c.records) if r.turn == req.turn and r.agent == 0)
             local, team, reward = (np.repeat(x[np.arange(b), best][:, None], k, axis=1) for x in (local, team, reward))
-        c.state = _where_live(live, take_branch(step.state, best), c.state)
+        c.state = where_rows(live, take_branch(step.state, best), c.state)  # finished tasks freeze
         if req.agent > 0 and quirks.drop_after_done:
             mask &= ~np.asarray(self.workflow.done(c.state), bool)[:, None]
         parsed_as = step.parsed_as if step.parsed_as is not None else np.full((b, k), "", object)
         c.records.append(Record(req.turn, req.agent, *right_padded(req.prompts), out, reward, local, team,
                                 parsed_as, mask, best, self.versions[req.agent] if self.versions else -1,
                                 step.reward_parts))
+        if self.counterfactual:
+            self._replay(c, req, out, live, best, step.state, team, alpha, tasks)
         c.agent += 1
         if c.agent == len(self.workflow.agents):
-            c.turn, c.agent = c.turn + 1, 0
+            c.turn, c.agent, c.replays = c.turn + 1, 0, []
+
+    def _replay(self, c: Cohort, req: Request, out: SampleOut, live, best, branched, team, alpha, tasks):
+        """The earlier agents' branches of this turn stepped with this agent's chosen responses, their
+        counterfactual rewards updated (rollout/counterfactual.py); this stage's branches kept for the
+        agents after it."""
+        k = self.k
+        chosen = [out.texts[i * k + int(best[i])] if live[i] else "" for i in range(len(live))]
+        for replay in c.replays:
+            counterfactual.advance(self.workflow, replay, req.agent, req.turn, chosen, live)
+            r = c.records[replay.record]
+            name = f"{self.workflow.agents[r.agent].name}'s counterfactual reward at turn {req.turn}"
+            with np.errstate(over="ignore", invalid="ignore"):
+                r.counterfactual = checked_rewards(r.local + np.float32(alpha) * replay.team, r.mask[:, 0], k,
+                                                   name, tasks)
+        if req.agent + 1 < len(self.workflow.agents):
+            c.replays.append(counterfactual.start(len(c.records) - 1, branched, team))
 
 
 def checked_rewards(values, live: np.ndarray, k: int, what: str, tasks: np.ndarray) -> np.ndarray:
@@ -179,14 +205,6 @@ def checked_rewards(values, live: np.ndarray, k: int, what: str, tasks: np.ndarr
         value = arr[b, j].item() if isinstance(arr[b, j], np.generic) else arr[b, j]
         raise RewardError(f"{what}: {value!r} {kind} (task {int(tasks[b])} of the step, branch {j})")
     return np.array(f32)
-
-
-def _where_live(live: np.ndarray, new: Any, old: Any) -> Any:
-    """Per task: the new state where live, else the old one (finished tasks freeze)."""
-    def pick(n, o):
-        cond = live.reshape(live.shape + (1,) * (np.ndim(n) - 1))
-        return jnp.where(cond, n, o) if isinstance(n, jax.Array) else np.where(cond, n, o)
-    return jax.tree.map(pick, new, old)
 
 
 def _spread(out: SampleOut, rows: np.ndarray, b: int, k: int) -> SampleOut:
@@ -241,7 +259,7 @@ def combine(cohorts: list[Cohort], n: int, k: int) -> list[Record]:
         prompt = np.zeros((n, max(r.prompt.shape[1] for _, r in parts)), np.int32)
         tokens, logps = np.zeros((n * k, width), np.int32), np.zeros((n * k, width), np.float32)
         lengths, texts = np.zeros(n * k, np.int32), [""] * (n * k)
-        arrays = {name: np.zeros((n, k), np.float32) for name in ("reward", "local", "team")}
+        arrays = {name: np.zeros((n, k), np.float32) for name in ("reward", "local", "team", "counterfactual")}
         parsed_as, mask, best = np.full((n, k), "", object), np.zeros((n, k), bool), np.zeros(n, np.int64)
         reward_parts = np.full((n, k), None, object)
         for rows, r in parts:
@@ -259,5 +277,5 @@ def combine(cohorts: list[Cohort], n: int, k: int) -> list[Record]:
                 reward_parts[rows] = r.reward_parts
         out.append(Record(turn, agent, prompt, plen, SampleOut(tokens, lengths, logps, texts), arrays["reward"],
                           arrays["local"], arrays["team"], parsed_as, mask, best, parts[0][1].version,
-                          reward_parts))
+                          reward_parts, arrays["counterfactual"]))
     return out

@@ -111,7 +111,8 @@ def _gather(one: Samples, idx: np.ndarray, has: np.ndarray, **group) -> Samples:
     return Samples(prompt=flat.prompt, prompt_len=flat.prompt_len, prompt_of=shaped(flat.prompt_of),
                    response=shaped(flat.response),
                    response_len=zero(flat.response_len), sampler_logp=shaped(flat.sampler_logp),
-                   reward=zero(flat.reward), local_reward=zero(flat.local_reward), team_reward=zero(flat.team_reward),
+                   reward=zero(flat.reward), counterfactual_reward=zero(flat.counterfactual_reward),
+                   local_reward=zero(flat.local_reward), team_reward=zero(flat.team_reward),
                    mask=has, sample_agent=shaped(flat.sample_agent), text=shaped(flat.text),
                    parsed_as=shaped(flat.parsed_as), selected=np.full(g, -1), version=shaped(flat.version),
                    reward_parts=np.where(has, shaped(flat.reward_parts), None), **group)

@@ -70,6 +70,13 @@ class Samples:
     # system.staleness >= 2 one episode's turns may come from different weights (a partial rollout).
     version: np.ndarray
     reward_parts: np.ndarray  # [G, K] object: each sample's reward by part (a dict), or None where not said
+    # [G, K] float32: the reward with the team's outcome at the end of the turn, the turn's later agents'
+    # chosen responses replayed on this sample's own branch (rollout/counterfactual.py); None: `reward`
+    counterfactual_reward: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.counterfactual_reward is None:
+            self.counterfactual_reward = self.reward
 
     @classmethod
     def empty(cls, k: int) -> "Samples":
@@ -136,4 +143,4 @@ def concat(parts: Sequence[Samples]) -> Samples:
     return Samples(cat("prompt", p), cat("prompt_len"), prompt_of, cat("response", r), cat("response_len"),
                    cat("sampler_logp", r), cat("reward"), cat("local_reward"), cat("team_reward"), cat("mask"),
                    cat("task"), cat("agent"), cat("sample_agent"), cat("turn"), cat("text"), cat("parsed_as"),
-                   cat("selected"), cat("version"), cat("reward_parts"))
+                   cat("selected"), cat("version"), cat("reward_parts"), cat("counterfactual_reward"))

@@ -47,6 +47,7 @@ class RolloutInputs:
     first_task: int = 0
     schedule: Schedule | None = None
     team_weights: tuple[float, ...] = ()  # per turn, the team reward's multiplier (algo.team_weighting); (): 1
+    counterfactual: bool = False  # record each sample's counterfactual reward (rollout/counterfactual.py)
 
 
 @dataclasses.dataclass
@@ -130,7 +131,8 @@ def record_samples(r: Record, k: int, streams: np.ndarray) -> Samples:
         sample_agent=np.full((b, k), r.agent), turn=np.full(b, r.turn),
         text=obj_array(r.out.texts).reshape(b, k), parsed_as=r.parsed_as,
         selected=np.where(r.mask[:, 0], r.best, -1), version=np.full((b, k), r.version),
-        reward_parts=r.reward_parts if r.reward_parts is not None else np.full((b, k), None, object))
+        reward_parts=r.reward_parts if r.reward_parts is not None else np.full((b, k), None, object),
+        counterfactual_reward=r.counterfactual)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +154,8 @@ class TreeRollout:
         as_samples = lambda records: concat([record_samples(r, k, streams) for r in records]) \
             if records else Samples.empty(k)  # noqa: E731
         stages = Stages(workflow, inputs.encode, k, inputs.max_turns, inputs.alpha, inputs.key, streams,
-                        reference_tree=self.reference_tree, team_weights=inputs.team_weights)
+                        reference_tree=self.reference_tree, team_weights=inputs.team_weights,
+                        counterfactual=inputs.counterfactual)
 
         def post(records, success, turns):
             samples = as_samples(records)

@@ -45,7 +45,11 @@ def step_rewards(run: Run, samples) -> tuple[jax.Array, jax.Array]:
     c = run.config
     penalty = overlong_penalty(samples.response_len, budgets(run, samples), c.algo.overlong_buffer,
                                c.algo.overlong_penalty)
-    return jnp.asarray(samples.reward) + penalty, jnp.asarray(samples.mask)
+    # the counterfactual estimator's groups see each sample's counterfactual reward (rollout/counterfactual.py)
+    swapped = np.array([c.algo.estimator_of(a.name) == "counterfactual" for a in run.workflow.agents])
+    reward = np.where(swapped[samples.sample_agent], samples.counterfactual_reward, samples.reward) \
+        if swapped.any() else samples.reward
+    return jnp.asarray(reward) + penalty, jnp.asarray(samples.mask)
 
 
 def lumped_ids(samples, k: int) -> np.ndarray:
@@ -91,7 +95,7 @@ def estimate_advantages(run: Run, rewards: jax.Array, mask: jax.Array, live: jax
         mine = agent == names.index(name)
         if estimator != default and mine.any() and not is_batch_estimator(estimator):
             adv[mine] = np.asarray(group_advantages(rewards[mine], mask[mine], estimator))
-    own = np.array([c.algo.role_advantage.get(names[a], default) if a >= 0 else default for a in agent], object)
+    own = np.array([c.algo.estimator_of(names[a]) if a >= 0 else default for a in agent], object)
     scope = np.where(agent < 0, len(run.policies), run.policy_of_agent[np.maximum(agent, 0)])
     for estimator in dict.fromkeys(e for e in own if is_batch_estimator(e)):  # (in order, once each)
         for policy in np.unique(scope[own == estimator]):

@@ -72,7 +72,9 @@ def begin_rollout(run: Run, strategy: TreeRollout | PlainRollout, task_ids: np.n
     return strategy.begin(RolloutInputs(run.workflow, sample_fn, run.encode, task_ids[mine], split,
                                         max_turns=r.max_turns, alpha=run.config.algo.alpha, key=key,
                                         team_weights=team_weights(a.team_weighting, r.max_turns, a.team_discount),
-                                        first_task=mine.start, schedule=schedule_for(run, tracer, finished)))
+                                        first_task=mine.start, schedule=schedule_for(run, tracer, finished),
+                                        counterfactual=not evaluation and a.counterfactual_for(
+                                            x.name for x in run.workflow.agents)))
 
 
 def end_rollout(run: Run, inflight: InFlight):
@@ -165,10 +167,12 @@ def updates_may_start_early(run: Run) -> bool:
     """Whether a policy's update may start as soon as its groups are complete, while the other policies
     still sample (asynchronous steps with several policies): not where that could change the result:
     several processes (the others' samples arrive at the end), plain GRPO's groups, a low-mean filter
-    ranking the whole batch, and dynamic sampling (which may roll out more)."""
+    ranking the whole batch, dynamic sampling (which may roll out more), and counterfactual credit (an
+    agent's rewards wait for the later agents of each turn)."""
     c = run.config
     return (c.system.schedule == "async" and len(run.policies) > 1 and c.rollout.tree
-            and c.algo.filter_scope != "batch" and not c.algo.dynamic_sampling and jax.process_count() == 1)
+            and c.algo.filter_scope != "batch" and not c.algo.dynamic_sampling and jax.process_count() == 1
+            and not c.algo.counterfactual_for(x.name for x in run.workflow.agents))
 
 
 def early_updates(run: Run, step: int, tracer: Tracer, finished: queue.Queue, abandon=None) -> dict:

@@ -111,6 +111,9 @@ def validate(c: Config, *, weights: bool = True) -> Config:
     _require(not (c.algo.dynamic_sampling and c.system.staleness), "algo.dynamic_sampling",
              "rolls out more tasks after a step's rollout, with the step's weights; system.staleness >= 1 made "
              "that rollout with older ones; set one of them to 0")
+    _require(c.rollout.tree or "counterfactual" not in {c.algo.advantage, *c.algo.role_advantage.values()},
+             "algo.advantage", "counterfactual credit compares an agent's K branches from one state, which only "
+             "tree sampling makes: set rollout.tree=True, or another estimator")
     _require(not (c.system.staleness and c.reference.logprobs_at_t1), "system.staleness",
              "N >= 1 takes the importance ratio against the sampler's log-probs, which reference.logprobs_at_t1 "
              "(on under recipe='reference') does not score under; set one of them to 0 / False")

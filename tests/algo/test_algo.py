@@ -44,7 +44,8 @@ def test_group_advantages_equal_numpy_loop(estimator):
 
 
 def test_an_unknown_estimator_names_the_key_and_the_choices():
-    with pytest.raises(KeyError, match=r"algo.advantage: unknown 'gpro' \(did you mean 'grpo'\?\); known: drgrpo, grpo"):
+    known = "counterfactual, drgrpo, grpo"
+    with pytest.raises(KeyError, match=rf"algo.advantage: unknown 'gpro' \(did you mean 'grpo'\?\); known: {known}"):
         group_advantages(jnp.zeros((1, 2)), jnp.ones((1, 2), bool), "gpro")
 
 
