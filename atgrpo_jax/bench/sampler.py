@@ -4,8 +4,8 @@ Same random weights (ours saved as an HF checkpoint and loaded by
 `AutoModelForCausalLM` as the model's own family), same prompts, same settings (do_sample, temperature 1,
 no top-k/top-p, all `--new` tokens forced: no stop tokens, min_new_tokens),
 one after the other in this process, each warmed up first. Prints tokens/s
-of both, their ratio, the achieved FLOP/s as a fraction of a float32 matmul
-peak measured in the same run, the time to prefill and set up K=1 vs K
+of both, their ratio, the achieved FLOP/s as a fraction of a matmul peak in
+`--dtype` (float32 by default) measured in the same run, the time to prefill and set up K=1 vs K
 branches (the prefill itself does not depend on K; the setup copies the last
 logits to the branches and makes their cache slots), and the per-step cost
 of each token-selection mode. `--json` prints all figures as
@@ -55,16 +55,17 @@ def generate_flops(cfg: Qwen3Config, batch: int, prompt: int, new: int) -> float
     return batch * (prefill + decode_steps)
 
 
-def make_models(cfg: Qwen3Config, seed: int, tmp: str, torch_model: bool = True):
-    """Our model, saved as an HF checkpoint in `tmp`, and transformers' reading of it (None
-    without torch_model: --no-torch does not import torch)."""
+def make_models(cfg: Qwen3Config, seed: int, tmp: str, torch_model: bool = True, torch_dtype: str | None = None):
+    """Our model, saved as an HF checkpoint in `tmp`, and transformers' reading of it in `torch_dtype`
+    (None: the model's; None without torch_model: --no-torch does not import torch)."""
     ours = nnx.jit(lambda: Qwen3(cfg, rngs=nnx.Rngs(seed)))()
     save_pretrained(ours, tmp)
     if not torch_model:
         return ours, None
     import torch
     import transformers
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    dtype = getattr(torch, torch_dtype or cfg.compute_dtype)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=dtype).eval()
     return ours, theirs
 
 
@@ -134,16 +135,17 @@ def selection_costs(batch, vocab, repeats):
 
 
 def bench_config(name, args, peak):
-    cfg = get_preset(name)
+    cfg = get_preset(name, compute_dtype=args.dtype, param_dtype=args.dtype, decode_unroll=args.decode_unroll)
     rng = np.random.RandomState(0)
     prompts = rng.randint(1, cfg.vocab_size, (args.batch, args.prompt)).astype(np.int32)
     with tempfile.TemporaryDirectory() as tmp:
-        ours, theirs = make_models(cfg, 0, tmp, not args.no_torch)
+        ours, theirs = make_models(cfg, 0, tmp, not args.no_torch, args.torch_dtype)
         tunix_model = tunix_baseline.load_model(cfg, tmp) if args.tunix_run else None
     tokens = args.batch * args.new
     flops = generate_flops(cfg, args.batch, args.prompt, args.new)
     res = {"config": name, "params": cfg.num_params(), "batch": args.batch, "prompt": args.prompt,
-           "new": args.new}
+           "new": args.new, "dtype": args.dtype, "torch_dtype": args.torch_dtype or args.dtype,
+           "decode_unroll": args.decode_unroll}
     ours_s = run_ours(ours, prompts, args.new, args.repeats)
     res.update(ours_seconds=ours_s, ours_tokens_per_s=tokens / ours_s,
                ours_flops_per_s=flops / ours_s, ours_fraction_of_peak=flops / ours_s / peak)
@@ -166,15 +168,16 @@ def bench_config(name, args, peak):
 
 
 def bench_longtail_config(name, args):
-    cfg = get_preset(name)
+    cfg = get_preset(name, compute_dtype=args.dtype, param_dtype=args.dtype, decode_unroll=args.decode_unroll)
     with tempfile.TemporaryDirectory() as tmp:
-        ours, theirs = make_models(cfg, 0, tmp, not args.no_torch)
+        ours, theirs = make_models(cfg, 0, tmp, not args.no_torch, args.torch_dtype)
     return bench_longtail(cfg, ours, theirs, args)
 
 
 def report(r):
     print(f"== {r['config']} ({r['params'] / 1e6:.1f}M params), batch {r['batch']}, prompt {r['prompt']}, "
-          f"{r['new']} new tokens")
+          f"{r['new']} new tokens; ours {r['dtype']} (decode_unroll {r['decode_unroll']}), "
+          f"transformers {r['torch_dtype']}")
     print(f"  ours (jax)        {r['ours_tokens_per_s']:8.1f} tok/s  {r['ours_seconds']:6.2f} s  "
           f"{r['ours_flops_per_s'] / 1e9:6.1f} GFLOP/s = {100 * r['ours_fraction_of_peak']:.1f}% of peak")
     if "torch_seconds" in r:
@@ -214,6 +217,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tunix", choices=("auto", "on", "off"), default="auto",
                         help="Tunix's sampler as a second baseline (fixed lengths): auto runs it when "
                              "google-tunix is installed, on requires it")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="weights and matmul inputs (bfloat16: the fast kind on a CPU with AMX, accumulated "
+                             "in float32)")
+    parser.add_argument("--torch-dtype", choices=("float32", "bfloat16"), default=None,
+                        help="transformers' dtype (default: --dtype); float32 is its fastest on a CPU")
+    parser.add_argument("--decode-unroll", type=int, default=0,
+                        help="our model's decode_unroll: layers per loop iteration of a decode step (0: auto)")
     parser.add_argument("--json", action="store_true", help="print all figures as a JSON line last")
     args = parser.parse_args(argv)
     args.tunix_run = False
@@ -227,8 +237,8 @@ def main(argv: list[str]) -> int:
                 return 2
 
     notes = machine_notes()
-    peak = matmul_peak("float32")
-    print(f"machine: {notes}; float32 matmul peak {peak / 1e9:.1f} GFLOP/s "
+    peak = matmul_peak(args.dtype)
+    print(f"machine: {notes}; {args.dtype} matmul peak {peak / 1e9:.1f} GFLOP/s "
           "(shared machine: figures are comparable within this run only)")
     results = []
     for name in args.configs.split(","):
@@ -238,6 +248,6 @@ def main(argv: list[str]) -> int:
             continue
         results.append(bench_config(name.strip(), args, peak))
         report(results[-1])
-    print_json_last({"benchmark": "sampler", "machine": notes, "matmul_peak_flops_per_s": peak,
+    print_json_last({"benchmark": "sampler", "machine": notes, "dtype": args.dtype, "matmul_peak_flops_per_s": peak,
                      "results": results}, args.json)
     return 0

@@ -96,11 +96,15 @@ def rope(x: jax.Array, positions: jax.Array, theta: float, llama3: tuple = ()) -
 def project(x: jax.Array, w: jax.Array) -> jax.Array:
     """x [B, T, *in] @ w [*in, *out] -> [B, T, *out] (`in_dims` leading dims of w are
     contracted) as one 2-D matmul: XLA:CPU differentiates the 3-D einsum through slow
-    transposing copies (a decoder layer's backward pass ~20% slower)."""
+    transposing copies (a decoder layer's backward pass ~20% slower). Accumulated in float32 and
+    rounded to x's dtype once, as GPUs and TPUs do anyway: XLA:CPU sends a bfloat16 product with a
+    float32 result to its AMX kernels (~5x float32's speed here) and one with a bfloat16 result to a
+    slow loop."""
     b, t = x.shape[:2]
     n_in = x.ndim - 2
     d_in = math.prod(w.shape[:n_in])
-    return (x.reshape(b * t, d_in) @ w.reshape(d_in, -1)).reshape(b, t, *w.shape[n_in:])
+    y = jnp.matmul(x.reshape(b * t, d_in), w.reshape(d_in, -1), preferred_element_type=jnp.float32)
+    return y.astype(x.dtype).reshape(b, t, *w.shape[n_in:])
 
 
 def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend, recompute: bool = False):
@@ -149,7 +153,8 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend, recompute: bo
     h = constrain(h, ("batch", "seq", "embed"))
     if "w_gate_up" in w:  # fused: [B, T, 2, mlp]; an einsum, as `project`'s merge of (2, mlp) would cut mlp's
         # tensor shards apart and gather the weight at every step
-        gate_up = jnp.einsum("btd,dkf->btkf", rms_norm(h, w["mlp_norm"], eps), w["w_gate_up"].astype(dt))
+        gate_up = jnp.einsum("btd,dkf->btkf", rms_norm(h, w["mlp_norm"], eps), w["w_gate_up"].astype(dt),
+                             preferred_element_type=jnp.float32).astype(dt)
         gate, up = gate_up[:, :, 0], gate_up[:, :, 1]
     else:
         gate, up = normed_projections(h, w["mlp_norm"], w["w_gate"].astype(dt), w["w_up"].astype(dt))
@@ -188,8 +193,10 @@ def layer_unroll(cfg: Qwen3Config, t: int, platform: str | None = None) -> int:
     each layer's weights and cache out of the stacks, and XLA's matmuls read whole buffers, so
     every step copies them (docs/sampler_performance.md; the per-layer step's speed-up on a GPU is in
     docs/device.md), and on a TPU a loop keeps XLA from fetching the next layer's weights during
-    this one's work. A CPU keeps the rolled loop: its per-layer step wins with wide layers and many
-    rows but loses with many narrow ones, and compiles several times slower.
+    this one's work. A CPU keeps the rolled loop in float32: its per-layer step wins with wide layers
+    and many rows but loses with many narrow ones, and compiles several times slower. In bfloat16 a
+    CPU with AMX runs the matmuls several times faster (float32 accumulation: `project`), so the
+    copies dominate and the per-layer step wins (SmolLM2's shape: docs/sampler_performance.md).
     Longer calls (prefill, the update; auto: sequence_unroll 0) unroll every layer on GPUs: the
     rolled update zero-fills its stacked activations and slices each layer's weights at every
     step, so the unrolled update is faster, for a longer compile (docs/device.md has the figures).
@@ -201,7 +208,9 @@ def layer_unroll(cfg: Qwen3Config, t: int, platform: str | None = None) -> int:
         return cfg.num_layers if platform == "gpu" else 1
     if cfg.decode_unroll:
         return min(cfg.decode_unroll, cfg.num_layers)
-    return 1 if platform == "cpu" else cfg.num_layers
+    if platform == "cpu" and cfg.compute_dtype != "bfloat16":
+        return 1
+    return cfg.num_layers
 
 
 def decodes_per_layer(cfg: Qwen3Config, platform: str | None = None) -> bool:

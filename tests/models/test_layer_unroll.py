@@ -41,6 +41,7 @@ def test_auto_runs_one_token_steps_per_layer_on_accelerators_only():
     assert layer_unroll(CFG, 16, "gpu") == 3  # prefill and the update: unrolled on GPUs only
     assert layer_unroll(CFG, 16, "tpu") == 1 and layer_unroll(CFG, 16, "cpu") == 1
     assert layer_unroll(CFG, 1, "cpu") == 1 and not decodes_per_layer(CFG, "cpu")
+    assert decodes_per_layer(CFG.replace(compute_dtype="bfloat16"), "cpu")  # AMX matmuls: the copies dominate
     for n, layers in ((1, 1), (2, 2), (8, 3)):
         assert layer_unroll(CFG.replace(decode_unroll=n), 1, "gpu") == layers
         assert decodes_per_layer(CFG.replace(decode_unroll=n), "cpu") == (layers == 3)
