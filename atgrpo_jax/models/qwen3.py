@@ -96,15 +96,21 @@ def rope(x: jax.Array, positions: jax.Array, theta: float, llama3: tuple = ()) -
 def project(x: jax.Array, w: jax.Array) -> jax.Array:
     """x [B, T, *in] @ w [*in, *out] -> [B, T, *out] (`in_dims` leading dims of w are
     contracted) as one 2-D matmul: XLA:CPU differentiates the 3-D einsum through slow
-    transposing copies (a decoder layer's backward pass ~20% slower). Accumulated in float32 and
-    rounded to x's dtype once, as GPUs and TPUs do anyway: XLA:CPU sends a bfloat16 product with a
-    float32 result to its AMX kernels (~5x float32's speed here) and one with a bfloat16 result to a
-    slow loop."""
+    transposing copies (a decoder layer's backward pass ~20% slower). On a CPU a bfloat16 product is
+    asked for in float32 and rounded once: XLA:CPU sends that to its AMX kernels (~5x float32's
+    speed on a CPU with AMX) and a bfloat16 result to a slow loop."""
     b, t = x.shape[:2]
     n_in = x.ndim - 2
     d_in = math.prod(w.shape[:n_in])
-    y = jnp.matmul(x.reshape(b * t, d_in), w.reshape(d_in, -1), preferred_element_type=jnp.float32)
+    y = jnp.matmul(x.reshape(b * t, d_in), w.reshape(d_in, -1), preferred_element_type=cpu_accumulation(x))
     return y.astype(x.dtype).reshape(b, t, *w.shape[n_in:])
+
+
+def cpu_accumulation(x: jax.Array):
+    """float32 for a bfloat16 matmul traced for a CPU (XLA:CPU's AMX kernels take only that; see
+    `project`), else None: GPUs and TPUs accumulate in float32 anyway, and a float32 product there
+    would make the backward pass's cotangents float32 too (twice their memory)."""
+    return jnp.float32 if x.dtype == jnp.bfloat16 and target_platform() == "cpu" else None
 
 
 def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend, recompute: bool = False):
@@ -154,7 +160,7 @@ def decoder_layer(cfg: Qwen3Config, w: dict, h, positions, attend, recompute: bo
     if "w_gate_up" in w:  # fused: [B, T, 2, mlp]; an einsum, as `project`'s merge of (2, mlp) would cut mlp's
         # tensor shards apart and gather the weight at every step
         gate_up = jnp.einsum("btd,dkf->btkf", rms_norm(h, w["mlp_norm"], eps), w["w_gate_up"].astype(dt),
-                             preferred_element_type=jnp.float32).astype(dt)
+                             preferred_element_type=cpu_accumulation(h)).astype(dt)
         gate, up = gate_up[:, :, 0], gate_up[:, :, 1]
     else:
         gate, up = normed_projections(h, w["mlp_norm"], w["w_gate"].astype(dt), w["w_up"].astype(dt))
