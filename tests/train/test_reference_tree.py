@@ -44,10 +44,16 @@ class Scored:
         return state["done"]
 
 
-def sample_fn(agent, prompts, k, keys):
-    texts = ANSWERS[agent] * len(prompts)
-    n = len(texts)
-    return SampleOut.from_rows(np.ones((n, 1), np.int32), np.ones(n, np.int32), np.zeros((n, 1)), texts, 1)
+def scripted(replies: dict):
+    """A sample function whose branch k of every prompt of agent a replies replies[a][k]."""
+    def sample_fn(agent, prompts, k, keys):
+        texts = replies[agent] * len(prompts)
+        n = len(texts)
+        return SampleOut.from_rows(np.ones((n, 1), np.int32), np.ones(n, np.int32), np.zeros((n, 1)), texts, 1)
+    return sample_fn
+
+
+sample_fn = scripted(ANSWERS)
 
 
 def rollout(**switches):
