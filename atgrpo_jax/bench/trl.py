@@ -4,8 +4,8 @@ The same work on both sides: SmolLM2-135M-Instruct (or `--model`), the prompts a
 configs/smollm2.py (two-digit sums; 1 for the bare sum, 0.5 for the sum as the last number), plain GRPO
 with `--prompts` prompts x `--k` completions per step of at most `--max_new_tokens` tokens at
 `--temperature`, group-normalised advantages, the clipped token-mean loss (TRL's "dapo") at epsilon 0.2,
-no KL term, one update per step, AdamW at a constant `--lr` with gradient clipping at 1, float32, for
-`--steps` steps and each of `--seeds` seeds (`SAME_WORK` lists every setting of both). Each side runs in
+no KL term, one update per step, AdamW at a constant `--lr` with gradient clipping at 1, in `--dtype`
+(float32; or bfloat16 matmuls over float32 master weights on both sides), for `--steps` steps and each of `--seeds` seeds (`SAME_WORK` lists every setting of both). Each side runs in
 a process of its own, one after the other, on the whole machine; then this project's evaluator scores
 both sides' models (this project's checkpoints and TRL's saved ones) on the same held-out sums,
 greedily, at the steps of `--evals`.
@@ -43,11 +43,16 @@ SAME_WORK = (
     ("no KL, one update per step", "loss.kl_coef=0, optim.epochs=1, one mini-batch",
      "beta=0, num_iterations=1, steps_per_generation=1"),
     ("optimizer", "AdamW b1 0.9 b2 0.999, constant lr, no decay, clip 1", "the same, lr_scheduler_type=constant"),
-    ("precision, memory", "float32, no remat", "float32 (bf16=False), gradient_checkpointing=False"),
+    ("precision, memory", "float32, no remat; --dtype=bfloat16: model.param_dtype and compute_dtype bfloat16 over "
+                          "float32 masters (optim.master_dtype)", "float32 (bf16=False), gradient_checkpointing=False; "
+                          "--dtype=bfloat16: bf16=True (autocast over float32 weights)"),
 )
 DIFFERENCES = ("Both divide by a group's Bessel-corrected std, TRL after adding 1e-4 to it, this project 1e-6. "
                "TRL draws a step's prompts by its own shuffled sampler, this project by its task sampler: "
-               "the same training set, in another order.")
+               "the same training set, in another order. With --dtype=bfloat16 each side runs its own mixed "
+               "precision (this project: bfloat16 weights copied from the masters for sampling and the forward "
+               "pass; TRL: torch autocast, where its own rules choose the ops in bfloat16); both sides' models "
+               "are evaluated in float32.")
 
 
 def steps_of_metrics(workdir: str) -> list[dict]:
@@ -76,10 +81,14 @@ def run_child(cmd: list[str], log: str) -> int:
     return usage.ru_maxrss * 1024
 
 
+# a run's model scored as TRL's is: in float32 (its masters are float32 whichever --dtype it trained in)
+FLOAT32_EVAL = ("--config.model.param_dtype=float32", "--config.model.compute_dtype=float32")
+
+
 def accuracy(out: str, checkpoint: str = "", hf_path: str = "") -> float:
     """Held-out greedy success by this project's evaluator, of a run's checkpoint or a model directory
-    (with its own tokenizer, under configs/smollm2.py)."""
-    model = ([f"--checkpoint={checkpoint}"] if checkpoint else
+    (with its own tokenizer, under configs/smollm2.py), in float32."""
+    model = ([f"--checkpoint={checkpoint}", *FLOAT32_EVAL] if checkpoint else
              [f"--config={CONFIG}", f"--hf_path={hf_path}", f"--config.tokenizer={hf_path}", "--config.model.preset="])
     run_child([sys.executable, "-m", "atgrpo_jax.evaluate", *model, f"--out={out}"], out + ".log")
     with open(os.path.join(out, "eval.json")) as f:
@@ -105,6 +114,9 @@ def run_seed(args, seed: int, model_dir: str, common: dict) -> dict:
              f"--config.rollout.num_tasks={args.prompts}", f"--config.rollout.k={args.k}",
              f"--config.rollout.max_new_tokens={args.max_new_tokens}", f"--config.rollout.temperature={args.temperature}",
              f"--config.optim.lr={args.lr}", f"--config.optim.mini_batch_size={args.prompts * args.k}"]
+    if args.dtype == "bfloat16":
+        flags += ["--config.model.param_dtype=bfloat16", "--config.model.compute_dtype=bfloat16",
+                  "--config.optim.master_dtype=float32"]
     peak = run_child([sys.executable, "-m", "atgrpo_jax.train", f"--config={CONFIG}", f"--workdir={ours}", *flags,
                       f"--config.train.steps={args.steps}", f"--config.train.seed={seed}", "--config.train.eval_every=0",
                       f"--config.train.checkpoint_every={every}", "--config.train.keep_last=0"], ours + ".log")
@@ -167,6 +179,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max_new_tokens", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="both sides: float32, or bfloat16 compute over float32 master weights")
     parser.add_argument("--workdir", default="runs/bench_trl")
     parser.add_argument("--json", action="store_true", help="print all figures as a JSON line last")
     args = parser.parse_args(argv)
@@ -179,13 +193,13 @@ def main(argv: list[str]) -> int:
     model_dir = local_model_dir(args.model)
     common = {"data": str(DATA_DIR / "arithmetic" / "train.jsonl"), "reward": REWARD, "steps": args.steps,
               "prompts_per_step": args.prompts, "k": args.k, "max_new_tokens": args.max_new_tokens,
-              "temperature": args.temperature, "lr": args.lr}
+              "temperature": args.temperature, "lr": args.lr, "dtype": args.dtype}
     notes, start = machine_notes(), time.time()
     start_accuracy = accuracy(os.path.join(args.workdir, "eval_start"), hf_path=model_dir) if 0 in args.evals else None
     seeds = [run_seed(args, seed, model_dir, common) for seed in range(args.seeds)]
     ratio = statistics.median(s["trl"]["median_step_s"] / s["ours"]["median_step_s"] for s in seeds)
     print(f"bench trl: {args.model}, {args.prompts} prompts x {args.k} completions of <= {args.max_new_tokens} "
-          f"tokens, {args.steps} steps, {args.seeds} seed(s) ({time.time() - start:.0f} s)")
+          f"tokens, {args.dtype}, {args.steps} steps, {args.seeds} seed(s) ({time.time() - start:.0f} s)")
     print(f"{'':10}{'s/step (median, min)':>24}{'sampled tok/s':>15}{'peak RSS':>10}  held-out accuracy by step")
     for side in ("ours", "trl"):
         for i, s in enumerate(seeds):
@@ -195,7 +209,7 @@ def main(argv: list[str]) -> int:
             print(f"{side + f' s{i}':10}{r['median_step_s']:>15.1f}, {r['min_step_s']:6.1f}"
                   f"{r['sampled_tokens_per_s']:>15.1f}{r['peak_rss_gb']:>8.2f} GB  {acc}")
     print(f"step_time_ratio (TRL / ours, median over seeds): {ratio:.2f}x")
-    result = {"benchmark": "trl", "machine": notes, "model": args.model, "steps": args.steps, "evals": args.evals,
+    result = {"benchmark": "trl", "machine": notes, "model": args.model, "dtype": args.dtype, "steps": args.steps, "evals": args.evals,
               "start_accuracy": start_accuracy, "step_time_ratio": ratio, "same_work": [list(x) for x in SAME_WORK],
               "differences": DIFFERENCES, "seeds": seeds}
     with open(os.path.join(args.workdir, "bench_trl.json"), "w") as f:

@@ -28,6 +28,7 @@ def test_trl_is_given_every_setting_of_the_same_work():
     assert (c.learning_rate, str(c.lr_scheduler_type), c.weight_decay, c.max_grad_norm) == \
         (2e-5, "SchedulerType.CONSTANT", 0.0, 1.0)
     assert (c.max_steps, c.seed, c.bf16, c.gradient_checkpointing) == (7, 3, False, False)
+    assert trl_config({**spec, "dtype": "bfloat16"}).bf16  # --dtype=bfloat16: autocast over the float32 model
 
 
 def test_the_command_runs_both_sides_and_reports_ratios_and_accuracies(tmp_path):
