@@ -5,10 +5,11 @@ configs/smollm2.py (two-digit sums; 1 for the bare sum, 0.5 for the sum as the l
 with `--prompts` prompts x `--k` completions per step of at most `--max_new_tokens` tokens at
 `--temperature`, group-normalised advantages, the clipped token-mean loss (TRL's "dapo") at epsilon 0.2,
 no KL term, one update per step, AdamW at a constant `--lr` with gradient clipping at 1, in `--dtype`
-(float32; or bfloat16 matmuls over float32 master weights on both sides), for `--steps` steps and each of `--seeds` seeds (`SAME_WORK` lists every setting of both). Each side runs in
-a process of its own, one after the other, on the whole machine; then this project's evaluator scores
-both sides' models (this project's checkpoints and TRL's saved ones) on the same held-out sums,
-greedily, at the steps of `--evals`.
+(float32; or bfloat16 matmuls over float32 master weights on both sides), for `--steps` steps and each
+of `--seeds` seeds (`SAME_WORK` lists every setting of both). Each side runs in a process of its own,
+one after the other, on the whole machine; then this project's evaluator scores both sides' models
+(this project's checkpoints and TRL's saved ones) on the same held-out sums, greedily, at the steps
+of `--evals`.
 
 Reported per side: seconds per step (median and min over the steps after the first, whose time is
 this project's compilation and both sides' warm-up), sampled tokens per second of a step, peak RSS,
@@ -81,14 +82,16 @@ def run_child(cmd: list[str], log: str) -> int:
     return usage.ru_maxrss * 1024
 
 
-# a run's model scored as TRL's is: in float32 (its masters are float32 whichever --dtype it trained in)
-FLOAT32_EVAL = ("--config.model.param_dtype=float32", "--config.model.compute_dtype=float32")
+def dtype_flags(dtype: str) -> list[str]:
+    """This project's model in `dtype` (weights and matmul inputs)."""
+    return [f"--config.model.param_dtype={dtype}", f"--config.model.compute_dtype={dtype}"]
 
 
 def accuracy(out: str, checkpoint: str = "", hf_path: str = "") -> float:
     """Held-out greedy success by this project's evaluator, of a run's checkpoint or a model directory
-    (with its own tokenizer, under configs/smollm2.py), in float32."""
-    model = ([f"--checkpoint={checkpoint}", *FLOAT32_EVAL] if checkpoint else
+    (with its own tokenizer, under configs/smollm2.py), in float32 as TRL's are (a run's masters are
+    float32 whichever --dtype it trained in)."""
+    model = ([f"--checkpoint={checkpoint}", *dtype_flags("float32")] if checkpoint else
              [f"--config={CONFIG}", f"--hf_path={hf_path}", f"--config.tokenizer={hf_path}", "--config.model.preset="])
     run_child([sys.executable, "-m", "atgrpo_jax.evaluate", *model, f"--out={out}"], out + ".log")
     with open(os.path.join(out, "eval.json")) as f:
@@ -115,8 +118,7 @@ def run_seed(args, seed: int, model_dir: str, common: dict) -> dict:
              f"--config.rollout.max_new_tokens={args.max_new_tokens}", f"--config.rollout.temperature={args.temperature}",
              f"--config.optim.lr={args.lr}", f"--config.optim.mini_batch_size={args.prompts * args.k}"]
     if args.dtype == "bfloat16":
-        flags += ["--config.model.param_dtype=bfloat16", "--config.model.compute_dtype=bfloat16",
-                  "--config.optim.master_dtype=float32"]
+        flags += [*dtype_flags("bfloat16"), "--config.optim.master_dtype=float32"]
     peak = run_child([sys.executable, "-m", "atgrpo_jax.train", f"--config={CONFIG}", f"--workdir={ours}", *flags,
                       f"--config.train.steps={args.steps}", f"--config.train.seed={seed}", "--config.train.eval_every=0",
                       f"--config.train.checkpoint_every={every}", "--config.train.keep_last=0"], ours + ".log")
@@ -209,8 +211,9 @@ def main(argv: list[str]) -> int:
             print(f"{side + f' s{i}':10}{r['median_step_s']:>15.1f}, {r['min_step_s']:6.1f}"
                   f"{r['sampled_tokens_per_s']:>15.1f}{r['peak_rss_gb']:>8.2f} GB  {acc}")
     print(f"step_time_ratio (TRL / ours, median over seeds): {ratio:.2f}x")
-    result = {"benchmark": "trl", "machine": notes, "model": args.model, "dtype": args.dtype, "steps": args.steps, "evals": args.evals,
-              "start_accuracy": start_accuracy, "step_time_ratio": ratio, "same_work": [list(x) for x in SAME_WORK],
+    result = {"benchmark": "trl", "machine": notes, "model": args.model, "dtype": args.dtype, "steps": args.steps,
+              "evals": args.evals, "start_accuracy": start_accuracy, "step_time_ratio": ratio,
+              "same_work": [list(x) for x in SAME_WORK],
               "differences": DIFFERENCES, "seeds": seeds}
     with open(os.path.join(args.workdir, "bench_trl.json"), "w") as f:
         json.dump(result, f, indent=1)

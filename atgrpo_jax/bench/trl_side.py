@@ -7,7 +7,8 @@ steps the benchmark evaluates.
 SPEC.json (written by bench/trl.py): model (a Hugging Face directory), data (a jsonl file of
 {"prompt", "answer"} rows), reward ("module:function", called as this project calls it:
 (completions, records)), out, steps, seed, prompts_per_step, k, max_new_tokens, temperature, lr,
-save_steps, dtype ("float32", or "bfloat16": autocast over the float32 model). Writes out/trl_steps.json: each step's seconds and sampled tokens, and the peak RSS.
+save_steps, dtype ("float32", or "bfloat16": autocast over the float32 model). Writes
+out/trl_steps.json: each step's seconds and sampled tokens, and the peak RSS.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def trl_config(spec: dict):
 
     completions = spec["prompts_per_step"] * spec["k"]
     return GRPOConfig(
-        output_dir=spec["out"], use_cpu=True, bf16=spec.get("dtype") == "bfloat16", seed=spec["seed"], max_steps=spec["steps"],
+        output_dir=spec["out"], use_cpu=True, bf16=spec.get("dtype") == "bfloat16", seed=spec["seed"],
+        max_steps=spec["steps"],
         per_device_train_batch_size=completions, num_generations=spec["k"],
         steps_per_generation=1, num_iterations=1, gradient_accumulation_steps=1,
         max_completion_length=spec["max_new_tokens"], temperature=spec["temperature"], top_p=1.0, top_k=0,
